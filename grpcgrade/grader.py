@@ -1,0 +1,183 @@
+"""The Python grader API: what a grader is and what it returns.
+
+It follows the seeds' grader spec (RM-Gallery / OpenJudge `BaseGrader`, `GraderScore`, `GraderRank`)
+so a grader written for those libraries ports by changing its imports. Nothing here knows about gRPC:
+graders are plain Python objects that the service (or a test) calls with keyword arguments.
+
+Results are dataclasses rather than pydantic models because they cross process boundaries by the
+thousand per second and must pickle cheaply.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from functools import partial
+from typing import Any
+
+
+class GraderMode(StrEnum):
+    """Pointwise graders score one response; listwise graders rank several (`responses`)."""
+
+    POINTWISE = "pointwise"
+    LISTWISE = "listwise"
+
+
+@dataclass
+class GraderScore:
+    """A pointwise result. `score` is not range-checked: penalty graders return negative scores."""
+
+    name: str
+    score: float
+    reason: str = ""
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class GraderRank:
+    """A listwise result: `rank[i]` is the rank of `responses[i]`, 1 being the best."""
+
+    name: str
+    rank: list[int]
+    reason: str = ""
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class GraderError:
+    """A grader that failed on one sample: the service reports it for that sample and grader only."""
+
+    name: str
+    error: str
+    reason: str = ""
+    code: str = "GRADER_FAILED"
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+GraderResult = GraderScore | GraderRank | GraderError
+
+
+class InvalidParams(ValueError):
+    """A construction parameter is wrong. The request is refused with INVALID_ARGUMENT naming `param`."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(f"parameter {param!r}: {message}")
+        self.param = param
+
+
+class BaseGrader:
+    """Base class of every grader.
+
+    Implement `async aevaluate(**kwargs)` (I/O-bound graders, e.g. LLM judges) or a plain
+    `evaluate(**kwargs)` (CPU-bound graders): the service then calls it without an event loop, inline
+    or in a worker process. Set `heavy = True` on graders whose per-call cost (milliseconds) is worth a
+    process hop; cheap graders stay inline, where a hop would cost more than the work.
+    """
+
+    heavy: bool = False
+    mode: GraderMode = GraderMode.POINTWISE
+
+    def __init__(
+        self,
+        name: str = "",
+        mode: GraderMode | str | None = None,
+        description: str = "",
+        **kwargs: Any,
+    ) -> None:
+        self.name = name
+        self.mode = GraderMode(mode) if mode else type(self).mode
+        self.description = description
+        self.kwargs = kwargs
+
+    def evaluate(self, **kwargs: Any) -> GraderResult:
+        raise NotImplementedError(f"{type(self).__name__} implements neither evaluate nor aevaluate")
+
+    async def aevaluate(self, **kwargs: Any) -> GraderResult:
+        return self.evaluate(**kwargs)
+
+    @property
+    def is_sync(self) -> bool:
+        """True when the grader has a plain `evaluate`, so it can run without an event loop."""
+        return type(self).evaluate is not BaseGrader.evaluate
+
+    def input_names(self) -> frozenset[str] | None:
+        """The sample fields this grader declares, or None when it takes `**kwargs` (all of them)."""
+        return declared_names(self.evaluate if self.is_sync else self.aevaluate)
+
+
+def declared_names(func: Callable[..., Any]) -> frozenset[str] | None:
+    """Keyword names `func` accepts; None when it has `**kwargs` and so accepts any."""
+    names = []
+    for p in inspect.signature(func).parameters.values():
+        if p.kind is p.VAR_KEYWORD:
+            return None
+        if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
+            names.append(p.name)
+    return frozenset(names)
+
+
+def to_result(name: str, mode: GraderMode, value: Any) -> GraderResult:
+    """Accept what a function grader naturally returns: a result object, a number, or a rank list."""
+    if isinstance(value, (GraderScore, GraderRank, GraderError)):
+        return value
+    if mode is GraderMode.POINTWISE and isinstance(value, (int, float)):
+        return GraderScore(name=name, score=float(value))
+    if mode is GraderMode.POINTWISE and isinstance(value, tuple) and len(value) == 2:
+        return GraderScore(name=name, score=float(value[0]), reason=str(value[1]))
+    if mode is GraderMode.LISTWISE and isinstance(value, list):
+        return GraderRank(name=name, rank=[int(r) for r in value])
+    raise TypeError(f"grader {name!r} returned {type(value).__name__}, not a {mode.value} result")
+
+
+class FunctionGrader(BaseGrader):
+    """A grader made from a function of the sample's fields.
+
+    The function may be sync or async and may return a `GraderScore`/`GraderRank`, a number
+    (pointwise), a `(score, reason)` pair, or a rank list (listwise).
+    """
+
+    def __init__(
+        self,
+        func: Callable[..., Any],
+        name: str = "",
+        mode: GraderMode | str | None = None,
+        description: str = "",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(
+            name=name or func.__name__,
+            mode=mode,
+            description=description or (inspect.getdoc(func) or "").split("\n")[0],
+            **kwargs,
+        )
+        self.func = func
+        self._async = inspect.iscoroutinefunction(func)
+
+    @property
+    def is_sync(self) -> bool:
+        return not self._async
+
+    def evaluate(self, **kwargs: Any) -> GraderResult:
+        return to_result(self.name, self.mode, self.func(**kwargs, **self.kwargs))
+
+    async def aevaluate(self, **kwargs: Any) -> GraderResult:
+        if self._async:
+            return to_result(self.name, self.mode, await self.func(**kwargs, **self.kwargs))
+        return self.evaluate(**kwargs)
+
+    def input_names(self) -> frozenset[str] | None:
+        names = declared_names(self.func)
+        return None if names is None else names - set(self.kwargs)
+
+    @classmethod
+    def wrap(cls, func: Callable[..., Any], **options: Any) -> Callable[..., FunctionGrader]:
+        """A factory for `register`: params of the request become extra keyword arguments of `func`."""
+        return partial(cls, func, **options)
+
+
+def is_finite_score(value: float) -> bool:
+    """Scores that reach a trainer must be real numbers: NaN or inf becomes an error result."""
+    return isinstance(value, (int, float)) and math.isfinite(value)

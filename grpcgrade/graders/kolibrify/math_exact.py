@@ -1,0 +1,50 @@
+"""Kolibrify's `math_exact`: the final answer contains the gold number, compared as a string.
+
+The comparison is deliberately textual, as in Kolibrify: `72.0` does not match `72`, `-72` does not
+match `72`, and `1,072` is read as `1` and `072`. Any number in the answer may match.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from grpcgrade.grader import BaseGrader, GraderMode, GraderScore
+
+from .parsing import NUMBER_RE, final_answer
+
+
+class MathExactGrader(BaseGrader):
+    """1.0 when any number in the final answer equals the first number of the reference, else 0.0."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            name="math_exact",
+            mode=GraderMode.POINTWISE,
+            description="Kolibrify math_exact: the final answer contains the reference's first number",
+        )
+
+    def evaluate(self, response: str = "", reference: str = "", **kwargs: Any) -> GraderScore:
+        answer = final_answer(response or "")
+        if answer is None:
+            return GraderScore(
+                name=self.name,
+                score=0.0,
+                reason="no final answer after </think>",
+                metadata={"answer_found": False, "gold": None, "numbers_in_answer": 0},
+            )
+        numbers = NUMBER_RE.findall(answer)
+        gold_match = NUMBER_RE.search(reference or "")
+        gold = gold_match.group(0) if gold_match else None
+        matched = gold is not None and gold in numbers
+        if gold is None:
+            reason = "the reference contains no number"
+        elif matched:
+            reason = f"the final answer contains {gold}"
+        else:
+            reason = f"none of the {len(numbers)} number(s) in the final answer is {gold}"
+        return GraderScore(
+            name=self.name,
+            score=1.0 if matched else 0.0,
+            reason=reason,
+            metadata={"answer_found": True, "gold": gold, "numbers_in_answer": len(numbers)},
+        )

@@ -1,0 +1,117 @@
+"""Running one grader over a chunk of samples, the same way inline and in a worker process.
+
+Every sample gets exactly one result: a grader's exception, a non-finite score or a malformed rank
+becomes a `GraderError` for that sample only (decision D7). A per-sample time limit is enforced with
+SIGALRM where the caller runs on the main thread (the event loop of the server, a worker's task loop):
+the grader's Python code is interrupted and the next sample goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from .grader import (
+    BaseGrader,
+    GraderError,
+    GraderMode,
+    GraderRank,
+    GraderResult,
+    GraderScore,
+    is_finite_score,
+)
+
+
+class GraderTimeout(Exception):
+    """Raised inside a grader whose sample ran past the time limit."""
+
+
+def _on_alarm(signum: int, frame: Any) -> None:
+    raise GraderTimeout
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float | None) -> Iterator[None]:
+    """Interrupt the block after `seconds`; a no-op off the main thread or without a limit."""
+    if not seconds or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGALRM, _on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def check_result(grader: BaseGrader, result: Any, kwargs: dict[str, Any]) -> GraderResult:
+    """Only well-formed, finite results reach a trainer."""
+    name = grader.name
+    if isinstance(result, GraderError):
+        return result
+    if isinstance(result, GraderScore):
+        if not is_finite_score(result.score):
+            return GraderError(name, f"grader returned a non-finite score {result.score!r}", code="INVALID_RESULT")
+        return result
+    if isinstance(result, GraderRank):
+        n = len(kwargs.get("responses") or result.rank)
+        if sorted(result.rank) != list(range(1, n + 1)):
+            return GraderError(name, f"rank {result.rank} is not a permutation of 1..{n}", code="INVALID_RESULT")
+        return result
+    expected = "GraderRank" if grader.mode is GraderMode.LISTWISE else "GraderScore"
+    return GraderError(name, f"grader returned {type(result).__name__}, not {expected}", code="INVALID_RESULT")
+
+
+def error_from(grader: BaseGrader, exc: BaseException, timeout: float | None) -> GraderError:
+    if isinstance(exc, GraderTimeout):
+        return GraderError(grader.name, f"grader ran past its time limit of {timeout:g} s", code="TIMEOUT")
+    if isinstance(exc, RecursionError):
+        return GraderError(grader.name, "input nested too deeply to grade", code="INVALID_SAMPLE")
+    if isinstance(exc, TypeError) and "argument" in str(exc):
+        return GraderError(grader.name, f"missing or unexpected input: {exc}", code="INVALID_SAMPLE")
+    return GraderError(grader.name, f"{type(exc).__name__}: {exc}", code="GRADER_FAILED")
+
+
+def grade_sync(grader: BaseGrader, batch: list[dict[str, Any]], timeout: float | None) -> list[GraderResult]:
+    """Grade a chunk with a synchronous grader; one result per sample, in order."""
+    out: list[GraderResult] = []
+    for kwargs in batch:
+        try:
+            with time_limit(timeout):
+                result = grader.evaluate(**kwargs)
+            out.append(check_result(grader, result, kwargs))
+        except Exception as exc:  # GraderTimeout included: it is an Exception
+            out.append(error_from(grader, exc, timeout))
+    return out
+
+
+async def grade_async(grader: BaseGrader, batch: list[dict[str, Any]], timeout: float | None) -> list[GraderResult]:
+    """Grade a chunk with an async grader: the samples run concurrently, each under the time limit."""
+
+    async def one(kwargs: dict[str, Any]) -> GraderResult:
+        try:
+            result = await asyncio.wait_for(grader.aevaluate(**kwargs), timeout)
+            return check_result(grader, result, kwargs)
+        except TimeoutError:
+            return error_from(grader, GraderTimeout(), timeout)
+        except Exception as exc:
+            return error_from(grader, exc, timeout)
+
+    batch_method = getattr(grader, "aevaluate_batch", None)
+    if batch_method is not None:
+        try:
+            results = await asyncio.wait_for(batch_method(batch), timeout)
+        except TimeoutError:
+            return [error_from(grader, GraderTimeout(), timeout) for _ in batch]
+        except Exception as exc:
+            return [error_from(grader, exc, timeout) for _ in batch]
+        return [
+            error_from(grader, r, timeout) if isinstance(r, BaseException) else check_result(grader, r, kw)
+            for r, kw in zip(results, batch, strict=True)
+        ]
+    return list(await asyncio.gather(*(one(kw) for kw in batch)))

@@ -1,0 +1,11 @@
+"""The plugin hooks. Plugins implement them with `@grpcgrade.hookimpl`; the built-ins do too."""
+
+from pluggy import HookimplMarker, HookspecMarker
+
+hookspec = HookspecMarker("grpcgrade")
+hookimpl = HookimplMarker("grpcgrade")
+
+
+@hookspec
+def register_graders(register):  # type: ignore[no-untyped-def]
+    """Register graders: call `register(factory, name=..., aliases=(...))` once per grader."""

@@ -1,0 +1,270 @@
+"""The grader registry: names to factories, and factories plus params to grader instances.
+
+The host owns the `register` callback (the llm / datasette pattern), so it validates names, records which
+plugin registered what, and can grow keyword arguments without breaking plugins. Graders are built once
+per distinct (name, params) and reused; a bounded cache keeps hostile requests from growing it forever.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import inspect
+import json
+import logging
+import threading
+import types
+import typing
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .grader import BaseGrader, FunctionGrader, GraderMode, InvalidParams
+from .plugins import LoadedPlugin, PluginInfo, load_plugins, make_manager
+
+log = logging.getLogger(__name__)
+
+SAMPLE_FIELDS = frozenset(
+    {"query", "response", "reference", "reference_response", "ground_truth", "context", "responses"}
+)
+_MISSING = object()
+
+
+class UnknownGrader(LookupError):
+    def __init__(self, name: str, suggestions: list[str]) -> None:
+        hint = f"; did you mean {', '.join(repr(s) for s in suggestions)}?" if suggestions else ""
+        super().__init__(f"unknown grader {name!r}{hint}")
+        self.name = name
+        self.suggestions = suggestions
+
+
+@dataclass(frozen=True)
+class ParamInfo:
+    name: str
+    type: str
+    default: Any = None
+    required: bool = False
+
+
+@dataclass
+class GraderEntry:
+    name: str
+    factory: Callable[..., BaseGrader]
+    plugin: PluginInfo
+    aliases: tuple[str, ...] = ()
+    description: str = ""
+    mode: GraderMode = GraderMode.POINTWISE
+    params: list[ParamInfo] = field(default_factory=list)
+    open_params: bool = False  # the factory takes **kwargs, so unknown names cannot be refused up front
+    hints: dict[str, Any] = field(default_factory=dict)
+
+
+def _signature_source(factory: Callable[..., Any]) -> tuple[Callable[..., Any], set[str]]:
+    """The callable whose parameters are the grader's params, and names that are not params."""
+    if isinstance(factory, functools.partial) and isinstance(factory.func, type):
+        if issubclass(factory.func, FunctionGrader) and factory.args:
+            return factory.args[0], set(SAMPLE_FIELDS) | set(factory.keywords)
+        return factory.func.__init__, set(factory.keywords)
+    if isinstance(factory, type):
+        return factory.__init__, set()
+    return factory, set()
+
+
+def _type_name(hint: Any) -> str:
+    if hint is inspect.Parameter.empty:
+        return "any"
+    return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, (str, int, float, bool, list, dict)) or value is None:
+        return value
+    return str(getattr(value, "value", value))
+
+
+def describe_params(factory: Callable[..., Any]) -> tuple[list[ParamInfo], bool, dict[str, Any]]:
+    source, skip = _signature_source(factory)
+    try:
+        sig = inspect.signature(source)
+        hints = typing.get_type_hints(source)
+    except (TypeError, ValueError, NameError):
+        return [], True, {}
+    params, open_params = [], False
+    for p in sig.parameters.values():
+        if p.name in ("self", "name", "mode", "description") or p.name in skip:
+            continue
+        if p.kind is p.VAR_KEYWORD:
+            open_params = True
+            continue
+        if p.kind is p.VAR_POSITIONAL:
+            continue
+        hint = hints.get(p.name, p.annotation)
+        required = p.default is p.empty
+        params.append(ParamInfo(p.name, _type_name(hint), None if required else _jsonable(p.default), required))
+    return params, open_params, hints
+
+
+def _base_types(hint: Any) -> set[type]:
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return set().union(*(_base_types(a) for a in typing.get_args(hint)))
+    return {origin or hint} if isinstance(origin or hint, type) else set()
+
+
+def coerce_value(param: str, value: Any, hint: Any) -> Any:
+    """JSON (protobuf Struct) has one number type; give each param the Python type its factory declares."""
+    wanted = _base_types(hint) if hint is not None else set()
+    if isinstance(value, float) and int in wanted and float not in wanted:
+        if not value.is_integer():
+            raise InvalidParams(param, f"must be an integer, got {value!r}")
+        return int(value)
+    if isinstance(value, list) and tuple in wanted and list not in wanted:
+        return tuple(value)
+    if isinstance(value, float) and not wanted and value.is_integer():
+        return int(value)
+    return value
+
+
+class Registry:
+    """Everything the plugins registered, plus a cache of built graders."""
+
+    def __init__(self, loaded: list[LoadedPlugin], pm: Any, cache_size: int = 1024) -> None:
+        self.plugins = [lp.info for lp in loaded]
+        self._entries: dict[str, GraderEntry] = {}
+        self._canonical: dict[str, str] = {}
+        self._cache: OrderedDict[tuple[str, str], BaseGrader] = OrderedDict()
+        self._cache_size = cache_size
+        self._lock = threading.Lock()
+        by_name = {lp.info.name: lp.info for lp in loaded if lp.module is not None}
+        for impl in reversed(pm.hook.register_graders.get_hookimpls()):  # registration order
+            info = by_name.get(impl.plugin_name)
+            if info is None:
+                continue
+            try:
+                impl.function(register=functools.partial(self._register, info))
+            except Exception as exc:  # a plugin's fault stays with that plugin
+                info.status, info.error = "failed", f"{type(exc).__name__}: {exc}"
+                log.error("plugin %s failed in register_graders: %s", info.name, info.error)
+
+    def _register(
+        self,
+        plugin: PluginInfo,
+        factory: Callable[..., BaseGrader],
+        *,
+        name: str,
+        aliases: tuple[str, ...] | list[str] = (),
+        description: str | None = None,
+        mode: GraderMode | str | None = None,
+    ) -> None:
+        taken = [n for n in (name, *aliases) if n in self._canonical]
+        if taken:
+            owner = self._entries[self._canonical[taken[0]]].plugin.name
+            msg = f"grader name {taken[0]!r} is already registered by plugin {owner!r}"
+            log.warning("plugin %s: %s; keeping the first", plugin.name, msg)
+            plugin.error = f"{plugin.error}; {msg}" if plugin.error else msg
+            return
+        params, open_params, hints = describe_params(factory)
+        doc_source = _signature_source(factory)[0] if isinstance(factory, functools.partial) else factory
+        entry = GraderEntry(
+            name=name,
+            factory=factory,
+            plugin=plugin,
+            aliases=tuple(aliases),
+            description=description or (inspect.getdoc(doc_source) or "").split("\n\n")[0].replace("\n", " "),
+            mode=GraderMode(mode) if mode else _declared_mode(factory),
+            params=params,
+            open_params=open_params,
+            hints=hints,
+        )
+        self._entries[name] = entry
+        for n in (name, *aliases):
+            self._canonical[n] = name
+        plugin.graders.append(name)
+
+    # -- lookup ---------------------------------------------------------------------------------------
+
+    @property
+    def entries(self) -> list[GraderEntry]:
+        return list(self._entries.values())
+
+    def entry(self, name: str) -> GraderEntry:
+        canonical = self._canonical.get(name)
+        if canonical is None:
+            raise UnknownGrader(name, difflib.get_close_matches(name, list(self._canonical), n=3, cutoff=0.5))
+        return self._entries[canonical]
+
+    def coerce(self, entry: GraderEntry, params: dict[str, Any]) -> dict[str, Any]:
+        known = {p.name for p in entry.params}
+        if not entry.open_params:
+            unknown = sorted(set(params) - known)
+            if unknown:
+                allowed = ", ".join(sorted(known)) or "none"
+                raise InvalidParams(unknown[0], f"unknown parameter of grader {entry.name!r}; allowed: {allowed}")
+        missing = [p.name for p in entry.params if p.required and p.name not in params]
+        if missing:
+            raise InvalidParams(missing[0], f"required by grader {entry.name!r}")
+        return {k: coerce_value(k, v, entry.hints.get(k)) for k, v in params.items()}
+
+    def build(self, name: str, params: dict[str, Any] | None = None) -> BaseGrader:
+        """The grader for (name, params), built on first use. Raises UnknownGrader or InvalidParams."""
+        entry = self.entry(name)
+        params = params or {}
+        key = (entry.name, json.dumps(params, sort_keys=True, default=str))
+        with self._lock:
+            grader = self._cache.get(key)
+            if grader is not None:
+                self._cache.move_to_end(key)
+                return grader
+        kwargs = self.coerce(entry, params)
+        try:
+            grader = entry.factory(**kwargs)
+        except InvalidParams:
+            raise
+        except (TypeError, ValueError) as exc:
+            raise InvalidParams(_guess_param(str(exc), kwargs), str(exc)) from exc
+        if not isinstance(grader, BaseGrader):
+            raise TypeError(f"factory of grader {entry.name!r} returned {type(grader).__name__}, not a grader")
+        grader.name = entry.name
+        with self._lock:
+            self._cache[key] = grader
+            while len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
+        return grader
+
+
+def _declared_mode(factory: Callable[..., Any]) -> GraderMode:
+    """Listwise graders say so in their defaults; peek without building (builds can be expensive)."""
+    source, _ = _signature_source(factory)
+    if isinstance(factory, functools.partial) and "mode" in factory.keywords:
+        return GraderMode(factory.keywords["mode"])
+    try:
+        default = inspect.signature(source).parameters.get("mode")
+    except (TypeError, ValueError):
+        default = None
+    if default is not None and default.default is not inspect.Parameter.empty:
+        return GraderMode(default.default)
+    return GraderMode(getattr(factory, "mode", GraderMode.POINTWISE))
+
+
+def _guess_param(message: str, kwargs: dict[str, Any]) -> str:
+    for name in kwargs:
+        if repr(name) in message or f" {name}" in message:
+            return name
+    return "params"
+
+
+_registry: Registry | None = None
+_registry_lock = threading.Lock()
+
+
+def get_registry() -> Registry:
+    """The process-wide registry, loading plugins on first use (in the server and in each worker)."""
+    global _registry
+    with _registry_lock:
+        if _registry is None:
+            pm = make_manager()
+            _registry = Registry(load_plugins(pm), pm)
+        return _registry

@@ -1,0 +1,75 @@
+"""Rewards: graders combined into one number per sample.
+
+reward = prod(gate scores) * sum(w_i * s_i) / sum(w_i) over the non-gate pointwise graders. When any
+grader of the combination failed on the sample there is no reward: a trainer masks the sample instead of
+learning from a wrong number.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from .grader import GraderError, GraderRank, GraderResult, InvalidParams
+
+
+@dataclass(frozen=True)
+class SpecData:
+    """A grader spec as a request or a config file states it, before it is resolved."""
+
+    name: str
+    params: dict[str, Any] = field(default_factory=dict)
+    key: str = ""
+    weight: float | None = None
+    gate: bool = False
+
+    @property
+    def label(self) -> str:
+        return self.key or self.name
+
+
+@dataclass(frozen=True)
+class Reward:
+    """A named combination of graders, configured on the server and picked by a request's `reward`."""
+
+    name: str
+    specs: list[SpecData]
+    description: str = ""
+
+
+def check_weights(specs: list[SpecData]) -> None:
+    labels = [s.label for s in specs]
+    dupes = sorted({k for k in labels if labels.count(k) > 1})
+    if dupes:
+        raise InvalidParams("key", f"grader key {dupes[0]!r} is used twice; give each spec a distinct key")
+    for s in specs:
+        w = 1.0 if s.weight is None else s.weight
+        if not math.isfinite(w) or w < 0:
+            raise InvalidParams("weight", f"weight of {s.label!r} must be a finite number >= 0, got {w}")
+    terms = [s for s in specs if not s.gate]
+    if terms and sum(1.0 if s.weight is None else s.weight for s in terms) <= 0:
+        raise InvalidParams("weight", "the weights of the non-gate graders sum to 0")
+
+
+def combine(specs: list[SpecData], results: list[GraderResult]) -> float | None:
+    """The sample's reward, or None when a grader failed or no grader scores pointwise."""
+    total = weights = 0.0
+    gate = 1.0
+    scored = False
+    for spec, result in zip(specs, results, strict=True):
+        if isinstance(result, GraderError):
+            return None
+        if isinstance(result, GraderRank):
+            continue
+        scored = True
+        if spec.gate:
+            gate *= result.score
+        else:
+            w = 1.0 if spec.weight is None else spec.weight
+            total += w * result.score
+            weights += w
+    if not scored:
+        return None
+    mean = total / weights if weights > 0 else 1.0
+    return gate * mean

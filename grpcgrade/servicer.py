@@ -1,0 +1,88 @@
+"""The GradingService: translates protobuf to the engine's Python calls and back, nothing more."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Iterator
+
+import grpc
+
+from .catalog import list_graders
+from .convert import fill_response, sample_kwargs, spec_from_pb
+from .engine import Chunk, Engine, Job, UnknownReward
+from .grader import InvalidParams
+from .registry import UnknownGrader
+from .samples import Limits
+from .v1 import grading_pb2 as pb
+from .v1 import grading_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+
+CHEAP_CHUNK = 256  # measured: gains level off at 256-1024 samples per message
+HEAVY_CHUNK = 32  # smaller chunks spread a batch of heavy work over every worker
+
+
+class GradingServicer(pb_grpc.GradingServiceServicer):
+    def __init__(self, engine: Engine, limits: Limits) -> None:
+        self.engine = engine
+        self.limits = limits
+
+    async def _resolve(self, specs: list[pb.GraderSpec], reward: str, context: grpc.aio.ServicerContext) -> list[Job]:
+        if len(specs) > self.limits.max_graders_per_request:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"{len(specs)} graders in one request, over the limit "
+                f"max_graders_per_request={self.limits.max_graders_per_request}",
+            )
+        try:
+            return self.engine.resolve([spec_from_pb(s) for s in specs], reward)
+        except (UnknownGrader, UnknownReward) as exc:
+            await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
+        except InvalidParams as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        raise AssertionError("unreachable: abort raises")
+
+    @staticmethod
+    def _labels(jobs: list[Job]) -> list[tuple[str, str]]:
+        return [(job.spec.label, job.grader.name) for job in jobs]
+
+    async def Evaluate(self, request: pb.EvaluateRequest, context: grpc.aio.ServicerContext) -> pb.EvaluateResponse:
+        jobs = await self._resolve(list(request.graders), request.reward, context)
+        chunk = [(0, sample_kwargs(request.sample, self.limits))]
+        (graded,) = await self.engine.grade_chunk(jobs, chunk, request.grader_timeout_seconds or None)
+        response = pb.EvaluateResponse()
+        fill_response(response, request.sample.id, self._labels(jobs), graded.results, graded.reward)
+        return response
+
+    async def BatchEvaluate(
+        self, request: pb.BatchEvaluateRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.BatchEvaluateResponse]:
+        n = len(request.samples)
+        if n > self.limits.max_samples_per_batch:
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"{n} samples in one batch, over the limit max_samples_per_batch="
+                f"{self.limits.max_samples_per_batch}; split the batch (the Python client does)",
+            )
+        jobs = await self._resolve(list(request.graders), request.reward, context)
+        size = request.chunk_size or (HEAVY_CHUNK if any(j.remote for j in jobs) else CHEAP_CHUNK)
+        labels = self._labels(jobs)
+        samples = request.samples
+
+        def chunks() -> Iterator[Chunk]:
+            for start in range(0, n, size):
+                stop = min(start + size, n)
+                yield [(i, sample_kwargs(samples[i], self.limits)) for i in range(start, stop)]
+
+        async for graded in self.engine.stream(jobs, chunks(), request.grader_timeout_seconds or None):
+            message = pb.BatchEvaluateResponse()
+            for g in graded:
+                item = message.items.add()
+                item.index = g.index
+                fill_response(item.result, samples[g.index].id, labels, g.results, g.reward)
+            yield message
+
+    async def ListGraders(
+        self, request: pb.ListGradersRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListGradersResponse:
+        return list_graders(self.engine.registry, self.engine.rewards)

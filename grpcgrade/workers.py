@@ -1,0 +1,112 @@
+"""Worker processes for CPU-heavy graders, so one batch keeps every core busy.
+
+A chunk travels as (grader name, params, samples); each worker builds the grader once from its own
+registry and reuses it. Workers are spawned, not forked, because gRPC objects must not cross a fork.
+
+Faults: a worker that dies (killed, out of memory) breaks the pool; it is replaced and the chunks that
+were in flight are retried once, then reported as WORKER_LOST errors, never dropped. A worker stuck in C
+code past the chunk's watchdog is killed the same way, and the chunk is retried sample by sample so
+only the sample that hangs gets a TIMEOUT.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing
+import os
+import signal
+import time
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any
+
+from .grader import GraderError, GraderResult
+from .grading import grade_sync
+
+log = logging.getLogger(__name__)
+
+WATCHDOG_GRACE_SECONDS = 5.0
+
+
+def _init_worker() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server decides when workers stop
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    from .registry import get_registry
+
+    get_registry()
+
+
+def _ping() -> int:
+    return os.getpid()
+
+
+def _run(
+    name: str, params: dict[str, Any], batch: list[dict[str, Any]], timeout: float | None
+) -> tuple[list[GraderResult], float]:
+    from .registry import get_registry
+
+    grader = get_registry().build(name, params)
+    start = time.perf_counter()
+    results = grade_sync(grader, batch, timeout)
+    return results, time.perf_counter() - start
+
+
+class WorkerPool:
+    """A process pool that replaces itself when a worker dies or hangs."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.restarts = 0
+        self._executor = self._new()
+
+    def _new(self) -> ProcessPoolExecutor:
+        executor = ProcessPoolExecutor(
+            max_workers=self.size, mp_context=multiprocessing.get_context("spawn"), initializer=_init_worker
+        )
+        for _ in range(self.size):  # start every worker now, not on the first heavy request
+            executor.submit(_ping)
+        return executor
+
+    def alive(self) -> int:
+        processes = getattr(self._executor, "_processes", None) or {}
+        return sum(1 for p in processes.values() if p.is_alive())
+
+    def pids(self) -> list[int]:
+        processes = getattr(self._executor, "_processes", None) or {}
+        return [pid for pid, p in processes.items() if p.is_alive()]
+
+    def _replace(self, broken: ProcessPoolExecutor, kill: bool) -> None:
+        if self._executor is broken:
+            self.restarts += 1
+            log.warning("replacing the worker pool (restart %d)", self.restarts)
+            self._executor = self._new()
+        if kill:
+            for p in list((getattr(broken, "_processes", None) or {}).values()):
+                p.kill()
+        broken.shutdown(wait=False, cancel_futures=True)
+
+    async def run(
+        self, name: str, params: dict[str, Any], batch: list[dict[str, Any]], timeout: float | None
+    ) -> tuple[list[GraderResult], float]:
+        """Grade a chunk in a worker: (results in order, seconds spent grading)."""
+        watchdog = timeout * len(batch) + WATCHDOG_GRACE_SECONDS if timeout else None
+        for _attempt in range(2):
+            executor = self._executor
+            try:
+                future = executor.submit(_run, name, params, batch, timeout)
+                return await asyncio.wait_for(asyncio.wrap_future(future), watchdog)
+            except TimeoutError:
+                self._replace(executor, kill=True)
+                if len(batch) == 1:
+                    return [GraderError(name, f"grader ran past its time limit of {timeout:g} s", code="TIMEOUT")], 0.0
+                parts = [await self.run(name, params, [kw], timeout) for kw in batch]
+                return [r for res, _ in parts for r in res], sum(s for _, s in parts)
+            except (BrokenProcessPool, RuntimeError) as exc:
+                log.warning("worker lost while grading %d samples with %s: %s", len(batch), name, exc)
+                self._replace(executor, kill=False)
+        lost = GraderError(name, "the worker process grading this sample died twice", code="WORKER_LOST")
+        return [lost] * len(batch), 0.0
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=True, cancel_futures=True)
