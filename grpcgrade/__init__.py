@@ -21,7 +21,22 @@ try:
 except PackageNotFoundError:  # running from a source tree that was never installed
     __version__ = "0.0.0"
 
+_CLIENT_NAMES = ("GradingClient", "AsyncGradingClient", "reward_function")
+
+
+def __getattr__(name: str) -> object:
+    """The clients import grpc; graders and worker processes do not pay for that unless they ask."""
+    if name in _CLIENT_NAMES:
+        from . import client
+
+        return getattr(client, name)
+    raise AttributeError(f"module 'grpcgrade' has no attribute {name!r}")
+
+
 __all__ = [
+    "AsyncGradingClient",
+    "GradingClient",
+    "reward_function",
     "BaseGrader",
     "FunctionGrader",
     "GraderError",

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .grader import BaseGrader, GraderError, GraderResult, InvalidParams
+from .grader import BaseGrader, GraderError, GraderResult, Inputs, InvalidParams
 from .grading import grade_async, grade_sync
 from .registry import Registry
 from .rewards import Reward, SpecData, check_weights, combine
@@ -41,7 +41,7 @@ class Job:
 
     spec: SpecData
     grader: BaseGrader
-    inputs: frozenset[str] | None
+    inputs: Inputs
     remote: bool
 
 

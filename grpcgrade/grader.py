@@ -103,20 +103,21 @@ class BaseGrader:
         """True when the grader has a plain `evaluate`, so it can run without an event loop."""
         return type(self).evaluate is not BaseGrader.evaluate
 
-    def input_names(self) -> frozenset[str] | None:
-        """The sample fields this grader declares, or None when it takes `**kwargs` (all of them)."""
+    def input_names(self) -> Inputs:
+        """The sample fields this grader names, and whether it also takes `**kwargs` (then all of them)."""
         return declared_names(self.evaluate if self.is_sync else self.aevaluate)
 
 
-def declared_names(func: Callable[..., Any]) -> frozenset[str] | None:
-    """Keyword names `func` accepts; None when it has `**kwargs` and so accepts any."""
-    names = []
-    for p in inspect.signature(func).parameters.values():
-        if p.kind is p.VAR_KEYWORD:
-            return None
-        if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
-            names.append(p.name)
-    return frozenset(names)
+@dataclass(frozen=True)
+class Inputs:
+    names: frozenset[str]
+    open: bool  # the grader takes **kwargs
+
+
+def declared_names(func: Callable[..., Any]) -> Inputs:
+    params = inspect.signature(func).parameters.values()
+    names = frozenset(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+    return Inputs(names, any(p.kind is p.VAR_KEYWORD for p in params))
 
 
 def to_result(name: str, mode: GraderMode, value: Any) -> GraderResult:
@@ -168,9 +169,9 @@ class FunctionGrader(BaseGrader):
             return to_result(self.name, self.mode, await self.func(**kwargs, **self.kwargs))
         return self.evaluate(**kwargs)
 
-    def input_names(self) -> frozenset[str] | None:
-        names = declared_names(self.func)
-        return None if names is None else names - set(self.kwargs)
+    def input_names(self) -> Inputs:
+        inputs = declared_names(self.func)
+        return Inputs(inputs.names - set(self.kwargs), inputs.open)
 
     @classmethod
     def wrap(cls, func: Callable[..., Any], **options: Any) -> Callable[..., FunctionGrader]:

@@ -236,17 +236,18 @@ class Registry:
 
 
 def _declared_mode(factory: Callable[..., Any]) -> GraderMode:
-    """Listwise graders say so in their defaults; peek without building (builds can be expensive)."""
-    source, _ = _signature_source(factory)
-    if isinstance(factory, functools.partial) and "mode" in factory.keywords:
+    """Listwise graders say so in a class attribute or their defaults; peek without building."""
+    if isinstance(factory, functools.partial) and factory.keywords.get("mode"):
         return GraderMode(factory.keywords["mode"])
+    if isinstance(factory, type):
+        return GraderMode(getattr(factory, "mode", GraderMode.POINTWISE))
     try:
-        default = inspect.signature(source).parameters.get("mode")
+        default = inspect.signature(factory).parameters.get("mode")
     except (TypeError, ValueError):
         default = None
-    if default is not None and default.default is not inspect.Parameter.empty:
+    if default is not None and default.default not in (inspect.Parameter.empty, None):
         return GraderMode(default.default)
-    return GraderMode(getattr(factory, "mode", GraderMode.POINTWISE))
+    return GraderMode.POINTWISE
 
 
 def _guess_param(message: str, kwargs: dict[str, Any]) -> str:

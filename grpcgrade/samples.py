@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from .grader import Inputs
+
 STANDARD_FIELDS = ("query", "response", "reference", "context")
 REFERENCE_ALIASES = ("reference_response", "ground_truth")
 RESERVED = frozenset((*STANDARD_FIELDS, "responses", *REFERENCE_ALIASES))
@@ -52,16 +54,14 @@ def build_kwargs(
     return kwargs
 
 
-def select(kwargs: dict[str, Any], inputs: frozenset[str] | None) -> dict[str, Any]:
+def select(kwargs: dict[str, Any], inputs: Inputs) -> dict[str, Any]:
     """What one grader receives: all fields for `**kwargs` graders, else only the names it declares.
 
     `reference` is also offered as `reference_response` and `ground_truth` (the seeds' names) to graders
     that name those.
     """
-    if inputs is None:
-        return kwargs
-    out = {k: v for k, v in kwargs.items() if k in inputs}
+    out = dict(kwargs) if inputs.open else {k: v for k, v in kwargs.items() if k in inputs.names}
     for alias in REFERENCE_ALIASES:
-        if alias in inputs and "reference" in kwargs:
+        if alias in inputs.names and "reference" in kwargs:
             out[alias] = kwargs["reference"]
     return out

@@ -86,11 +86,11 @@ def _parse_relaxed(text: str) -> tuple[Any, float, str | None]:
     candidate = fenced_block(text) or text
     try:
         return json.loads(candidate), RELAXED_PARSE_PENALTY, "fenced json"
-    except Exception:  # noqa: BLE001 - any failure moves on to the next parser, as in Kolibrify
+    except Exception:  # any failure moves on to the next parser, as in Kolibrify
         pass
     try:
         return ast.literal_eval(candidate), RELAXED_PARSE_PENALTY, "python literal"
-    except Exception:  # noqa: BLE001
+    except Exception:
         return None, 0.0, None
 
 
@@ -115,28 +115,38 @@ def _shape_score(value: Any, schema: Mapping[str, Any]) -> tuple[float, list[Any
     return 1.0, missing, extra
 
 
-class JsonSchemaGrader(BaseGrader):
+class SchemaGrader(BaseGrader):
+    """What `json_schema` and `xml_schema` share: the record schema and the no-schema reward."""
+
+    def __init__(self, name: str, description: str, reward_if_no_schema: float) -> None:
+        if not math.isfinite(reward_if_no_schema):
+            raise InvalidParams("reward_if_no_schema", "must be a finite number")
+        super().__init__(name=name, mode=GraderMode.POINTWISE, description=description)
+        self.reward_if_no_schema = float(reward_if_no_schema)
+
+    def no_schema_result(self) -> GraderScore:
+        return GraderScore(
+            name=self.name,
+            score=self.reward_if_no_schema,
+            reason="no metadata.schema JSON string; reward_if_no_schema applies",
+            metadata={"schema_found": False},
+        )
+
+
+class JsonSchemaGrader(SchemaGrader):
     """Shape check against `metadata.schema` (a JSON string): required keys, optional no-extra-keys rule."""
 
     def __init__(self, reward_if_no_schema: float = 0.0) -> None:
-        if not math.isfinite(reward_if_no_schema):
-            raise InvalidParams("reward_if_no_schema", "must be a finite number")
         super().__init__(
             name="json_schema",
-            mode=GraderMode.POINTWISE,
             description="Kolibrify json_schema: the answer is a JSON object with the schema's keys",
+            reward_if_no_schema=reward_if_no_schema,
         )
-        self.reward_if_no_schema = float(reward_if_no_schema)
 
     def evaluate(self, response: str = "", metadata: Any = None, **kwargs: Any) -> GraderScore:
         schema = record_schema(metadata)
         if schema is None:
-            return GraderScore(
-                name=self.name,
-                score=self.reward_if_no_schema,
-                reason="no metadata.schema JSON string; reward_if_no_schema applies",
-                metadata={"schema_found": False},
-            )
+            return self.no_schema_result()
         value, penalty, how = _parse_relaxed(answer_or_completion(response or ""))
         if value is None:
             # Kolibrify cannot tell a parsed `null` / `None` from a failed parse: both score 0.

@@ -1,0 +1,91 @@
+"""The server's YAML configuration: named rewards, limits and time limits.
+
+```yaml
+grader_timeout_seconds: 30
+limits: {max_samples_per_batch: 100000, max_field_chars: 1000000, max_message_bytes: 67108864}
+rewards:
+  gsm8k:
+    description: exact answer, terse output, under 200 tokens
+    graders:
+      - {name: math_exact, weight: 2}
+      - {name: number_only}
+      - {name: completion_length_cap, params: {max_completion_tokens: 200}, gate: true}
+```
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .rewards import Reward, SpecData
+from .samples import Limits
+
+
+class ConfigError(ValueError):
+    """The configuration file is wrong; the message says where."""
+
+
+@dataclass
+class ServerConfig:
+    rewards: dict[str, Reward] = field(default_factory=dict)
+    limits: Limits = field(default_factory=Limits)
+    grader_timeout_seconds: float = 30.0
+    #: Graders defined by the configuration itself (name -> factory), served from this process only.
+    local_graders: dict[str, Any] = field(default_factory=dict)
+
+
+def parse_spec(raw: Any, where: str) -> SpecData:
+    if isinstance(raw, str):
+        return SpecData(name=raw)
+    if not isinstance(raw, dict) or "name" not in raw:
+        raise ConfigError(f"{where}: a grader is a name or a mapping with `name`")
+    unknown = set(raw) - {"name", "params", "key", "weight", "gate"}
+    if unknown:
+        raise ConfigError(f"{where}: unknown key {sorted(unknown)[0]!r} (allowed: name, params, key, weight, gate)")
+    weight = raw.get("weight")
+    return SpecData(
+        name=str(raw["name"]),
+        params=dict(raw.get("params") or {}),
+        key=str(raw.get("key") or ""),
+        weight=None if weight is None else float(weight),
+        gate=bool(raw.get("gate", False)),
+    )
+
+
+def parse_config(data: dict[str, Any], source: str = "config") -> ServerConfig:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: the top level must be a mapping")
+    unknown = set(data) - {"rewards", "limits", "grader_timeout_seconds"}
+    if unknown:
+        raise ConfigError(f"{source}: unknown key {sorted(unknown)[0]!r}")
+    limit_names = {f.name for f in dataclasses.fields(Limits)}
+    raw_limits = data.get("limits") or {}
+    bad = set(raw_limits) - limit_names
+    if bad:
+        raise ConfigError(f"{source}: unknown limit {sorted(bad)[0]!r} (allowed: {', '.join(sorted(limit_names))})")
+    rewards = {}
+    for name, body in (data.get("rewards") or {}).items():
+        body = {"graders": body} if isinstance(body, list) else body
+        if not isinstance(body, dict) or not body.get("graders"):
+            raise ConfigError(f"{source}: reward {name!r} needs a list of graders")
+        specs = [parse_spec(g, f"{source}: reward {name!r}, grader {i}") for i, g in enumerate(body["graders"])]
+        rewards[str(name)] = Reward(str(name), specs, str(body.get("description", "")))
+    return ServerConfig(
+        rewards=rewards,
+        limits=Limits(**{k: int(v) for k, v in raw_limits.items()}),
+        grader_timeout_seconds=float(data.get("grader_timeout_seconds", 30.0)),
+    )
+
+
+def load_config(path: str | Path) -> ServerConfig:
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"{path}: {exc}") from exc
+    return parse_config(data, str(path))

@@ -1,0 +1,58 @@
+"""Kolibrify's `completion_length_cap`: a 0/1 gate on the completion's token count.
+
+The count is not computed here: the trainer sends it (`completion_tokens` in the sample's extra),
+because only the trainer knows the tokenizer. Meant as a multiplicative gate on the other graders.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from grpcgrade.grader import BaseGrader, GraderMode, GraderScore, InvalidParams
+
+
+class CompletionLengthCapGrader(BaseGrader):
+    """1.0 within `max_completion_tokens`, else `min_reward`; a missing count fails unless told otherwise."""
+
+    def __init__(
+        self,
+        max_completion_tokens: int = 0,
+        treat_missing_as_fail: bool = True,
+        min_reward: float = 0.0,
+    ) -> None:
+        if max_completion_tokens <= 0:
+            raise InvalidParams("max_completion_tokens", "required: a positive token count")
+        if not 0.0 <= min_reward <= 1.0:
+            raise InvalidParams("min_reward", "must be between 0 and 1")
+        super().__init__(
+            name="completion_length_cap",
+            mode=GraderMode.POINTWISE,
+            description="Kolibrify completion_length_cap: gate on the completion's token count",
+        )
+        self.max_completion_tokens = max_completion_tokens
+        self.treat_missing_as_fail = bool(treat_missing_as_fail)
+        self.min_reward = float(min_reward)
+
+    def evaluate(self, completion_tokens: Any = None, **kwargs: Any) -> GraderScore:
+        if completion_tokens is None:
+            score = self.min_reward if self.treat_missing_as_fail else 1.0
+            return GraderScore(
+                name=self.name,
+                score=score,
+                reason="no completion_tokens in the sample"
+                + ("; counted as over the cap" if self.treat_missing_as_fail else "; not enforced"),
+                metadata={"completion_tokens": None, "max_completion_tokens": self.max_completion_tokens},
+            )
+        if isinstance(completion_tokens, bool) or not isinstance(completion_tokens, (int, float)):
+            raise TypeError(f"completion_tokens must be a number, got {type(completion_tokens).__name__}")
+        within = completion_tokens <= self.max_completion_tokens
+        return GraderScore(
+            name=self.name,
+            score=1.0 if within else self.min_reward,
+            reason=f"{completion_tokens:.15g} tokens, cap {self.max_completion_tokens}"
+            + ("" if within else ": over the cap"),
+            metadata={
+                "completion_tokens": completion_tokens,
+                "max_completion_tokens": self.max_completion_tokens,
+            },
+        )

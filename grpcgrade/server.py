@@ -1,0 +1,154 @@
+"""Assembling and running the gRPC server: health, reflection, interceptors, metrics, drain on SIGTERM.
+
+An aio server: no thread per open stream, and measured as fast as the sync server for this work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from .config import ServerConfig, load_config
+from .engine import Engine
+from .interceptors import AuthInterceptor, ObservingInterceptor
+from .metrics import Metrics
+from .registry import Registry, get_registry
+from .servicer import GradingServicer
+from .v1 import grading_pb2 as pb
+from .v1 import grading_pb2_grpc as pb_grpc
+from .workers import WorkerPool
+
+log = logging.getLogger("grpcgrade.server")
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["GradingService"].full_name
+
+
+@dataclass
+class ServeOptions:
+    host: str = "127.0.0.1"
+    port: int = 50051
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int = 0  # 0: no metrics endpoint
+    workers: int | None = None  # None: one per core; 0: grade everything in the server process
+    config: str | None = None
+    kolibrify_config: str | None = None
+    grace_seconds: float = 25.0
+    grader_timeout_seconds: float | None = None  # None: the config's value
+    auth_token_file: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_client_ca: str | None = None
+    extra_options: list[tuple[str, int]] = field(default_factory=list)
+
+
+def read_config(opts: ServeOptions, registry: Registry) -> ServerConfig:
+    config = load_config(opts.config) if opts.config else ServerConfig()
+    if opts.kolibrify_config:
+        from .kolibrify_config import load_kolibrify_config
+
+        config = load_kolibrify_config(opts.kolibrify_config, registry, base=config)
+    if opts.grader_timeout_seconds is not None:
+        config.grader_timeout_seconds = opts.grader_timeout_seconds
+    return config
+
+
+def _credentials(opts: ServeOptions) -> grpc.ServerCredentials | None:
+    if not (opts.tls_cert and opts.tls_key):
+        return None
+    client_ca = Path(opts.tls_client_ca).read_bytes() if opts.tls_client_ca else None
+    return grpc.ssl_server_credentials(
+        [(Path(opts.tls_key).read_bytes(), Path(opts.tls_cert).read_bytes())],
+        root_certificates=client_ca,
+        require_client_auth=client_ca is not None,
+    )
+
+
+def _tokens(path: str | None) -> list[str]:
+    if not path:
+        return []
+    tokens = [line.strip() for line in Path(path).read_text().splitlines() if line.strip()]
+    if not tokens:
+        raise ValueError(f"{path}: no token in the auth token file")
+    return tokens
+
+
+async def serve(opts: ServeOptions) -> int:
+    """Run until SIGTERM/SIGINT, then drain: NOT_SERVING, refuse new calls, finish in-flight ones."""
+    registry = get_registry()
+    config = read_config(opts, registry)
+    metrics = Metrics() if opts.metrics_port else None
+    workers = os.cpu_count() or 1 if opts.workers is None else opts.workers
+    pool = WorkerPool(workers) if workers > 0 else None
+    engine = Engine(
+        registry,
+        pool,
+        rewards=config.rewards,
+        grader_timeout=config.grader_timeout_seconds,
+        observer=metrics.observe_grading if metrics else None,
+        local_graders=config.local_graders,
+    )
+    for reward in config.rewards.values():  # a broken reward fails at start, not on the first call
+        engine.resolve(reward.specs)
+
+    interceptors: list[grpc.aio.ServerInterceptor] = [ObservingInterceptor(metrics)]
+    tokens = _tokens(opts.auth_token_file)
+    if tokens:
+        interceptors.append(AuthInterceptor(tokens))
+    max_bytes = config.limits.max_message_bytes
+    server = grpc.aio.server(
+        interceptors=interceptors,
+        options=[
+            ("grpc.so_reuseport", 0),  # a second server on the same port fails instead of sharing it
+            ("grpc.max_receive_message_length", max_bytes),
+            ("grpc.max_send_message_length", max_bytes),
+            ("grpc.keepalive_time_ms", 60_000),
+            ("grpc.keepalive_timeout_ms", 20_000),
+            ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+            ("grpc.max_connection_age_ms", 30 * 60_000),  # lets L4 balancers spread long-lived clients
+            ("grpc.max_connection_age_grace_ms", int(opts.grace_seconds * 1000)),
+            *opts.extra_options,
+        ],
+    )
+    pb_grpc.add_GradingServiceServicer_to_server(GradingServicer(engine, config.limits), server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+
+    address = f"{opts.host}:{opts.port}"
+    creds = _credentials(opts)
+    port = server.add_secure_port(address, creds) if creds else server.add_insecure_port(address)
+    if metrics is not None:
+        metrics.set_plugins(registry.plugins)
+        if pool is not None:
+            metrics.watch_workers(pool.alive, lambda: pool.restarts)
+        metrics.serve(opts.metrics_host, opts.metrics_port)
+
+    await server.start()
+    for name in ("", SERVICE_NAME):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    log.info(
+        "grpcgrade serving on %s:%d (%d graders, %d rewards, %d workers%s%s)",
+        opts.host, port, len(registry.entries), len(config.rewards), workers,
+        ", TLS" if creds else "", f", metrics on {opts.metrics_host}:{opts.metrics_port}" if metrics else "",
+    )
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("draining: NOT_SERVING, finishing in-flight calls for up to %.0f s", opts.grace_seconds)
+    await health_servicer.enter_graceful_shutdown()
+    await server.stop(opts.grace_seconds)
+    if pool is not None:
+        pool.close()
+    log.info("stopped")
+    return 0
