@@ -184,6 +184,14 @@ class Registry:
             self._canonical[n] = name
         plugin.graders.append(name)
 
+    def add(self, plugin: PluginInfo, factory: Callable[..., BaseGrader], *, name: str, **options: Any) -> None:
+        """Register a grader from outside any plugin (a configuration file's own graders)."""
+        if plugin not in self.plugins:
+            self.plugins.append(plugin)
+        self._register(plugin, factory, name=name, **options)
+        if name not in self._entries or self._entries[name].factory is not factory:
+            raise ValueError(plugin.error or f"could not register grader {name!r}")
+
     # -- lookup ---------------------------------------------------------------------------------------
 
     @property

@@ -239,9 +239,10 @@ def test_json_schema_reward_if_no_schema() -> None:
     assert result.score == 0.25
     assert result.metadata == {"schema_found": False}
     assert grader.evaluate(response='{"answer": 1}', metadata=SCHEMA_STRICT).score == 1.0
-    with pytest.raises(InvalidParams) as err:
-        JsonSchemaGrader(reward_if_no_schema=float("nan"))
-    assert err.value.param == "reward_if_no_schema"
+    for bad in (float("nan"), "0.5", True):
+        with pytest.raises(InvalidParams) as err:
+            JsonSchemaGrader(reward_if_no_schema=bad)
+        assert err.value.param == "reward_if_no_schema"
 
 
 def test_json_schema_metadata() -> None:
@@ -426,11 +427,14 @@ def test_completion_length_cap(params: dict[str, object], scores: list[float]) -
 
 
 def test_completion_length_cap_params_and_bad_counts() -> None:
-    for bad in ({}, {"max_completion_tokens": 0}, {"max_completion_tokens": -3}):
+    for bad in ({}, {"max_completion_tokens": 0}, {"max_completion_tokens": -3}, {"max_completion_tokens": "5"}):
         with pytest.raises(InvalidParams) as err:
             CompletionLengthCapGrader(**bad)
         assert err.value.param == "max_completion_tokens"
-    for min_reward in (-0.1, 1.5, float("nan")):
+    with pytest.raises(InvalidParams) as err:
+        CompletionLengthCapGrader(max_completion_tokens=5, treat_missing_as_fail="false")
+    assert err.value.param == "treat_missing_as_fail"
+    for min_reward in (-0.1, 1.5, float("nan"), "0.5"):
         with pytest.raises(InvalidParams) as err:
             CompletionLengthCapGrader(max_completion_tokens=5, min_reward=min_reward)
         assert err.value.param == "min_reward"

@@ -1,4 +1,4 @@
-"""JSON validity: does `json.loads` accept the response? (OpenJudge `JsonValidatorGrader`, py-openjudge 0.2.4)."""
+"""JSON validity: does `json.loads` accept the response? (OpenJudge `JsonValidatorGrader`, 0.2.4)."""
 
 from __future__ import annotations
 

@@ -131,7 +131,9 @@ class NgramRepetitionPenaltyGrader(BaseGrader):
         if not isinstance(n, int) or n < 1:
             raise InvalidParams("n", f"must be an integer >= 1, got {n!r}")
         if tokenizer_type not in TOKENIZER_TYPES:
-            raise InvalidParams("tokenizer_type", f"must be one of {', '.join(TOKENIZER_TYPES)}, got {tokenizer_type!r}")
+            raise InvalidParams(
+                "tokenizer_type", f"must be one of {', '.join(TOKENIZER_TYPES)}, got {tokenizer_type!r}"
+            )
         if analyze_scope not in ANALYZE_SCOPES:
             raise InvalidParams("analyze_scope", f"must be one of {', '.join(ANALYZE_SCOPES)}, got {analyze_scope!r}")
         if use_soft_penalty and max_penalty > 0:

@@ -1,4 +1,4 @@
-"""Strict think + answer / think + tool-call layout (OpenJudge `ReasoningToolCallFormatGrader`, decision D3)."""
+"""Strict think + answer / think + tool-call layout (OpenJudge `ReasoningToolCallFormatGrader`, D3)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ _THINK = TagPair("think")
 _ANSWER = TagPair("answer")
 _TOOL_CALL = TagPair("tool_call")
 _DOUBLED_TOOL_CALL_TAG = re.compile(r"<tool_call>\s*<tool_call>|</tool_call>\s*</tool_call>")
+_BAD_COMBINATION = "Invalid combination: should have either <answer> or <tool_call> tags, not both or neither"
 
 
 def _framed(text: str, tail: TagPair) -> bool:
@@ -34,7 +35,8 @@ def _framed(text: str, tail: TagPair) -> bool:
     if think_end < 0:
         return False
     rest = body[think_end + len(_THINK.close) :].lstrip()
-    return rest.startswith(tail.open) and rest.endswith(tail.close) and len(rest) >= len(tail.open + tail.close)
+    long_enough = len(rest) >= len(tail.open) + len(tail.close)
+    return long_enough and rest.startswith(tail.open) and rest.endswith(tail.close)
 
 
 def _is_tool_call(content: str) -> bool:
@@ -78,9 +80,7 @@ class ReasoningToolCallFormatGrader(BaseGrader):
         if not has_think_tag:
             reason = "Missing <think></think> tags"
         elif has_answer_tag and not has_tool_call_tag:
-            valid_format = (
-                _single(response, _THINK) and _single(response, _ANSWER) and _framed(response, _ANSWER)
-            )
+            valid_format = _single(response, _THINK) and _single(response, _ANSWER) and _framed(response, _ANSWER)
             reason = f"{'Valid' if valid_format else 'Invalid'} <think></think> + <answer></answer> format"
         elif has_tool_call_tag and not has_answer_tag:
             valid_format = (
@@ -98,7 +98,7 @@ class ReasoningToolCallFormatGrader(BaseGrader):
             else:
                 reason = "Invalid <think></think> + <tool_call></tool_call> format"
         else:
-            reason = "Invalid combination: should have either <answer> or <tool_call> tags, not both or neither"
+            reason = _BAD_COMBINATION
 
         reward = 1.0 if valid_format else 0.0
         return GraderScore(

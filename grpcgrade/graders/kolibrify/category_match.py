@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 from grpcgrade.grader import BaseGrader, GraderMode, GraderScore, InvalidParams
@@ -17,10 +16,12 @@ class CategoryMatchGrader(BaseGrader):
     is empty (Kolibrify: `record["answer"] or record["expected_category"]`).
     """
 
-    def __init__(self, allowed_categories: Sequence[str] | None = None) -> None:
+    def __init__(self, allowed_categories: list[str] | None = None) -> None:
         if allowed_categories is None:
             raise InvalidParams("allowed_categories", "required: the list of valid category labels")
-        if isinstance(allowed_categories, str) or not all(isinstance(c, str) for c in allowed_categories):
+        if not isinstance(allowed_categories, (list, tuple)) or not all(
+            isinstance(category, str) for category in allowed_categories
+        ):
             raise InvalidParams("allowed_categories", "must be a list of strings")
         super().__init__(
             name="category_match",

@@ -10,6 +10,8 @@ from typing import Any
 
 from grpcgrade.grader import BaseGrader, GraderMode, GraderScore, InvalidParams
 
+from .parsing import is_number
+
 
 class CompletionLengthCapGrader(BaseGrader):
     """1.0 within `max_completion_tokens`, else `min_reward`; a missing count fails unless told otherwise."""
@@ -20,17 +22,19 @@ class CompletionLengthCapGrader(BaseGrader):
         treat_missing_as_fail: bool = True,
         min_reward: float = 0.0,
     ) -> None:
-        if max_completion_tokens <= 0:
+        if not is_number(max_completion_tokens) or not max_completion_tokens > 0:
             raise InvalidParams("max_completion_tokens", "required: a positive token count")
-        if not 0.0 <= min_reward <= 1.0:
-            raise InvalidParams("min_reward", "must be between 0 and 1")
+        if not is_number(min_reward) or not 0.0 <= min_reward <= 1.0:
+            raise InvalidParams("min_reward", "must be a number between 0 and 1")
+        if not isinstance(treat_missing_as_fail, bool):
+            raise InvalidParams("treat_missing_as_fail", "must be true or false")
         super().__init__(
             name="completion_length_cap",
             mode=GraderMode.POINTWISE,
             description="Kolibrify completion_length_cap: gate on the completion's token count",
         )
         self.max_completion_tokens = max_completion_tokens
-        self.treat_missing_as_fail = bool(treat_missing_as_fail)
+        self.treat_missing_as_fail = treat_missing_as_fail
         self.min_reward = float(min_reward)
 
     def evaluate(self, completion_tokens: Any = None, **kwargs: Any) -> GraderScore:
@@ -43,7 +47,7 @@ class CompletionLengthCapGrader(BaseGrader):
                 + ("; counted as over the cap" if self.treat_missing_as_fail else "; not enforced"),
                 metadata={"completion_tokens": None, "max_completion_tokens": self.max_completion_tokens},
             )
-        if isinstance(completion_tokens, bool) or not isinstance(completion_tokens, (int, float)):
+        if not is_number(completion_tokens):
             raise TypeError(f"completion_tokens must be a number, got {type(completion_tokens).__name__}")
         within = completion_tokens <= self.max_completion_tokens
         return GraderScore(

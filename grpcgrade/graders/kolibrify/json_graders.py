@@ -15,7 +15,7 @@ from typing import Any
 
 from grpcgrade.grader import BaseGrader, GraderMode, GraderScore, InvalidParams
 
-from .parsing import answer_or_completion, fenced_block, record_schema
+from .parsing import answer_or_completion, fenced_block, is_number, record_schema
 
 RELAXED_PARSE_PENALTY = 0.9
 
@@ -119,7 +119,7 @@ class SchemaGrader(BaseGrader):
     """What `json_schema` and `xml_schema` share: the record schema and the no-schema reward."""
 
     def __init__(self, name: str, description: str, reward_if_no_schema: float) -> None:
-        if not math.isfinite(reward_if_no_schema):
+        if not is_number(reward_if_no_schema) or not math.isfinite(reward_if_no_schema):
             raise InvalidParams("reward_if_no_schema", "must be a finite number")
         super().__init__(name=name, mode=GraderMode.POINTWISE, description=description)
         self.reward_if_no_schema = float(reward_if_no_schema)

@@ -71,3 +71,8 @@ def fenced_block(text: str) -> str | None:
     """The stripped body of the first ```lang fenced block, or None when there is none."""
     match = _FENCED_BLOCK_RE.search(text)
     return match.group(1).strip() if match else None
+
+
+def is_number(value: Any) -> bool:
+    """A JSON number as params and extras carry it (a bool is not one, though Python says so)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)

@@ -52,7 +52,7 @@ class NumberAccuracyGrader(BaseGrader):
             )
 
         # zip stops at the shorter list: extra response numbers are ignored, missing ones count as wrong.
-        correct = sum(abs(a - b) <= self.tolerance for a, b in zip(response_numbers, reference_numbers))
+        correct = sum(abs(a - b) <= self.tolerance for a, b in zip(response_numbers, reference_numbers, strict=False))
         total = len(reference_numbers)
         accuracy = correct / total
         return GraderScore(

@@ -6,14 +6,14 @@ its per-sample parameters (`pattern`, `substrings`, `bidirectional`, `case_sensi
 reference. With the grader's defaults every algorithm is case-insensitive, exact match included.
 
 `regex_match` patterns arrive in requests, so they are untrusted: Python's backtracking `re` would let one
-pattern such as `(a+)+$` pin a worker for minutes. Patterns are therefore parsed with Python's own
-parser (so the syntax, the group numbering and the invalid-pattern messages are the reference's) and
-then run on RE2, which matches in linear time. The translation keeps Python's meaning where RE2's
-differs: `\\d`, `\\w` and `\\s` are Unicode-aware, `$` also matches before a final newline, `\\Z` is the
-end of the text. What RE2 cannot do (backreferences, lookaround, conditional and atomic groups,
-possessive quantifiers, repetition counts above 1000) gives the reference's invalid-pattern result.
-Known remaining differences: `\\b`/`\\B` use ASCII word characters, and a `$` inside a capture group
-that matches before a final newline includes that newline in the group.
+pattern such as `(a+)+$` pin a worker for minutes. Patterns are therefore parsed with Python's own parser
+(CPython's internal `re._parser`, so the syntax, the group numbering and the invalid-pattern messages are
+the reference's), translated from its tree to RE2 syntax and run on RE2, which matches in linear time.
+The translation keeps Python's meaning where RE2's differs: `\\d`, `\\w` and `\\s` are Unicode-aware, `$`
+also matches before a final newline, `\\Z` is the end of the text. What RE2 cannot do (backreferences,
+lookaround, conditional and atomic groups, possessive quantifiers, repetition counts above 1000) gives the
+reference's invalid-pattern result. Known remaining differences: `\\b`/`\\B` use ASCII word characters,
+and a `$` inside a capture group that matches before a final newline includes that newline in the group.
 """
 
 from __future__ import annotations
@@ -282,9 +282,7 @@ def _substring_match(reference: str, response: str, case_sensitive: bool, bidire
     return float(matched), details
 
 
-def _containment(
-    reference: str, response: str, substrings: Any, case_sensitive: bool
-) -> tuple[list[str], list[bool]]:
+def _containment(reference: str, response: str, substrings: Any, case_sensitive: bool) -> tuple[list[str], list[bool]]:
     """The target substrings (the reference when `substrings` is missing or empty) and which occur."""
     targets = [_fold(s, case_sensitive) for s in (substrings if substrings else [reference])]
     cand = _fold(response, case_sensitive)
@@ -297,7 +295,7 @@ def _contains_all(reference: str, response: str, substrings: Any, case_sensitive
         "matched": all(contains),
         "num_substrings": len(targets),
         "contains_per_substring": contains,
-        "missing_substrings": [s for s, c in zip(targets, contains) if not c],
+        "missing_substrings": [s for s, c in zip(targets, contains, strict=True) if not c],
         "case_sensitive": case_sensitive,
     }
     return (sum(contains) / len(contains) if contains else 0.0), details
@@ -309,7 +307,7 @@ def _contains_any(reference: str, response: str, substrings: Any, case_sensitive
         "matched": any(contains),
         "num_substrings": len(targets),
         "contains_per_substring": contains,
-        "matched_substrings": [s for s, c in zip(targets, contains) if c],
+        "matched_substrings": [s for s, c in zip(targets, contains, strict=True) if c],
         "case_sensitive": case_sensitive,
     }
     return float(any(contains)), details

@@ -1,0 +1,85 @@
+"""Start a real grpcgrade server in a subprocess: for test suites (ours and plugin authors') and the benchmark.
+
+Tests of a grader plugin should call it the way trainers do, over gRPC on a loopback port, not through a
+mocked channel.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from .client import GradingClient
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def health_status(target: str, service: str = "", timeout: float = 1.0) -> int | None:
+    """The health service's answer, or None when the server does not answer."""
+    with grpc.insecure_channel(target) as channel:
+        try:
+            reply = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service=service), timeout=timeout
+            )
+        except grpc.RpcError:
+            return None
+    return reply.status
+
+
+@dataclass
+class ServerProcess:
+    proc: subprocess.Popen
+    port: int
+    metrics_port: int
+    log_path: Path
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def client(self, **kwargs: object) -> GradingClient:
+        return GradingClient(self.target, **kwargs)  # type: ignore[arg-type]
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        return self.proc.wait(timeout)
+
+
+def start_server(
+    workdir: Path, *args: str, env: dict[str, str] | None = None, wait: float = 60, metrics: bool = True
+) -> ServerProcess:
+    """`grpcgrade serve` on free loopback ports; returns once health says SERVING."""
+    port, metrics_port = free_port(), (free_port() if metrics else 0)
+    log_path = Path(workdir) / f"server-{port}.log"
+    cmd = [sys.executable, "-m", "grpcgrade.cli", "serve", "--port", str(port), "--metrics-port", str(metrics_port),
+           *args]
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
+                                cwd=workdir)
+    server = ServerProcess(proc, port, metrics_port, log_path)
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}:\n{server.log()}")
+        if health_status(server.target) == health_pb2.HealthCheckResponse.SERVING:
+            return server
+        time.sleep(0.05)
+    server.stop(signal.SIGKILL)
+    raise RuntimeError(f"server not SERVING after {wait} s:\n{server.log()}")
