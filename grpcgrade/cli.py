@@ -162,6 +162,17 @@ def cmd_health(args: argparse.Namespace) -> int:
     return 0 if reply.status == health_pb2.HealthCheckResponse.SERVING else 1
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    from .bench import run_bench
+
+    report = run_bench(
+        args.grader, samples=args.samples, workers=args.workers, unary_calls=args.unary_calls,
+        concurrency=args.concurrency, compare_metrics=args.compare_metrics,
+    )
+    print(json.dumps(report.as_dict(), indent=2) if args.json else report.text())
+    return 0
+
+
 def cmd_version(args: argparse.Namespace) -> int:
     print(f"grpcgrade {__version__}")
     return 0
@@ -169,11 +180,12 @@ def cmd_version(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="grpcgrade", description="Reward graders served over gRPC.")
-    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    parser.add_argument("--log-format", default="text", choices=["text", "json"])
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    common.add_argument("--log-format", default="text", choices=["text", "json"], help="json: one object per line")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("serve", help="run the gRPC server")
+    p = sub.add_parser("serve", parents=[common], help="run the gRPC server")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; 0.0.0.0 in containers)")
     p.add_argument("--port", type=int, default=50051, help="gRPC port (0: pick a free one and log it)")
     p.add_argument("--metrics-host", default="127.0.0.1")
@@ -189,13 +201,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tls-client-ca", help="require client certificates signed by this CA (mutual TLS)")
     p.set_defaults(func=cmd_serve)
 
-    p = sub.add_parser("graders", help="list graders, their plugins and parameters")
+    p = sub.add_parser("graders", parents=[common], help="list graders, their plugins and parameters")
     p.add_argument("--json", action="store_true")
     p.add_argument("--target", help="ask a running server instead of this installation")
     p.add_argument("--token", help="bearer token for --target")
     p.set_defaults(func=cmd_graders)
 
-    p = sub.add_parser("eval", help="grade a JSONL file of samples through a server")
+    p = sub.add_parser("eval", parents=[common], help="grade a JSONL file of samples through a server")
     p.add_argument("input")
     p.add_argument("--grader", action="append", help="grader name (repeatable)")
     p.add_argument("--params", help="JSON construction params for the grader(s)")
@@ -207,13 +219,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_eval)
 
-    p = sub.add_parser("health", help="check a server's gRPC health (exit 0 when SERVING)")
+    p = sub.add_parser("health", parents=[common], help="check a server's gRPC health (exit 0 when SERVING)")
     p.add_argument("--target", default="127.0.0.1:50051")
     p.add_argument("--service", default="")
     p.add_argument("--timeout", type=float, default=3.0)
     p.set_defaults(func=cmd_health)
 
-    p = sub.add_parser("version", help="print the version")
+    p = sub.add_parser("bench", parents=[common], help="measure throughput against the bare library loop")
+    p.add_argument("--grader", default="json_validator", choices=["json_validator", "chrf", "rougeL"])
+    p.add_argument("--samples", type=int, help="samples per run (default: 200000 cheap, 3000 heavy)")
+    p.add_argument("--workers", type=int, help="server worker processes (default: cores)")
+    p.add_argument("--unary-calls", type=int, default=20_000)
+    p.add_argument("--concurrency", type=int, default=32, help="concurrent unary callers")
+    p.add_argument("--compare-metrics", action="store_true", help="also run the batch with metrics off")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("version", parents=[common], help="print the version")
     p.set_defaults(func=cmd_version)
     return parser
 

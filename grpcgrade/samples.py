@@ -40,18 +40,23 @@ def check_field(name: str, value: str, limits: Limits) -> None:
 def build_kwargs(
     fields: dict[str, str], responses: list[str], extra: dict[str, Any], limits: Limits
 ) -> dict[str, Any]:
-    """All the keyword arguments a grader could ask for; `select` then keeps what each grader declares."""
+    """All the keyword arguments a grader could ask for; `select` then keeps what each grader declares.
+
+    `fields` becomes the result (no copy: this runs once per sample on the hot path).
+    """
+    cap = limits.max_field_chars
     for name, value in fields.items():
-        check_field(name, value, limits)
+        if len(value) > cap:
+            check_field(name, value, limits)
     for i, value in enumerate(responses):
         check_field(f"responses[{i}]", value, limits)
-    clash = RESERVED.intersection(extra)
-    if clash:
-        raise SampleProblem(f"extra key {sorted(clash)[0]!r} collides with a standard sample field")
-    kwargs: dict[str, Any] = dict(fields)
-    kwargs["responses"] = responses
-    kwargs.update(extra)
-    return kwargs
+    if extra:
+        clash = RESERVED.intersection(extra)
+        if clash:
+            raise SampleProblem(f"extra key {sorted(clash)[0]!r} collides with a standard sample field")
+        fields.update(extra)
+    fields["responses"] = responses
+    return fields
 
 
 def select(kwargs: dict[str, Any], inputs: Inputs) -> dict[str, Any]:
@@ -60,8 +65,10 @@ def select(kwargs: dict[str, Any], inputs: Inputs) -> dict[str, Any]:
     `reference` is also offered as `reference_response` and `ground_truth` (the seeds' names) to graders
     that name those.
     """
+    aliases = [a for a in REFERENCE_ALIASES if a in inputs.names]
+    if inputs.open and not aliases:
+        return kwargs  # shared between graders: safe, since `evaluate(**kwargs)` gets a fresh dict
     out = dict(kwargs) if inputs.open else {k: v for k, v in kwargs.items() if k in inputs.names}
-    for alias in REFERENCE_ALIASES:
-        if alias in inputs.names and "reference" in kwargs:
-            out[alias] = kwargs["reference"]
+    for alias in aliases:
+        out[alias] = kwargs["reference"]
     return out

@@ -124,9 +124,7 @@ def test_normalize_and_use_stemmer_lose_to_per_sample_values() -> None:
 
 def test_case_sensitive_has_no_effect_as_in_the_reference() -> None:
     assert score("f1_score", "hello world", "Hello World", init={"case_sensitive": True}) == 1.0
-    assert score("fuzzy_match", "Hello World", "hello world", init={"case_sensitive": False}) == pytest.approx(
-        18 / 22
-    )
+    assert score("fuzzy_match", "Hello World", "hello world", init={"case_sensitive": False}) == pytest.approx(18 / 22)
 
 
 def test_per_sample_algorithm_and_unrelated_fields_are_ignored() -> None:
@@ -210,7 +208,8 @@ def test_bleu_matches_sacrebleu(smooth_method: str, effective_order: bool) -> No
 def test_bleu_metadata_and_reason() -> None:
     result = SimilarityGrader().evaluate(response=RESP, reference_response=REF)
     assert result.reason == "BLEU score: 0.3799"
-    assert result.metadata["precisions"] == pytest.approx([5 / 6, 3 / 5, 1 / 4, 0.0])
+    # exp smoothing: the first order without matches counts 1 / (2 * total) = 1/6.
+    assert result.metadata["precisions"] == pytest.approx([5 / 6, 3 / 5, 1 / 4, 1 / 6])
     assert (result.metadata["sys_len"], result.metadata["ref_len"], result.metadata["ratio"]) == (6, 6, 1.0)
     assert result.metadata["raw_score"] == pytest.approx(37.99178428257963)
     assert (result.metadata["tokenize"], result.metadata["algorithm"]) == ("13a", "bleu")
@@ -314,9 +313,11 @@ class _Synset:
 
 
 class _TinyWordNet:
+    """METEOR looks up Porter stems; "puss" and "cat" are their own stems."""
+
     @staticmethod
     def synsets(word: str) -> list[_Synset]:
-        return [_Synset("kitty", "cat", "true_cat")] if word in ("kitty", "cat") else []
+        return [_Synset("puss", "cat", "true_cat")] if word in ("puss", "cat") else []
 
 
 def test_meteor_without_wordnet_matches_exact_and_stems_offline(monkeypatch) -> None:
@@ -329,7 +330,7 @@ def test_meteor_without_wordnet_matches_exact_and_stems_offline(monkeypatch) -> 
     monkeypatch.setattr(nltk, "download", no_network)
     monkeypatch.setattr(metrics, "wordnet", lambda: (metrics._NoSynonyms(), False))
     result = SimilarityGrader(algorithm="meteor").evaluate(response="the kitty sits here", reference_response=REF)
-    expected = meteor_score([REF.split()], "the kitty sits here".split(), wordnet=metrics._NoSynonyms())
+    expected = meteor_score([REF.split()], ["the", "kitty", "sits", "here"], wordnet=metrics._NoSynonyms())
     assert result.score == pytest.approx(expected, abs=1e-12)
     assert result.score > 0  # the reference scores 0 with an error here when WordNet is missing
     assert result.metadata == {"alpha": 0.9, "beta": 3.0, "gamma": 0.5, "wordnet": False, "algorithm": "meteor"}
@@ -340,13 +341,15 @@ def test_meteor_uses_wordnet_synonyms_when_installed(monkeypatch) -> None:
 
     monkeypatch.setattr(metrics, "wordnet", lambda: (_TinyWordNet(), True))
     result = SimilarityGrader(algorithm="meteor", alpha=0.5, gamma=0.2).evaluate(
-        response="the kitty is on the mat", reference_response=REF
+        response="the puss is on the mat", reference_response=REF
     )
-    expected = meteor_score([REF.split()], "the kitty is on the mat".split(), wordnet=_TinyWordNet(), alpha=0.5, gamma=0.2)
+    expected = meteor_score(
+        [REF.split()], ["the", "puss", "is", "on", "the", "mat"], wordnet=_TinyWordNet(), alpha=0.5, gamma=0.2
+    )
     assert result.score == pytest.approx(expected, abs=1e-12)
     assert result.metadata["wordnet"] is True
     monkeypatch.setattr(metrics, "wordnet", lambda: (metrics._NoSynonyms(), False))
-    assert score("meteor", "the kitty is on the mat", init={"alpha": 0.5, "gamma": 0.2}) < result.score
+    assert score("meteor", "the puss is on the mat", init={"alpha": 0.5, "gamma": 0.2}) < result.score
 
 
 def test_wordnet_detection_reports_what_nltk_finds() -> None:
@@ -477,7 +480,12 @@ def test_fuzzy_metadata_and_reason() -> None:
     result = SimilarityGrader(algorithm="fuzzy_match", method="partial_ratio", threshold=0.99).evaluate(
         response="quick brown fox", reference_response="the quick brown fox jumps"
     )
-    assert result.metadata == {"method": "partial_ratio", "threshold": 0.99, "matched": True, "algorithm": "fuzzy_match"}
+    assert result.metadata == {
+        "method": "partial_ratio",
+        "threshold": 0.99,
+        "matched": True,
+        "algorithm": "fuzzy_match",
+    }
     assert result.reason == "Fuzzy match (partial_ratio): 1.0000 (matched)"
     result = SimilarityGrader(algorithm="fuzzy_match").evaluate(response="abc", reference_response="xyz")
     assert result.reason == "Fuzzy match (ratio): 0.0000 (not matched)"
@@ -557,7 +565,9 @@ def test_jaccard_metadata_and_the_both_empty_quirk() -> None:
     assert result.score == pytest.approx(1 / 3)
     assert result.metadata == {"use_ngrams": True, "n": 3, "algorithm": "jaccard"}
     # Both texts shorter than n: no n-grams on either side, which the reference scores 1.0.
-    result = SimilarityGrader(algorithm="jaccard", use_ngrams=True, n=3).evaluate(response="a b", reference_response="c")
+    result = SimilarityGrader(algorithm="jaccard", use_ngrams=True, n=3).evaluate(
+        response="a b", reference_response="c"
+    )
     assert result.score == 1.0
     assert result.metadata == {"use_ngrams": True, "algorithm": "jaccard"}
 

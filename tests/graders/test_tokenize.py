@@ -71,7 +71,14 @@ def test_reference_constants() -> None:
 
 @pytest.mark.parametrize(
     ("text", "expected"),
-    [("Hello world", False), ("你好世界", True), ("Hello 你好", True), ("こんにちは", True), ("안녕하세요", True), ("", False)],
+    [
+        ("Hello world", False),
+        ("你好世界", True),
+        ("Hello 你好", True),
+        ("こんにちは", True),
+        ("안녕하세요", True),
+        ("", False),
+    ],
 )
 def test_contains_cjk(text: str, expected: bool) -> None:
     assert tk.contains_cjk(text) is expected

@@ -266,10 +266,8 @@ class SimilarityGrader(BaseGrader):
             score, details = metric(reference_response, response, **params)
         else:
             score, details = self._prepared_metric(reference_response, response, params)
-        if "error" in details:
-            return GraderScore(
-                name=self.name, score=0.0, reason=details.get("message", details["error"]), metadata=details
-            )
+        if "error" in details:  # the reference's score-0 outcome for a library failure: no "algorithm" key
+            return GraderScore(name=self.name, score=0.0, reason=details["error"], metadata=details)
         return GraderScore(
             name=self.name,
             score=float(score),

@@ -1,0 +1,227 @@
+"""`grpcgrade bench`: how close the service comes to the bare library loop, measured side by side.
+
+For one grader it measures, in one run on the same data: the bare library call in a loop (the limit
+for one core), the in-process grader API, BatchEvaluate over gRPC to a server in another process, and
+unary Evaluate under concurrency; optionally the reference's in-process GradingRunner (py-openjudge) and
+the cost of metrics. Every figure is printed as items/s and as a ratio to the bare loop.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import statistics
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+WORDS = (
+    "the model answer reward policy gradient token sample batch learning rate value function state action "
+    "agent environment step episode return advantage critic actor loss update network layer weight bias "
+    "training data prompt completion reference score grader service cluster replica latency throughput "
+    "python rust go node request response stream chunk worker process core memory cache queue metric"
+).split()
+
+
+@dataclass(frozen=True)
+class Preset:
+    grader: str
+    params: dict[str, Any]
+    samples: int
+    data: str  # "json" or "text"
+    bare: Callable[[], Callable[[dict[str, Any]], object]]
+
+
+def _bare_json() -> Callable[[dict[str, Any]], object]:
+    def call(s: dict[str, Any]) -> object:
+        try:
+            return json.loads(s["response"])
+        except ValueError:
+            return None
+
+    return call
+
+
+def _bare_chrf() -> Callable[[dict[str, Any]], object]:
+    from sacrebleu.metrics import CHRF
+
+    chrf = CHRF()
+    return lambda s: chrf.sentence_score(s["response"], [s["reference"]]).score
+
+
+def _bare_rouge_l() -> Callable[[dict[str, Any]], object]:
+    from rouge_score.rouge_scorer import RougeScorer
+
+    scorer = RougeScorer(["rougeL"])
+    return lambda s: scorer.score(s["reference"], s["response"])["rougeL"].fmeasure
+
+
+PRESETS = {
+    "json_validator": Preset("json_validator", {}, 200_000, "json", _bare_json),
+    "chrf": Preset("similarity", {"algorithm": "chrf"}, 3_000, "text", _bare_chrf),
+    "rougeL": Preset("similarity", {"algorithm": "rougeL"}, 3_000, "text", _bare_rouge_l),
+}
+
+
+def make_samples(kind: str, n: int, seed: int = 7) -> list[dict[str, Any]]:
+    """Deterministic samples of 50-100 words (about 1 KB with the reference), as the prototype used."""
+    rng = random.Random(seed)
+
+    def text() -> str:
+        return " ".join(rng.choice(WORDS) for _ in range(rng.randint(50, 100)))
+
+    if kind == "json":
+        return [
+            {"response": json.dumps({"answer": text()[:400], "n": i}) if i % 10 else text()[:400]}
+            for i in range(n)
+        ]
+    return [{"response": text(), "reference": text()} for _ in range(n)]
+
+
+def _rate(n: int, fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return n / (time.perf_counter() - start)
+
+
+@dataclass
+class Report:
+    grader: str
+    params: dict[str, Any]
+    samples: int
+    workers: int
+    figures: dict[str, float] = field(default_factory=dict)
+    notes: dict[str, Any] = field(default_factory=dict)
+
+    def ratio(self, key: str) -> float:
+        return self.figures[key] / self.figures["bare_loop"]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "grader": self.grader, "params": self.params, "samples": self.samples, "workers": self.workers,
+            "items_per_second": {k: round(v, 1) for k, v in self.figures.items()},
+            "ratio_to_bare_loop": {k: round(self.ratio(k), 3) for k in self.figures},
+            **self.notes,
+        }
+
+    def text(self) -> str:
+        lines = [f"grader {self.grader} {json.dumps(self.params)}: {self.samples} samples, {self.workers} workers,"
+                 f" {os.cpu_count()} cores"]
+        for key, value in self.figures.items():
+            lines.append(f"  {key:<28} {value:>12,.0f} items/s   {self.ratio(key):6.3f} x bare loop")
+        for key, value in self.notes.items():
+            lines.append(f"  {key}: {value}")
+        return "\n".join(lines)
+
+
+def bench_in_process(preset: Preset, samples: list[dict[str, Any]]) -> dict[str, float]:
+    from .registry import get_registry
+    from .samples import Limits, build_kwargs, select
+
+    bare = preset.bare()
+    grader = get_registry().build(preset.grader, preset.params)
+    inputs = grader.input_names()
+    limits = Limits()
+    kwargs = [
+        select(build_kwargs({"query": "", "response": s["response"], "reference": s.get("reference", ""),
+                             "context": ""}, [], {}, limits), inputs)
+        for s in samples
+    ]
+    grader.evaluate(**kwargs[0])  # build lazy state outside the timing
+    return {
+        "bare_loop": _rate(len(samples), lambda: [bare(s) for s in samples]),
+        "in_process_grader": _rate(len(samples), lambda: [grader.evaluate(**kw) for kw in kwargs]),
+    }
+
+
+def bench_reference_runner(preset: Preset, samples: list[dict[str, Any]]) -> float | None:
+    """py-openjudge 0.2.4's GradingRunner on the same data, when it is installed."""
+    try:
+        from openjudge.graders.format.json.json_validator import JsonValidatorGrader  # type: ignore[import-not-found]
+        from openjudge.graders.text.similarity import SimilarityGrader  # type: ignore[import-not-found]
+        from openjudge.runner.grading_runner import GradingRunner  # type: ignore[import-not-found]
+    except ImportError:
+        return None
+    grader = JsonValidatorGrader() if preset.grader == "json_validator" else SimilarityGrader(**preset.params)
+    rows = [{"response": s["response"], "reference_response": s.get("reference", "")} for s in samples]
+    runner = GradingRunner({"g": grader}, max_concurrency=32, show_progress=False)
+    return _rate(len(rows), lambda: runner.run(rows))
+
+
+def bench_service(
+    preset: Preset, samples: list[dict[str, Any]], workers: int, unary_calls: int, concurrency: int,
+    metrics: bool, workdir: Path,
+) -> tuple[dict[str, float], dict[str, Any]]:
+    from .convert import sample_to_pb
+    from .testing import start_server
+
+    server = start_server(workdir, "--workers", str(workers), "--log-level", "warning", metrics=metrics)
+    figures: dict[str, float] = {}
+    notes: dict[str, Any] = {}
+    try:
+        spec = [{"name": preset.grader, "params": preset.params}]
+        messages = [sample_to_pb(s) for s in samples]
+        with server.client(timeout=600, chunk_size=4096, max_in_flight=2) as client:
+            client.batch_evaluate(messages[:2000], spec)  # warm-up: workers up, graders built
+            figures["batch_evaluate_grpc"] = _rate(len(messages), lambda: client.batch_evaluate(messages, spec))
+            latencies: list[float] = []
+            lock = threading.Lock()
+            per_thread = max(1, unary_calls // concurrency)
+
+            def caller(offset: int) -> None:
+                mine = []
+                for i in range(per_thread):
+                    t0 = time.perf_counter()
+                    client.evaluate(messages[(offset * per_thread + i) % len(messages)], spec)
+                    mine.append(time.perf_counter() - t0)
+                with lock:
+                    latencies.extend(mine)
+
+            threads = [threading.Thread(target=caller, args=(k,)) for k in range(concurrency)]
+            start = time.perf_counter()
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            elapsed = time.perf_counter() - start
+            figures["unary_evaluate_grpc"] = len(latencies) / elapsed
+            q = statistics.quantiles(latencies, n=100)
+            notes["unary_concurrency"] = concurrency
+            notes["unary_p50_ms"] = round(q[49] * 1000, 2)
+            notes["unary_p99_ms"] = round(q[98] * 1000, 2)
+    finally:
+        server.stop()
+    return figures, notes
+
+
+def run_bench(
+    grader: str = "json_validator", samples: int | None = None, workers: int | None = None,
+    unary_calls: int = 20_000, concurrency: int = 32, compare_metrics: bool = False,
+) -> Report:
+    preset = PRESETS[grader]
+    n = samples or preset.samples
+    workers = os.cpu_count() or 1 if workers is None else workers
+    data = make_samples(preset.data, n)
+    report = Report(preset.grader, preset.params, n, workers)
+    report.figures.update(bench_in_process(preset, data))
+    reference = bench_reference_runner(preset, data[: min(n, 20_000)])
+    if reference is not None:
+        report.figures["openjudge_grading_runner"] = reference
+    with tempfile.TemporaryDirectory() as tmp:
+        figures, notes = bench_service(preset, data, workers, unary_calls, concurrency, True, Path(tmp))
+        report.figures.update(figures)
+        report.notes.update(notes)
+        if compare_metrics:
+            off, _ = bench_service(preset, data, workers, 0 or concurrency, concurrency, False, Path(tmp))
+            report.figures["batch_evaluate_grpc_no_metrics"] = off["batch_evaluate_grpc"]
+            report.notes["metrics_cost"] = f"{1 - figures['batch_evaluate_grpc'] / off['batch_evaluate_grpc']:+.1%}"
+    if "openjudge_grading_runner" in report.figures:
+        report.notes["grpc_batch_vs_reference_runner"] = round(
+            report.figures["batch_evaluate_grpc"] / report.figures["openjudge_grading_runner"], 2
+        )
+    return report
