@@ -27,7 +27,7 @@ def spec_from_pb(spec: pb.GraderSpec) -> SpecData:
 def sample_kwargs(sample: pb.Sample, limits: Limits) -> dict[str, Any] | SampleProblem:
     """A sample's grader inputs, or the problem that makes it ungradable (reported per sample)."""
     try:
-        extra = struct_to_dict(sample.extra) if sample.extra.fields else {}
+        extra = struct_to_dict(sample.extra) if sample.HasField("extra") else {}
         fields = {
             "query": sample.query,
             "response": sample.response,

@@ -54,6 +54,9 @@ def check_weights(specs: list[SpecData]) -> None:
 
 def combine(specs: list[SpecData], results: list[GraderResult]) -> float | None:
     """The sample's reward, or None when a grader failed or no grader scores pointwise."""
+    if len(results) == 1:  # the common case, once per sample: a single grader's score is the reward
+        (only,) = results
+        return None if isinstance(only, (GraderError, GraderRank)) else only.score
     total = weights = 0.0
     gate = 1.0
     scored = False
