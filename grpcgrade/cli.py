@@ -173,6 +173,20 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_new_plugin(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .scaffold import new_plugin
+
+    try:
+        root = new_plugin(args.name, Path(args.directory))
+    except (ValueError, FileExistsError) as exc:
+        print(f"grpcgrade new-plugin: {exc}", file=sys.stderr)
+        return 1
+    print(f"created {root}\nnext: pip install -e {root} && pytest {root}")
+    return 0
+
+
 def cmd_version(args: argparse.Namespace) -> int:
     print(f"grpcgrade {__version__}")
     return 0
@@ -234,6 +248,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compare-metrics", action="store_true", help="also run the batch with metrics off")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("new-plugin", parents=[common], help="write a ready grader plugin package grpcgrade-NAME/")
+    p.add_argument("name", help="the plugin's short name, also its grader's name")
+    p.add_argument("--directory", default=".", help="where to create grpcgrade-NAME/ (default: here)")
+    p.set_defaults(func=cmd_new_plugin)
 
     p = sub.add_parser("version", parents=[common], help="print the version")
     p.set_defaults(func=cmd_version)

@@ -1,6 +1,6 @@
 """Python clients: `GradingClient` (blocking), `AsyncGradingClient` (asyncio) and `reward_function` (TRL).
 
-Every call carries a deadline. UNAVAILABLE is retried by gRPC's own retry policy (service config), and
+Every call carries a deadline. UNAVAILABLE (and a draining server's CANCELLED) is retried by gRPC's own retry policy (service config), and
 with several addresses or a `dns:///` name the channel balances round-robin over the replicas, so a
 retried call lands on another one. Large batches are split into chunks, several in flight, and the
 results come back in input order.
@@ -33,7 +33,9 @@ SERVICE_CONFIG = {
                 "initialBackoff": "0.1s",
                 "maxBackoff": "2s",
                 "backoffMultiplier": 2,
-                "retryableStatusCodes": ["UNAVAILABLE"],
+                # CANCELLED too: a draining server cancels calls that reached it but no handler yet
+                # (grpc/grpc#41785); they never ran, so a retry on another replica is safe.
+                "retryableStatusCodes": ["UNAVAILABLE", "CANCELLED"],
             },
         }
     ],

@@ -3,6 +3,8 @@
 Copy this package (or run `grpcgrade new-plugin NAME`) to start your own.
 """
 
+from collections.abc import Callable
+
 from grpcgrade import BaseGrader, FunctionGrader, GraderMode, GraderRank, GraderScore, InvalidParams, hookimpl
 
 
@@ -48,7 +50,7 @@ class ShortestFirst(BaseGrader):
 
 
 @hookimpl
-def register_graders(register):
+def register_graders(register: Callable[..., None]) -> None:
     register(WordBudget, name="word_budget", aliases=("word-budget",))
     register(FunctionGrader.wrap(mentions_reference), name="mentions_reference")
     register(ShortestFirst, name="shortest_first")
