@@ -15,6 +15,7 @@ from .grader import (
     InvalidParams,
 )
 from .hookspecs import hookimpl
+from .llm import ChatMessage, LanguageEnum, LLMGrader, PromptTemplate
 
 try:
     __version__ = version("grpcgrade")
@@ -44,6 +45,10 @@ __all__ = [
     "GraderRank",
     "GraderScore",
     "InvalidParams",
+    "LLMGrader",
+    "PromptTemplate",
+    "LanguageEnum",
+    "ChatMessage",
     "hookimpl",
     "__version__",
 ]

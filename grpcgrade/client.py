@@ -1,9 +1,9 @@
 """Python clients: `GradingClient` (blocking), `AsyncGradingClient` (asyncio) and `reward_function` (TRL).
 
-Every call carries a deadline. UNAVAILABLE (and a draining server's CANCELLED) is retried by gRPC's own retry policy (service config), and
-with several addresses or a `dns:///` name the channel balances round-robin over the replicas, so a
-retried call lands on another one. Large batches are split into chunks, several in flight, and the
-results come back in input order.
+Every call carries a deadline. UNAVAILABLE (and a draining server's CANCELLED) is retried by gRPC's own
+retry policy (service config), and with several addresses or a `dns:///` name the channel balances
+round-robin over the replicas, so a retried call lands on another one. Large batches are split into
+chunks, several in flight, and the results come back in input order.
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ from typing import Any
 
 import yaml
 
+from .llm.models import ModelConfig, parse_models
 from .rewards import Reward, SpecData
 from .samples import Limits
 
@@ -37,6 +38,8 @@ class ServerConfig:
     grader_timeout_seconds: float = 30.0
     #: Graders defined by the configuration itself (name -> factory), served from this process only.
     local_graders: dict[str, Any] = field(default_factory=dict)
+    #: The chat models LLM graders may name (`models:`); see grpcgrade.llm.models.
+    models: dict[str, ModelConfig] = field(default_factory=dict)
 
 
 def parse_spec(raw: Any, where: str) -> SpecData:
@@ -60,7 +63,7 @@ def parse_spec(raw: Any, where: str) -> SpecData:
 def parse_config(data: dict[str, Any], source: str = "config") -> ServerConfig:
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: the top level must be a mapping")
-    unknown = set(data) - {"rewards", "limits", "grader_timeout_seconds"}
+    unknown = set(data) - {"rewards", "limits", "grader_timeout_seconds", "models"}
     if unknown:
         raise ConfigError(f"{source}: unknown key {sorted(unknown)[0]!r}")
     limit_names = {f.name for f in dataclasses.fields(Limits)}
@@ -75,10 +78,15 @@ def parse_config(data: dict[str, Any], source: str = "config") -> ServerConfig:
             raise ConfigError(f"{source}: reward {name!r} needs a list of graders")
         specs = [parse_spec(g, f"{source}: reward {name!r}, grader {i}") for i, g in enumerate(body["graders"])]
         rewards[str(name)] = Reward(str(name), specs, str(body.get("description", "")))
+    try:
+        models = parse_models(data.get("models"))
+    except ValueError as exc:
+        raise ConfigError(f"{source}: models: {exc}") from exc
     return ServerConfig(
         rewards=rewards,
         limits=Limits(**{k: int(v) for k, v in raw_limits.items()}),
         grader_timeout_seconds=float(data.get("grader_timeout_seconds", 30.0)),
+        models=models,
     )
 
 

@@ -34,7 +34,8 @@ def sample_kwargs(sample: pb.Sample, limits: Limits) -> dict[str, Any] | SampleP
             "reference": sample.reference,
             "context": sample.context,
         }
-        return build_kwargs(fields, list(sample.responses), extra, limits)
+        # `sample_id` (an `extra.sample_id` wins) lets Kolibrify-style batch graders match results by id.
+        return {"sample_id": sample.id, **build_kwargs(fields, list(sample.responses), extra, limits)}
     except SampleProblem as exc:
         return exc
     except RecursionError:

@@ -28,6 +28,7 @@ DEFAULT_PLUGINS = (
     "grpcgrade.graders.format",
     "grpcgrade.graders.text",
     "grpcgrade.graders.kolibrify",
+    "grpcgrade.llm.graders",
 )
 
 

@@ -139,12 +139,13 @@ class Registry:
         self._cache_size = cache_size
         self._lock = threading.Lock()
         by_name = {lp.info.name: lp.info for lp in loaded if lp.module is not None}
-        for impl in reversed(pm.hook.register_graders.get_hookimpls()):  # registration order
+        for impl in pm.hook.register_graders.get_hookimpls():  # registration order: built-ins first
             info = by_name.get(impl.plugin_name)
             if info is None:
                 continue
-            try:
-                impl.function(register=functools.partial(self._register, info))
+            others = [p for p in pm.get_plugins() if p is not impl.plugin]
+            try:  # one plugin per call, so a fault stays its own; through pluggy, so tracing sees it
+                pm.subset_hook_caller("register_graders", others)(register=functools.partial(self._register, info))
             except Exception as exc:  # a plugin's fault stays with that plugin
                 info.status, info.error = "failed", f"{type(exc).__name__}: {exc}"
                 log.error("plugin %s failed in register_graders: %s", info.name, info.error)

@@ -19,6 +19,7 @@ from grpc_reflection.v1alpha import reflection
 from .config import ServerConfig, load_config
 from .engine import Engine
 from .interceptors import AuthInterceptor, ObservingInterceptor
+from .llm.models import configure as configure_models
 from .metrics import Metrics
 from .registry import Registry, get_registry
 from .servicer import GradingServicer
@@ -84,6 +85,7 @@ async def serve(opts: ServeOptions) -> int:
     """Run until SIGTERM/SIGINT, then drain: NOT_SERVING, refuse new calls, finish in-flight ones."""
     registry = get_registry()
     config = read_config(opts, registry)
+    configure_models(config.models)  # before the rewards are resolved: their LLM graders look models up
     metrics = Metrics() if opts.metrics_port else None
     workers = os.cpu_count() or 1 if opts.workers is None else opts.workers
     pool = WorkerPool(workers) if workers > 0 else None
@@ -117,7 +119,7 @@ async def serve(opts: ServeOptions) -> int:
             *opts.extra_options,
         ],
     )
-    pb_grpc.add_GradingServiceServicer_to_server(GradingServicer(engine, config.limits), server)
+    pb_grpc.add_GradingServiceServicer_to_server(GradingServicer(engine, config.limits, metrics), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)

@@ -11,6 +11,7 @@ from .catalog import list_graders
 from .convert import fill_response, sample_kwargs, spec_from_pb
 from .engine import Chunk, Engine, Job, UnknownReward
 from .grader import InvalidParams
+from .metrics import Metrics
 from .registry import UnknownGrader
 from .samples import Limits
 from .v1 import grading_pb2 as pb
@@ -23,9 +24,15 @@ HEAVY_CHUNK = 32  # smaller chunks spread a batch of heavy work over every worke
 
 
 class GradingServicer(pb_grpc.GradingServiceServicer):
-    def __init__(self, engine: Engine, limits: Limits) -> None:
+    def __init__(self, engine: Engine, limits: Limits, metrics: Metrics | None = None) -> None:
         self.engine = engine
         self.limits = limits
+        self.metrics = metrics
+
+    def _in_flight(self, delta: int) -> None:
+        """Moves the in-flight gauge once per call or streamed chunk: per sample would cost more than cheap grading."""
+        if self.metrics is not None:
+            self.metrics.in_flight.inc(delta)
 
     async def _resolve(self, specs: list[pb.GraderSpec], reward: str, context: grpc.aio.ServicerContext) -> list[Job]:
         if len(specs) > self.limits.max_graders_per_request:
@@ -49,7 +56,11 @@ class GradingServicer(pb_grpc.GradingServiceServicer):
     async def Evaluate(self, request: pb.EvaluateRequest, context: grpc.aio.ServicerContext) -> pb.EvaluateResponse:
         jobs = await self._resolve(list(request.graders), request.reward, context)
         chunk = [(0, sample_kwargs(request.sample, self.limits))]
-        (graded,) = await self.engine.grade_chunk(jobs, chunk, request.grader_timeout_seconds or None)
+        self._in_flight(1)
+        try:
+            (graded,) = await self.engine.grade_chunk(jobs, chunk, request.grader_timeout_seconds or None)
+        finally:
+            self._in_flight(-1)
         response = pb.EvaluateResponse()
         fill_response(response, request.sample.id, self._labels(jobs), graded.results, graded.reward)
         return response
@@ -74,13 +85,22 @@ class GradingServicer(pb_grpc.GradingServiceServicer):
                 stop = min(start + size, n)
                 yield [(i, sample_kwargs(samples[i], self.limits)) for i in range(start, stop)]
 
-        async for graded in self.engine.stream(jobs, chunks(), request.grader_timeout_seconds or None):
-            message = pb.BatchEvaluateResponse()
-            for g in graded:
-                item = message.items.add()
-                item.index = g.index
-                fill_response(item.result, samples[g.index].id, labels, g.results, g.reward)
-            yield message
+        if self.metrics is not None:
+            self.metrics.batch_samples.observe(n)
+        unanswered = n
+        self._in_flight(n)
+        try:
+            async for graded in self.engine.stream(jobs, chunks(), request.grader_timeout_seconds or None):
+                message = pb.BatchEvaluateResponse()
+                for g in graded:
+                    item = message.items.add()
+                    item.index = g.index
+                    fill_response(item.result, samples[g.index].id, labels, g.results, g.reward)
+                yield message
+                unanswered -= len(graded)
+                self._in_flight(-len(graded))
+        finally:  # cancelled, failed or done: whatever was not answered leaves the gauge too
+            self._in_flight(-unanswered)
 
     async def ListGraders(
         self, request: pb.ListGradersRequest, context: grpc.aio.ServicerContext

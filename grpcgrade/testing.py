@@ -27,9 +27,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def health_status(target: str, service: str = "", timeout: float = 1.0) -> int | None:
-    """The health service's answer, or None when the server does not answer."""
-    with grpc.insecure_channel(target) as channel:
+def health_status(
+    target: str, service: str = "", timeout: float = 1.0, credentials: grpc.ChannelCredentials | None = None
+) -> int | None:
+    """The health service's answer, or None when the server does not answer (over TLS with `credentials`)."""
+    channel = grpc.secure_channel(target, credentials) if credentials else grpc.insecure_channel(target)
+    with channel:
         try:
             reply = health_pb2_grpc.HealthStub(channel).Check(
                 health_pb2.HealthCheckRequest(service=service), timeout=timeout
@@ -63,9 +66,13 @@ class ServerProcess:
 
 
 def start_server(
-    workdir: Path, *args: str, env: dict[str, str] | None = None, wait: float = 60, metrics: bool = True
+    workdir: Path, *args: str, env: dict[str, str] | None = None, wait: float = 60, metrics: bool = True,
+    credentials: grpc.ChannelCredentials | None = None,
 ) -> ServerProcess:
-    """`grpcgrade serve` on free loopback ports; returns once health says SERVING."""
+    """`grpcgrade serve` on free loopback ports; returns once health says SERVING.
+
+    A server started with `--tls-cert` only answers TLS: pass the `credentials` to check its health with.
+    """
     port, metrics_port = free_port(), (free_port() if metrics else 0)
     log_path = Path(workdir) / f"server-{port}.log"
     cmd = [sys.executable, "-m", "grpcgrade.cli", "serve", "--port", str(port), "--metrics-port", str(metrics_port),
@@ -78,7 +85,7 @@ def start_server(
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"server exited with {proc.returncode}:\n{server.log()}")
-        if health_status(server.target) == health_pb2.HealthCheckResponse.SERVING:
+        if health_status(server.target, credentials=credentials) == health_pb2.HealthCheckResponse.SERVING:
             return server
         time.sleep(0.05)
     server.stop(signal.SIGKILL)

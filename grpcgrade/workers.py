@@ -26,7 +26,7 @@ from .grading import grade_sync
 
 log = logging.getLogger(__name__)
 
-WATCHDOG_GRACE_SECONDS = 5.0
+WATCHDOG_GRACE_SECONDS = 2.0  # pickling and a busy queue; the per-sample limit itself is enforced in the worker
 
 
 def _init_worker() -> None:
@@ -90,23 +90,47 @@ class WorkerPool:
         self, name: str, params: dict[str, Any], batch: list[dict[str, Any]], timeout: float | None
     ) -> tuple[list[GraderResult], float]:
         """Grade a chunk in a worker: (results in order, seconds spent grading)."""
-        watchdog = timeout * len(batch) + WATCHDOG_GRACE_SECONDS if timeout else None
         for _attempt in range(2):
             executor = self._executor
             try:
-                future = executor.submit(_run, name, params, batch, timeout)
-                return await asyncio.wait_for(asyncio.wrap_future(future), watchdog)
+                return await self._submit(executor, name, params, batch, timeout)
             except TimeoutError:
                 self._replace(executor, kill=True)
                 if len(batch) == 1:
                     return [GraderError(name, f"grader ran past its time limit of {timeout:g} s", code="TIMEOUT")], 0.0
-                parts = [await self.run(name, params, [kw], timeout) for kw in batch]
-                return [r for res, _ in parts for r in res], sum(s for _, s in parts)
+                return await self._one_by_one(name, params, batch, timeout)
             except (BrokenProcessPool, RuntimeError) as exc:
                 log.warning("worker lost while grading %d samples with %s: %s", len(batch), name, exc)
                 self._replace(executor, kill=False)
+                if len(batch) > 1:  # find the sample that kills workers; the others still get results
+                    return await self._one_by_one(name, params, batch, timeout)
         lost = GraderError(name, "the worker process grading this sample died twice", code="WORKER_LOST")
-        return [lost] * len(batch), 0.0
+        return [lost], 0.0
+
+    async def _one_by_one(
+        self, name: str, params: dict[str, Any], batch: list[dict[str, Any]], timeout: float | None
+    ) -> tuple[list[GraderResult], float]:
+        """One at a time, so the sample that kills or hangs a worker takes no other sample with it."""
+        parts = [await self.run(name, params, [kw], timeout) for kw in batch]
+        return [r for res, _ in parts for r in res], sum(s for _, s in parts)
+
+    async def _submit(
+        self, executor: ProcessPoolExecutor, name: str, params: dict[str, Any], batch: list[dict[str, Any]],
+        timeout: float | None,
+    ) -> tuple[list[GraderResult], float]:
+        """Run one chunk; the watchdog starts when a worker takes the chunk, not while it waits its turn."""
+        future = executor.submit(_run, name, params, batch, timeout)
+        waiter = asyncio.wrap_future(future)
+        try:
+            while not future.running():
+                done, _ = await asyncio.wait({waiter}, timeout=0.05)
+                if done:
+                    return waiter.result()
+            watchdog = timeout * len(batch) + WATCHDOG_GRACE_SECONDS if timeout else None
+            return await asyncio.wait_for(asyncio.shield(waiter), watchdog)
+        except asyncio.CancelledError:
+            waiter.cancel()  # the caller went away: drop the chunk if no worker has started it
+            raise
 
     def close(self) -> None:
         self._executor.shutdown(wait=True, cancel_futures=True)

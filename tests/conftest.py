@@ -24,7 +24,7 @@ TEST_PLUGINS = Path(__file__).resolve().parent / "plugins"
 def plugin_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The test plugins, pip-installed (entry points and all) into a directory of their own."""
     site = tmp_path_factory.mktemp("plugin-site")
-    for name in ("grpcgrade-testplugin", "grpcgrade-broken"):
+    for name in ("grpcgrade-testplugin", "grpcgrade-broken", "grpcgrade-raising", "grpcgrade-clashing"):
         subprocess.run(
             [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
              "--target", str(site), str(TEST_PLUGINS / name)],

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import tomllib
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -23,24 +24,32 @@ def grpcgrade_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "grpcgrade.cli", *args], cwd=cwd, capture_output=True, text=True)
 
 
+@dataclass(frozen=True)
+class Generated:
+    root: Path
+    files: list[str]  # as written, before pip adds its build directories
+    env: dict[str, str]  # puts the installed package on the path
+
+
 @pytest.fixture(scope="module")
-def generated(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
-    """The generated package, pip-installed into a directory of its own, and the env that puts it on the path."""
+def generated(tmp_path_factory: pytest.TempPathFactory) -> Generated:
+    """The generated package, pip-installed into a directory of its own."""
     tmp = tmp_path_factory.mktemp("scaffold")
     made = grpcgrade_cli("new-plugin", NAME, cwd=tmp)
     assert made.returncode == 0, made.stderr
+    files = sorted(str(p.relative_to(tmp / DIST)) for p in (tmp / DIST).rglob("*") if p.is_file())
     site = tmp / "site"
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
          "--target", str(site), str(tmp / DIST)],
         check=True,
     )
-    return tmp / DIST, {"PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
+    return Generated(tmp / DIST, files, {"PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])})
 
 
 @pytest.fixture(scope="module")
-def client(generated: tuple[Path, dict[str, str]], tmp_path_factory: pytest.TempPathFactory) -> Iterator[GradingClient]:
-    server = start_server(tmp_path_factory.mktemp("scaffold-server"), "--workers", "0", env=generated[1])
+def client(generated: Generated, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GradingClient]:
+    server = start_server(tmp_path_factory.mktemp("scaffold-server"), "--workers", "0", env=generated.env)
     try:
         with server.client(timeout=30) as c:
             yield c
@@ -48,12 +57,9 @@ def client(generated: tuple[Path, dict[str, str]], tmp_path_factory: pytest.Temp
         server.stop()
 
 
-def test_the_package_layout_and_entry_point(generated: tuple[Path, dict[str, str]]) -> None:
-    root, _ = generated
-    files = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and "build" not in p.parts
-                   and not p.parent.name.endswith(".egg-info"))
-    assert files == ["README.md", f"{MODULE}.py", "pyproject.toml", f"tests/test_{MODULE}.py"]
-    project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+def test_the_package_layout_and_entry_point(generated: Generated) -> None:
+    assert generated.files == ["README.md", f"{MODULE}.py", "pyproject.toml", f"tests/test_{MODULE}.py"]
+    project = tomllib.loads((generated.root / "pyproject.toml").read_text())["project"]
     assert project["name"] == DIST
     assert project["entry-points"]["grpcgrade"] == {SHORT: MODULE}
 
@@ -74,11 +80,10 @@ def test_a_real_server_serves_the_new_grader(client: GradingClient) -> None:
     assert (found.score, exact.score) == (1.0, 0.0)
 
 
-def test_the_generated_test_passes(generated: tuple[Path, dict[str, str]]) -> None:
-    root, env = generated
+def test_the_generated_test_passes(generated: Generated) -> None:
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"tests/test_{MODULE}.py"],
-        cwd=root, env={**os.environ, **env}, capture_output=True, text=True, timeout=120,
+        cwd=generated.root, env={**os.environ, **generated.env}, capture_output=True, text=True, timeout=120,
     )
     assert run.returncode == 0, run.stdout + run.stderr
     assert "2 passed" in run.stdout

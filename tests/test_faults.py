@@ -1,0 +1,170 @@
+"""Faults: hanging and dying graders, killed workers, deadlines, limits and SIGTERM, against real servers."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import grpc
+import pytest
+from conftest import start_server
+from grpc_health.v1 import health_pb2
+from prometheus_client.parser import text_string_to_metric_families
+
+from grpcgrade.testing import health_status
+from grpcgrade.v1 import grading_pb2 as pb
+from grpcgrade.v1 import grading_pb2_grpc as pb_grpc
+
+
+@pytest.fixture(scope="module")
+def fault_server(tmp_path_factory, plugin_env):
+    srv = start_server(tmp_path_factory.mktemp("faults"), "--workers", "2", "--grader-timeout", "0.5", env=plugin_env)
+    yield srv
+    srv.stop()
+
+
+def children(pid: int) -> list[int]:
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                out.append(int(entry.name))
+    return out
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def metric(server, name: str, **labels: str) -> float:
+    body = urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=5).read().decode()
+    for family in text_string_to_metric_families(body):
+        for s in family.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                return s.value
+    raise KeyError(name)
+
+
+def scores(replies) -> list[object]:
+    return [r.results[0].error.code if r.results[0].HasField("error") else r.results[0].score for r in replies]
+
+
+@pytest.mark.parametrize("heavy", [True, False], ids=["in-worker", "inline"])
+def test_a_hanging_grader_times_out_and_the_others_go_on(fault_server, heavy):
+    graders = [{"name": "misbehave", "params": {"heavy": heavy}}]
+    with fault_server.client(timeout=60) as c:
+        replies = c.batch_evaluate([{"response": r} for r in ("ok", "hang", "ok", "nan")], graders)
+        assert scores(replies) == [1.0, "TIMEOUT", 1.0, "INVALID_RESULT"]
+        assert "0.5 s" in replies[1].results[0].error.message
+        assert not replies[1].HasField("reward") and replies[0].reward == 1.0
+        assert scores([c.evaluate({"response": "ok"}, graders)]) == [1.0]  # the server is fine
+
+
+def test_a_grader_stuck_in_c_gets_its_worker_killed_and_replaced(fault_server):
+    before = metric(fault_server, "grpcgrade_worker_pool_restarts")
+    with fault_server.client(timeout=60) as c:
+        replies = c.batch_evaluate([{"response": r} for r in ("ok", "hang_in_c", "ok")], ["misbehave"])
+        assert scores(replies) == [1.0, "TIMEOUT", 1.0]
+        assert scores(c.batch_evaluate([{"response": "ok"}] * 40, ["misbehave"])) == [1.0] * 40
+    assert metric(fault_server, "grpcgrade_worker_pool_restarts") > before
+    assert metric(fault_server, "grpcgrade_workers_alive") == 2
+
+
+def test_a_sample_that_kills_its_worker_costs_no_other_sample(fault_server):
+    with fault_server.client(timeout=60) as c:
+        replies = c.batch_evaluate([{"response": r} for r in ("ok", "die", "ok", "ok")], ["misbehave"])
+        assert scores(replies) == [1.0, "WORKER_LOST", 1.0, 1.0]
+        assert scores([c.evaluate({"response": "ok"}, ["misbehave"])]) == [1.0]
+
+
+def test_a_worker_killed_from_outside_loses_no_sample(fault_server):
+    graders = [{"name": "sleepy", "params": {"seconds": 0.01}}]
+    results: list = []
+    with fault_server.client(timeout=120, chunk_size=400) as c:
+        worker = threading.Thread(target=lambda: results.extend(c.batch_evaluate([{"response": "x"}] * 400, graders)))
+        worker.start()
+        time.sleep(0.8)  # let the batch get going, then take a worker away as the OOM killer would
+        victims = children(fault_server.proc.pid)
+        assert victims
+        os.kill(victims[0], signal.SIGKILL)
+        worker.join(120)
+    assert len(results) == 400
+    assert scores(results) == [1.0] * 400
+
+
+def test_a_passed_deadline_stops_the_work(fault_server):
+    request = pb.BatchEvaluateRequest(graders=[pb.GraderSpec(name="sleepy")], chunk_size=8,
+                                      samples=[pb.Sample(response="x")] * 3000)
+    request.graders[0].params.update({"seconds": 0.01})
+    with grpc.insecure_channel(fault_server.target) as channel, pytest.raises(grpc.RpcError) as err:
+        list(pb_grpc.GradingServiceStub(channel).BatchEvaluate(request, timeout=0.5))
+    assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    time.sleep(1.0)  # chunks a worker had already taken may finish (a few x 8 samples x 10 ms)
+    workers = children(fault_server.proc.pid)
+    busy = [cpu_seconds(p) for p in workers]
+    time.sleep(1.0)
+    assert workers and max(cpu_seconds(p) - b for p, b in zip(workers, busy, strict=True)) < 0.1
+
+
+@pytest.fixture
+def limited_server(tmp_path, plugin_env):
+    config = tmp_path / "limits.yaml"
+    config.write_text("limits: {max_samples_per_batch: 100, max_field_chars: 50, max_message_bytes: 100000}\n")
+    srv = start_server(tmp_path, "--workers", "0", "--config", str(config), env=plugin_env)
+    yield srv
+    srv.stop()
+
+
+def test_limits_are_enforced_and_named(limited_server):
+    with grpc.insecure_channel(limited_server.target) as channel:
+        stub = pb_grpc.GradingServiceStub(channel)
+        too_many = pb.BatchEvaluateRequest(graders=[pb.GraderSpec(name="json_validator")],
+                                           samples=[pb.Sample(response="1")] * 101)
+        with pytest.raises(grpc.RpcError) as err:
+            list(stub.BatchEvaluate(too_many, timeout=10))
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "max_samples_per_batch=100" in err.value.details()
+        too_big = pb.EvaluateRequest(graders=[pb.GraderSpec(name="json_validator")],
+                                     sample=pb.Sample(response="x" * 200_000))
+        with pytest.raises(grpc.RpcError) as err:
+            stub.Evaluate(too_big, timeout=10)
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        long_field = pb.BatchEvaluateRequest(graders=[pb.GraderSpec(name="json_validator")],
+                                             samples=[pb.Sample(response="1"), pb.Sample(response="1" * 51)])
+        items = sorted((i for m in stub.BatchEvaluate(long_field, timeout=10) for i in m.items), key=lambda i: i.index)
+    assert items[0].result.results[0].score == 1.0
+    error = items[1].result.results[0].error
+    assert error.code == "INVALID_SAMPLE" and "max_field_chars=50" in error.message
+
+
+def test_sigterm_drains_in_flight_work_then_exits_zero(tmp_path, plugin_env):
+    srv = start_server(tmp_path, "--workers", "2", "--grace", "30", env=plugin_env)
+    request = pb.BatchEvaluateRequest(graders=[pb.GraderSpec(name="sleepy")], chunk_size=10,
+                                      samples=[pb.Sample(id=str(i), response="x") for i in range(200)])
+    request.graders[0].params.update({"seconds": 0.01})
+    with grpc.insecure_channel(srv.target) as channel:
+        stream = pb_grpc.GradingServiceStub(channel).BatchEvaluate(request, timeout=60)
+        seen = [item.index for item in next(stream).items]
+        srv.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        while health_status(srv.target) == health_pb2.HealthCheckResponse.SERVING and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert health_status(srv.target) in (health_pb2.HealthCheckResponse.NOT_SERVING, None)
+        with pytest.raises(grpc.RpcError) as refused:
+            pb_grpc.GradingServiceStub(channel).Evaluate(
+                pb.EvaluateRequest(graders=[pb.GraderSpec(name="json_validator")], sample=pb.Sample(response="1")),
+                timeout=5,
+            )
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+        seen += [item.index for message in stream for item in message.items]
+    assert sorted(seen) == list(range(200))
+    assert srv.proc.wait(30) == 0

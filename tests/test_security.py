@@ -1,0 +1,262 @@
+"""Access control against real servers: bearer tokens, TLS, mutual TLS, and where the metrics port listens.
+
+Certificates come from the `openssl` command line, made fresh for the module: a CA, a server certificate
+for 127.0.0.1 and localhost, a client certificate from that CA, and a CA and client certificate that the
+server has never heard of.
+"""
+
+from __future__ import annotations
+
+import secrets
+import subprocess
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2
+
+from grpcgrade.client import GradingClient
+from grpcgrade.v1 import grading_pb2 as pb
+from grpcgrade.v1 import grading_pb2_grpc as pb_grpc
+
+from conftest import ServerProcess, health_status, start_server
+
+SAMPLE = pb.Sample(id="s", response='{"a": 1}')
+GRADERS = [pb.GraderSpec(name="json_validator")]
+
+
+# -- certificates --------------------------------------------------------------------------------------
+
+
+def _openssl(*args: str, cwd: Path) -> None:
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+
+
+def _new_ca(cwd: Path, name: str) -> None:
+    _openssl(
+        "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+        "-keyout", f"{name}.key", "-out", f"{name}.crt", "-days", "2", "-subj", f"/CN={name}",
+        "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign",
+        cwd=cwd,
+    )
+
+
+def _new_cert(cwd: Path, name: str, ca: str, extensions: str) -> None:
+    """A key and a certificate signed by `ca`, with `extensions` (an openssl extension-file body)."""
+    _openssl(
+        "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+        "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={name}", cwd=cwd,
+    )
+    (cwd / f"{name}.ext").write_text(extensions)
+    _openssl(
+        "x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.crt", "-CAkey", f"{ca}.key", "-CAcreateserial",
+        "-out", f"{name}.crt", "-days", "2", "-extfile", f"{name}.ext", cwd=cwd,
+    )
+
+
+@dataclass(frozen=True)
+class Pki:
+    dir: Path
+
+    def path(self, name: str) -> str:
+        return str(self.dir / name)
+
+    def read(self, name: str) -> bytes:
+        return (self.dir / name).read_bytes()
+
+    def credentials(self, trust: str = "ca", client: str | None = None) -> grpc.ChannelCredentials:
+        """Channel credentials trusting CA `trust`, presenting certificate `client` when given."""
+        key, cert = (self.read(f"{client}.key"), self.read(f"{client}.crt")) if client else (None, None)
+        return grpc.ssl_channel_credentials(self.read(f"{trust}.crt"), key, cert)
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    d = tmp_path_factory.mktemp("pki")
+    _new_ca(d, "ca")
+    _new_ca(d, "other-ca")
+    _new_cert(d, "server", "ca", "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n")
+    _new_cert(d, "client", "ca", "extendedKeyUsage=clientAuth\n")
+    _new_cert(d, "stranger", "other-ca", "extendedKeyUsage=clientAuth\n")
+    return Pki(d)
+
+
+# -- bearer tokens -------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tokens() -> list[str]:
+    return [secrets.token_urlsafe(24), secrets.token_urlsafe(24)]
+
+
+@pytest.fixture(scope="module")
+def auth_server(tmp_path_factory: pytest.TempPathFactory, tokens: list[str]) -> Iterator[ServerProcess]:
+    tmp = tmp_path_factory.mktemp("auth")
+    token_file = tmp / "tokens"
+    token_file.write_text("\n".join(tokens) + "\n")
+    srv = start_server(tmp, "--workers", "0", "--auth-token-file", str(token_file), "--log-level", "debug")
+    yield srv
+    srv.stop()
+
+
+def _call_each_method(target: str, metadata: tuple[tuple[str, str], ...]) -> dict[str, grpc.StatusCode]:
+    """The status of Evaluate, BatchEvaluate and ListGraders called with `metadata`."""
+    codes = {}
+    with grpc.insecure_channel(target) as channel:
+        stub = pb_grpc.GradingServiceStub(channel)
+        calls = {
+            "Evaluate": lambda: stub.Evaluate(pb.EvaluateRequest(graders=GRADERS, sample=SAMPLE), timeout=10,
+                                              metadata=metadata),
+            "BatchEvaluate": lambda: list(stub.BatchEvaluate(
+                pb.BatchEvaluateRequest(graders=GRADERS, samples=[SAMPLE] * 3), timeout=10, metadata=metadata)),
+            "ListGraders": lambda: stub.ListGraders(pb.ListGradersRequest(), timeout=10, metadata=metadata),
+        }
+        for name, call in calls.items():
+            try:
+                call()
+                codes[name] = grpc.StatusCode.OK
+            except grpc.RpcError as exc:
+                codes[name] = exc.code()
+    return codes
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        None,
+        "Bearer not-a-token",
+        "Basic {token}",
+        "{token}",
+        "Bearer",
+        "Bearer {token}x",
+        "Bearer {prefix}",
+    ],
+    ids=["no-header", "wrong-token", "basic-scheme", "no-scheme", "empty-token", "token-plus-char", "token-prefix"],
+)
+def test_calls_without_a_valid_bearer_token_are_unauthenticated(auth_server, tokens, header):
+    metadata = () if header is None else (("authorization", header.format(token=tokens[0], prefix=tokens[0][:-1])),)
+    codes = _call_each_method(auth_server.target, metadata)
+    assert codes == dict.fromkeys(("Evaluate", "BatchEvaluate", "ListGraders"), grpc.StatusCode.UNAUTHENTICATED)
+
+
+@pytest.mark.parametrize("which", [0, 1])
+def test_every_token_in_the_file_is_accepted(auth_server, tokens, which):
+    codes = _call_each_method(auth_server.target, (("authorization", f"Bearer {tokens[which]}"),))
+    assert codes == dict.fromkeys(("Evaluate", "BatchEvaluate", "ListGraders"), grpc.StatusCode.OK)
+    with auth_server.client(token=tokens[which]) as client:
+        assert client.evaluate({"response": "[1, 2]"}, ["json_validator"]).results[0].score == 1.0
+        replies = client.batch_evaluate([{"response": "{"}, {"response": "null"}], ["json_validator"])
+        assert [r.results[0].score for r in replies] == [0.0, 1.0]
+
+
+def test_health_check_needs_no_token(auth_server):
+    assert health_status(auth_server.target) == health_pb2.HealthCheckResponse.SERVING
+    assert health_status(auth_server.target, "grpcgrade.v1.GradingService") == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_tokens_never_reach_the_log_even_at_debug_level(auth_server, tokens):
+    near_miss = tokens[0][:-1] + ("A" if tokens[0][-1] != "A" else "B")
+    for header in (f"Bearer {near_miss}", f"Basic {tokens[1]}", tokens[0]):
+        assert _call_each_method(auth_server.target, (("authorization", header),))["Evaluate"] == (
+            grpc.StatusCode.UNAUTHENTICATED
+        )
+    for token in tokens:
+        assert _call_each_method(auth_server.target, (("authorization", f"Bearer {token}"),))["ListGraders"] == (
+            grpc.StatusCode.OK
+        )
+    log = auth_server.log()
+    assert "code=UNAUTHENTICATED" in log and "code=OK" in log  # the calls were logged, at debug level too
+    for secret in (*tokens, near_miss):
+        assert secret not in log
+
+
+# -- TLS and mutual TLS --------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tls_server(tmp_path_factory: pytest.TempPathFactory, pki: Pki) -> Iterator[ServerProcess]:
+    srv = start_server(
+        tmp_path_factory.mktemp("tls"), "--workers", "0",
+        "--tls-cert", pki.path("server.crt"), "--tls-key", pki.path("server.key"),
+        credentials=pki.credentials(),
+    )
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def mtls_server(tmp_path_factory: pytest.TempPathFactory, pki: Pki) -> Iterator[ServerProcess]:
+    srv = start_server(
+        tmp_path_factory.mktemp("mtls"), "--workers", "0",
+        "--tls-cert", pki.path("server.crt"), "--tls-key", pki.path("server.key"),
+        "--tls-client-ca", pki.path("ca.crt"),
+        credentials=pki.credentials(client="client"),
+    )
+    yield srv
+    srv.stop()
+
+
+def _evaluate(target: str, credentials: grpc.ChannelCredentials | None) -> pb.EvaluateResponse:
+    with GradingClient(target, credentials=credentials, timeout=10) as client:
+        return client.evaluate({"response": "[]"}, ["json_validator"])
+
+
+def _refused(target: str, credentials: grpc.ChannelCredentials | None) -> grpc.StatusCode:
+    """The status of a call on a bare channel (the client's retries of UNAVAILABLE would only add time)."""
+    channel = grpc.secure_channel(target, credentials) if credentials else grpc.insecure_channel(target)
+    with channel, pytest.raises(grpc.RpcError) as err:
+        pb_grpc.GradingServiceStub(channel).Evaluate(pb.EvaluateRequest(graders=GRADERS, sample=SAMPLE), timeout=10)
+    return err.value.code()
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost"])
+def test_tls_client_trusting_the_ca_is_served(tls_server, pki, host):
+    assert _evaluate(f"{host}:{tls_server.port}", pki.credentials()).results[0].score == 1.0
+
+
+def test_tls_server_refuses_plaintext_and_untrusted_clients(tls_server, pki):
+    assert _refused(tls_server.target, None) == grpc.StatusCode.UNAVAILABLE
+    # A client that does not trust the server's CA refuses the server: the server is authenticated.
+    assert _refused(tls_server.target, pki.credentials(trust="other-ca")) == grpc.StatusCode.UNAVAILABLE
+    assert _evaluate(tls_server.target, pki.credentials()).results[0].score == 1.0  # still up
+
+
+def test_mutual_tls_requires_a_client_certificate_from_the_ca(mtls_server, pki):
+    assert _evaluate(mtls_server.target, pki.credentials(client="client")).results[0].score == 1.0
+    assert _refused(mtls_server.target, pki.credentials()) == grpc.StatusCode.UNAVAILABLE
+    assert _refused(mtls_server.target, pki.credentials(client="stranger")) == grpc.StatusCode.UNAVAILABLE
+    assert _refused(mtls_server.target, None) == grpc.StatusCode.UNAVAILABLE
+    assert _evaluate(mtls_server.target, pki.credentials(client="client")).results[0].score == 1.0  # still up
+
+
+# -- metrics bind address ------------------------------------------------------------------------------
+
+
+def _metrics_answer(host: str, port: int) -> bool:
+    """True when a Prometheus exposition answers at host:port; False when the connection is refused."""
+    try:
+        with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=5) as reply:
+            body = reply.read().decode()
+    except urllib.error.URLError as exc:
+        assert isinstance(exc.reason, ConnectionRefusedError), exc
+        return False
+    assert "grpcgrade_build_info" in body
+    return True
+
+
+def test_metrics_listen_on_loopback_by_default(auth_server):
+    assert _metrics_answer("127.0.0.1", auth_server.metrics_port)
+    assert not _metrics_answer("127.0.0.2", auth_server.metrics_port)  # not on every interface
+
+
+def test_metrics_host_flag_moves_the_endpoint(tmp_path):
+    srv = start_server(tmp_path, "--workers", "0", "--metrics-host", "127.0.0.2")
+    try:
+        assert _metrics_answer("127.0.0.2", srv.metrics_port)
+        assert not _metrics_answer("127.0.0.1", srv.metrics_port)
+    finally:
+        srv.stop()
