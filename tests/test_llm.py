@@ -9,12 +9,13 @@ enough of them are in flight at once: that proves concurrency without measuring 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import textwrap
 import threading
 import uuid
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -23,6 +24,7 @@ from typing import Any
 import grpc
 import pytest
 import yaml
+from conftest import start_server
 
 import grpcgrade
 from grpcgrade.config import ConfigError, parse_config
@@ -36,8 +38,6 @@ from grpcgrade.llm.rank import RANK_PROMPT_ZH
 from grpcgrade.llm.rubric import RUBRIC_PROMPT_EN, RUBRIC_PROMPT_ZH, LLMRubricGrader
 from grpcgrade.structs import struct_to_dict
 from grpcgrade.v1 import grading_pb2 as pb
-
-from conftest import start_server
 
 KEY_ENV = "GRPCGRADE_TEST_JUDGE_KEY"
 KEY = "test-key-" + uuid.uuid4().hex
@@ -132,13 +132,15 @@ class FakeJudge:
 
             def _send(self, status: int, body: Any, headers: dict[str, str]) -> None:
                 data = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                for k, v in headers.items():
-                    self.send_header(k, v)
-                self.end_headers()
-                self.wfile.write(data)
+                # a client that stopped waiting (the timeout test) has closed the connection: nothing to answer
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                    self.send_response(status)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(data)))
+                    for k, v in headers.items():
+                        self.send_header(k, v)
+                    self.end_headers()
+                    self.wfile.write(data)
 
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -313,7 +315,7 @@ def test_template_fills_variables_with_str_format_rules():
     )
     value = "a {response} with {{braces}}"
     (en,) = template.format(grpcgrade.LanguageEnum.EN, query=value)
-    assert en.content == 'Q: {query} -> {{"score": 1}}'.format(query=value)
+    assert en.content == f'Q: {value} -> {{"score": 1}}'
     (zh,) = template.format(grpcgrade.LanguageEnum.ZH, query="x")
     assert zh.content == "问题：x"
     with pytest.raises(PromptError, match="'query' has no value"):
@@ -457,7 +459,7 @@ def test_non_transient_errors_fail_at_once_in_process(judge, configured):
 
 def test_pointwise_judgments_and_bad_answers_become_error_results(llm_client, judge):
     markers = [case(k) for k in ("score-4", "fenced", "malformed", "nonnumeric", "outofrange")]
-    samples = [{"id": str(i), "query": "Capital of France?", "response": f"Paris. CASE:{m}"} for i, m in enumerate(markers)]
+    samples = [{"id": str(i), "query": "Capital?", "response": f"Paris. CASE:{m}"} for i, m in enumerate(markers)]
     replies = llm_client.batch_evaluate(samples, [{"name": "llm_rubric", "params": {"rubric": "Names the capital."}}])
     results = [result_of(r) for r in replies]
     assert [(r.score, r.reason) for r in results[:2]] == [(4.0, "canned 4"), (2.0, "fenced")]

@@ -17,13 +17,12 @@ from pathlib import Path
 
 import grpc
 import pytest
+from conftest import ServerProcess, health_status, start_server
 from grpc_health.v1 import health_pb2
 
 from grpcgrade.client import GradingClient
 from grpcgrade.v1 import grading_pb2 as pb
 from grpcgrade.v1 import grading_pb2_grpc as pb_grpc
-
-from conftest import ServerProcess, health_status, start_server
 
 SAMPLE = pb.Sample(id="s", response='{"a": 1}')
 GRADERS = [pb.GraderSpec(name="json_validator")]

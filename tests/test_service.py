@@ -7,15 +7,14 @@ import json
 
 import grpc
 import pytest
+from conftest import health_status
 from grpc_health.v1 import health_pb2
-from rapidfuzz import fuzz
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
+from rapidfuzz import fuzz
 
 from grpcgrade import AsyncGradingClient, reward_function
 from grpcgrade.v1 import grading_pb2 as pb
 from grpcgrade.v1 import grading_pb2_grpc as pb_grpc
-
-from conftest import health_status
 
 
 def is_json(text: str) -> bool:
@@ -75,7 +74,8 @@ def test_evaluate_with_a_plugin_grader(client):
 
 def test_function_grader_takes_params_and_declared_inputs_only(client):
     sample = {"response": "grpc is grpc and x x x", "query": "q", "extra": {"other": [1, 2]}}
-    reply = client.evaluate(sample, [{"name": "count_word"}, {"name": "count_word", "key": "x", "params": {"word": "x"}}])
+    graders = [{"name": "count_word"}, {"name": "count_word", "key": "x", "params": {"word": "x"}}]
+    reply = client.evaluate(sample, graders)
     assert [(r.key, r.score) for r in reply.results] == [("count_word", 2.0), ("x", 3.0)]
     assert reply.reward == pytest.approx(2.5)
 
@@ -168,7 +168,7 @@ def test_one_bad_sample_costs_no_other_sample_its_result(client):
 
 
 def test_batch_of_ten_thousand_returns_every_index_once(server):
-    samples = [{"id": f"s{i}", "response": '{"a": %d}' % i if i % 3 else "{broken"} for i in range(10_000)]
+    samples = [{"id": f"s{i}", "response": json.dumps({"a": i}) if i % 3 else "{broken"} for i in range(10_000)]
     request = pb.BatchEvaluateRequest(graders=[pb.GraderSpec(name="json_validator")], chunk_size=500)
     for s in samples:
         request.samples.add(id=s["id"], response=s["response"])
