@@ -278,7 +278,7 @@ def load_kolibrify_config(path: str | Path, registry: Registry, base: ServerConf
             raise ConfigError(f"{path}: datasets.{dataset_id}: a reward of that name is already configured")
         rewards[str(dataset_id)] = loader.dataset(str(dataset_id), body)
 
-    plugin = PluginInfo(name=PLUGIN_NAME, distribution=str(path), version="")
+    plugin = PluginInfo(name=PLUGIN_NAME, distribution=str(path.resolve()), version="")
     local = dict(base.local_graders)
     for key, grader in loader.graders.items():
         factory = _constant(grader)

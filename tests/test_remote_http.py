@@ -8,16 +8,13 @@ expected payload is Kolibrify's protocol; the expected rewards are what each ser
 from __future__ import annotations
 
 import asyncio
-import json
-import threading
-import time
+import contextlib
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
 from conftest import free_port
+from http_services import Reply, Service, http_service
 
 from grpcgrade.convert import sample_kwargs, sample_to_pb
 from grpcgrade.grader import GraderError, GraderScore, InvalidParams
@@ -25,73 +22,11 @@ from grpcgrade.graders.remote_http import RemoteHttpGrader
 from grpcgrade.grading import grade_async
 from grpcgrade.samples import Limits
 
-#: What a behaviour returns: (HTTP status, JSON body or raw bytes, extra headers).
-Reply = tuple[int, Any, dict[str, str]]
-
-
-@dataclass
-class Service:
-    """A grading service on a loopback port; `requests` holds every body it received, in order."""
-
-    behave: Callable[[int, dict[str, Any]], Reply]
-    delay: float = 0.0
-    requests: list[dict[str, Any]] = field(default_factory=list)
-    in_flight: int = 0
-    max_in_flight: int = 0
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    url: str = ""
-
-    def handle(self, body: dict[str, Any]) -> Reply:
-        with self.lock:
-            self.requests.append(body)
-            number = len(self.requests)
-            self.in_flight += 1
-            self.max_in_flight = max(self.max_in_flight, self.in_flight)
-        try:
-            time.sleep(self.delay)
-            return self.behave(number, body)
-        finally:
-            with self.lock:
-                self.in_flight -= 1
-
 
 @pytest.fixture
 def start_service() -> Iterator[Callable[..., Service]]:
-    servers: list[ThreadingHTTPServer] = []
-
-    def start(behave: Callable[[int, dict[str, Any]], Reply], delay: float = 0.0) -> Service:
-        service = Service(behave, delay)
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                status, payload, headers = service.handle(body)
-                data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
-                try:
-                    self.send_response(status)
-                    for name, value in {"Content-Type": "application/json", **headers}.items():
-                        self.send_header(name, value)
-                    self.send_header("Content-Length", str(len(data)))
-                    self.end_headers()
-                    self.wfile.write(data)
-                except (BrokenPipeError, ConnectionResetError):  # the client gave up (the timeout tests)
-                    pass
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        server.daemon_threads = True
-        server.block_on_close = False
-        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-        servers.append(server)
-        service.url = f"http://127.0.0.1:{server.server_address[1]}/grade"
-        return service
-
-    yield start
-    for server in servers:
-        server.shutdown()
-        server.server_close()
+    with contextlib.ExitStack() as stack:
+        yield lambda behave, delay=0.0: stack.enter_context(http_service(behave, delay))
 
 
 # -- service behaviours ------------------------------------------------------------------------------

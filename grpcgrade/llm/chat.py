@@ -74,7 +74,8 @@ class ChatModel:
             self._client = httpx.AsyncClient(
                 headers=headers,
                 timeout=c.timeout_seconds,
-                limits=httpx.Limits(max_connections=c.max_concurrency, max_keepalive_connections=c.max_concurrency),
+                # the semaphore is the one limit: a wait for a pooled connection would count against the timeout
+                limits=httpx.Limits(max_connections=None, max_keepalive_connections=c.max_concurrency),
             )
             self._gate = asyncio.Semaphore(c.max_concurrency)
             self._loop = loop

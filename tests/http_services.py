@@ -1,0 +1,78 @@
+"""Real HTTP grading services on 127.0.0.1 for the tests: http.server in a thread, behaviour per test."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+#: What a behaviour returns: (HTTP status, JSON body or raw bytes, extra headers).
+Reply = tuple[int, Any, dict[str, str]]
+#: (number of this request, counting from 1; its JSON body) -> the reply.
+Behaviour = Callable[[int, dict[str, Any]], Reply]
+
+
+@dataclass
+class Service:
+    """One service; `requests` holds every body it received, in order of arrival."""
+
+    behave: Behaviour
+    delay: float = 0.0
+    url: str = ""
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    in_flight: int = 0
+    max_in_flight: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def handle(self, body: dict[str, Any]) -> Reply:
+        with self.lock:
+            self.requests.append(body)
+            number = len(self.requests)
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            time.sleep(self.delay)
+            return self.behave(number, body)
+        finally:
+            with self.lock:
+                self.in_flight -= 1
+
+
+@contextlib.contextmanager
+def http_service(behave: Behaviour, delay: float = 0.0) -> Iterator[Service]:
+    """A service answering POSTs on a free loopback port until the block ends."""
+    service = Service(behave, delay)
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            status, payload, headers = service.handle(body)
+            data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+            try:
+                self.send_response(status)
+                for name, value in {"Content-Type": "application/json", **headers}.items():
+                    self.send_header(name, value)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+            except (BrokenPipeError, ConnectionResetError):  # the client gave up (a timeout test)
+                pass
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    server.block_on_close = False
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    service.url = f"http://127.0.0.1:{server.server_address[1]}/grade"
+    try:
+        yield service
+    finally:
+        server.shutdown()
+        server.server_close()
