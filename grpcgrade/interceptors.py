@@ -1,4 +1,4 @@
-"""Server interceptors: bearer-token auth, and per-RPC metrics and logs.
+"""Server interceptors: bearer-token auth, per-RPC metrics and logs, and a clean answer to unparsable requests.
 
 Both wrap the method's behaviour with a function of the same kind (unary or streaming), the shape of
 grpc's own latency-interceptor example.
@@ -10,10 +10,11 @@ import hmac
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from .metrics import Metrics
 
@@ -29,19 +30,37 @@ _KINDS = {
 }
 
 Wrap = Callable[[Callable[..., Any], str, str, str], Callable[..., Any]]
+Check = Callable[[Any, grpc.aio.ServicerContext], Awaitable[None]]
 
 
-def _rewrap(handler: grpc.RpcMethodHandler, method: str, wrap: Wrap) -> grpc.RpcMethodHandler:
+def _rewrap(
+    handler: grpc.RpcMethodHandler, method: str, wrap: Wrap, deserializer: Callable[[bytes], Any] | None = None
+) -> grpc.RpcMethodHandler:
     service, _, name = method.lstrip("/").rpartition("/")
     for attr, (kind, factory) in _KINDS.items():
         behavior = getattr(handler, attr)
         if behavior is not None:
             return factory(
                 wrap(behavior, kind, service, name),
-                request_deserializer=handler.request_deserializer,
+                request_deserializer=deserializer or handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )
     return handler
+
+
+def _checked_first(behavior: Callable[..., Any], kind: str, check: Check) -> Callable[..., Any]:
+    """`behavior`, run only after `check(request, context)` has returned (it aborts the call to refuse it)."""
+    if kind in ("server_stream", "bidi_stream"):
+        async def checked_stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            await check(request, context)
+            async for item in behavior(request, context):
+                yield item
+        return checked_stream
+
+    async def checked(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await check(request, context)
+        return await behavior(request, context)
+    return checked
 
 
 def _metadata(context: grpc.aio.ServicerContext, key: str) -> str:
@@ -70,25 +89,46 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         if handler is None or details.method.lstrip("/").startswith(OPEN_SERVICES):
             return handler
 
-        def wrap(behavior: Callable[..., Any], kind: str, service: str, method: str) -> Callable[..., Any]:
-            async def deny(context: grpc.aio.ServicerContext) -> None:
+        async def check(request: Any, context: grpc.aio.ServicerContext) -> None:
+            if not self._allowed(context):
                 await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or invalid bearer token")
 
-            if kind.endswith("stream") and kind != "client_stream":
-                async def checked_stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-                    if not self._allowed(context):
-                        await deny(context)
-                    async for item in behavior(request, context):
-                        yield item
-                return checked_stream
+        return _rewrap(handler, details.method, lambda behavior, kind, *_: _checked_first(behavior, kind, check))
 
-            async def checked(request: Any, context: grpc.aio.ServicerContext) -> Any:
-                if not self._allowed(context):
-                    await deny(context)
-                return await behavior(request, context)
-            return checked
 
-        return _rewrap(handler, details.method, wrap)
+class _Unparsable:
+    """Stands in for a request whose bytes protobuf refused, so the call can be answered instead of crashing."""
+
+    def __init__(self, error: DecodeError) -> None:
+        self.error = error
+
+
+class DecodeGuardInterceptor(grpc.aio.ServerInterceptor):
+    """A request protobuf cannot parse (invalid UTF-8 in a string, nesting past its depth limit) is answered
+    INVALID_ARGUMENT saying why; grpc's aio server would answer UNKNOWN and log a traceback for the client's
+    mistake. Install it innermost: authentication still comes first, and the outer interceptors log and
+    count the call. Streamed requests are parsed as the handler reads them and are left as they are.
+    """
+
+    async def intercept_service(self, continuation: Any, details: grpc.HandlerCallDetails) -> Any:
+        handler = await continuation(details)
+        if handler is None or handler.request_streaming or handler.request_deserializer is None:
+            return handler
+        parse = handler.request_deserializer
+
+        def guarded_parse(raw: bytes) -> Any:
+            try:
+                return parse(raw)
+            except DecodeError as exc:
+                return _Unparsable(exc)
+
+        async def check(request: Any, context: grpc.aio.ServicerContext) -> None:
+            if isinstance(request, _Unparsable):
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"unparsable request: {request.error}")
+
+        return _rewrap(
+            handler, details.method, lambda behavior, kind, *_: _checked_first(behavior, kind, check), guarded_parse
+        )
 
 
 def _code_of(context: grpc.aio.ServicerContext, exc: BaseException | None) -> str:
@@ -101,7 +141,12 @@ def _code_of(context: grpc.aio.ServicerContext, exc: BaseException | None) -> st
         return "OK"
     if isinstance(exc, (grpc.aio.AbortError,)):
         return "UNKNOWN"
-    return "CANCELLED" if type(exc).__name__ == "CancelledError" else "UNKNOWN"
+    if type(exc).__name__ != "CancelledError":
+        return "UNKNOWN"
+    # grpc cancels the handler both when the client cancels and when the deadline passes; operators
+    # need the two apart (a slow server shows as DEADLINE_EXCEEDED, as go-grpc-prometheus reports it).
+    remaining = context.time_remaining()
+    return "DEADLINE_EXCEEDED" if remaining is not None and remaining <= 0 else "CANCELLED"
 
 
 class ObservingInterceptor(grpc.aio.ServerInterceptor):

@@ -51,10 +51,10 @@ class Grader:
 @contextlib.contextmanager
 def kolibrify_namespace() -> Iterator[None]:
     """`MODULE` resolves to this module for the duration of the block, unless Kolibrify is installed."""
-    try:
-        installed = importlib.util.find_spec("kolibrify") is not None
-    except ValueError:  # a `kolibrify` module without a spec is already in sys.modules
-        installed = True
+    try:  # the module itself, not just a `kolibrify` package: a directory of that name would do for that
+        installed = importlib.util.find_spec(MODULE) is not None
+    except (ImportError, ValueError):
+        installed = False
     if installed:
         yield
         return

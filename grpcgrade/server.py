@@ -18,7 +18,7 @@ from grpc_reflection.v1alpha import reflection
 
 from .config import ServerConfig, load_config
 from .engine import Engine
-from .interceptors import AuthInterceptor, ObservingInterceptor
+from .interceptors import AuthInterceptor, DecodeGuardInterceptor, ObservingInterceptor
 from .llm.models import configure as configure_models
 from .metrics import Metrics
 from .registry import Registry, get_registry
@@ -104,6 +104,7 @@ async def serve(opts: ServeOptions) -> int:
     tokens = _tokens(opts.auth_token_file)
     if tokens:
         interceptors.append(AuthInterceptor(tokens))
+    interceptors.append(DecodeGuardInterceptor())  # innermost: after auth, inside the logging and metrics
     max_bytes = config.limits.max_message_bytes
     server = grpc.aio.server(
         interceptors=interceptors,

@@ -22,6 +22,7 @@ samples of the batch keep their scores.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import math
 from collections import defaultdict
 from collections.abc import Sequence
@@ -52,7 +53,7 @@ class BatchFailure(Exception):
 
 def is_kolibrify_grader(obj: Any) -> bool:
     """Kolibrify checks `isinstance(obj, Grader)`; any object with an async `grade_batch` is accepted here."""
-    return asyncio.iscoroutinefunction(getattr(obj, "grade_batch", None))
+    return inspect.iscoroutinefunction(getattr(obj, "grade_batch", None))
 
 
 def _whole(value: Any) -> Any:

@@ -95,7 +95,7 @@ class LLMGrader(BaseGrader):
 
     async def ask(self, **kwargs: Any) -> ChatReply:
         """The model's raw reply to the filled template."""
-        messages = self.template.format(LanguageEnum.EN, **{**kwargs, **self.variables})
+        messages = self.template.format(self.language, **{**kwargs, **self.variables})
         return await self.model.achat(messages)
 
     def metadata(self, reply: ChatReply) -> dict[str, Any]:
