@@ -1,12 +1,14 @@
 """Server interceptors: bearer-token auth, per-RPC metrics and logs, and a clean answer to unparsable requests.
 
-Both wrap the method's behaviour with a function of the same kind (unary or streaming), the shape of
-grpc's own latency-interceptor example.
+Both wrap the method's behaviour with a function of the same kind, the shape of grpc's own
+latency-interceptor example. A response stream is either an async generator or a coroutine that calls
+`context.write` (grpc's own health `Watch`), so the wrapper is whichever the behaviour is.
 """
 
 from __future__ import annotations
 
 import hmac
+import inspect
 import logging
 import time
 import uuid
@@ -50,7 +52,7 @@ def _rewrap(
 
 def _checked_first(behavior: Callable[..., Any], kind: str, check: Check) -> Callable[..., Any]:
     """`behavior`, run only after `check(request, context)` has returned (it aborts the call to refuse it)."""
-    if kind in ("server_stream", "bidi_stream"):
+    if inspect.isasyncgenfunction(behavior):
         async def checked_stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
             await check(request, context)
             async for item in behavior(request, context):
@@ -193,7 +195,7 @@ class ObservingInterceptor(grpc.aio.ServerInterceptor):
                     m.received.labels(*labels).inc()
                 yield r
 
-        if streaming_out:
+        if inspect.isasyncgenfunction(behavior):
             async def stream_behavior(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
                 rid, t0 = begin(context)
                 if streaming_in:
@@ -214,6 +216,7 @@ class ObservingInterceptor(grpc.aio.ServerInterceptor):
             return stream_behavior
 
         async def unary_behavior(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            """Also runs a stream written with `context.write`, whose messages it cannot count."""
             rid, t0 = begin(context)
             if streaming_in:
                 request = counted(request)
@@ -222,7 +225,7 @@ class ObservingInterceptor(grpc.aio.ServerInterceptor):
             exc: BaseException | None = None
             try:
                 response = await behavior(request, context)
-                if m is not None:
+                if m is not None and not streaming_out:
                     m.sent.labels(*labels).inc()
                 return response
             except BaseException as e:

@@ -24,12 +24,13 @@ from . import __version__, hookspecs
 log = logging.getLogger(__name__)
 
 GROUP = "grpcgrade"
-DEFAULT_PLUGINS = (
-    "grpcgrade.graders.format",
-    "grpcgrade.graders.text",
-    "grpcgrade.graders.kolibrify",
-    "grpcgrade.llm.graders",
-)
+#: The built-in plugins (name -> module), registered through the same hook as third-party ones.
+DEFAULT_PLUGINS = {
+    "format": "grpcgrade.graders.format",
+    "text": "grpcgrade.graders.text",
+    "kolibrify": "grpcgrade.graders.kolibrify",
+    "llm": "grpcgrade.llm.graders",
+}
 
 
 @dataclass
@@ -70,8 +71,8 @@ def make_manager() -> pluggy.PluginManager:
 def load_plugins(pm: pluggy.PluginManager) -> list[LoadedPlugin]:
     """Register the built-ins, then each wanted entry point; never raises for a plugin's fault."""
     loaded: list[LoadedPlugin] = []
-    for modname in DEFAULT_PLUGINS:
-        info = PluginInfo(name=modname.rsplit(".", 1)[-1], distribution="grpcgrade", version=__version__)
+    for name, modname in DEFAULT_PLUGINS.items():
+        info = PluginInfo(name=name, distribution="grpcgrade", version=__version__)
         loaded.append(_register(pm, info, lambda m=modname: importlib.import_module(m)))
     for ep in entry_points(group=GROUP):
         dist = ep.dist.name if ep.dist else ep.name

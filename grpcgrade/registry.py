@@ -57,6 +57,7 @@ class GraderEntry:
     mode: GraderMode = GraderMode.POINTWISE
     params: list[ParamInfo] = field(default_factory=list)
     open_params: bool = False  # the factory takes **kwargs, so unknown names cannot be refused up front
+    mode_given: bool = False  # register(..., mode=...) overrides what the built grader says
     hints: dict[str, Any] = field(default_factory=dict)
 
 
@@ -125,6 +126,9 @@ def coerce_value(param: str, value: Any, hint: Any) -> Any:
         return tuple(value)
     if isinstance(value, float) and not wanted and value.is_integer():
         return int(value)
+    if wanted and not isinstance(value, tuple(wanted)) and not (float in wanted and isinstance(value, int)):
+        names = " or ".join(sorted("null" if t is type(None) else t.__name__ for t in wanted))
+        raise InvalidParams(param, f"must be {names}, got {type(value).__name__} {value!r}")
     return value
 
 
@@ -176,6 +180,7 @@ class Registry:
             aliases=tuple(aliases),
             description=description or (inspect.getdoc(doc_source) or "").split("\n\n")[0].replace("\n", " "),
             mode=GraderMode(mode) if mode else _declared_mode(factory),
+            mode_given=mode is not None,
             params=params,
             open_params=open_params,
             hints=hints,
@@ -237,6 +242,8 @@ class Registry:
         if not isinstance(grader, BaseGrader):
             raise TypeError(f"factory of grader {entry.name!r} returned {type(grader).__name__}, not a grader")
         grader.name = entry.name
+        if entry.mode_given:
+            grader.mode = entry.mode
         with self._lock:
             self._cache[key] = grader
             while len(self._cache) > self._cache_size:

@@ -6,6 +6,7 @@ An aio server: no thread per open stream, and measured as fast as the sync serve
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -30,6 +31,38 @@ from .workers import WorkerPool
 log = logging.getLogger("grpcgrade.server")
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["GradingService"].full_name
+
+
+class _WatchEnded(Exception):
+    """Leaves grpc's Watch loop once the watcher has been told NOT_SERVING in a drain."""
+
+
+class _EndAfterDrainNotice:
+    """The Watch call's context, except that a write of the drain's NOT_SERVING ends the stream."""
+
+    def __init__(self, context: grpc.aio.ServicerContext, health_servicer: DrainingHealthServicer) -> None:
+        self._context = context
+        self._health = health_servicer
+
+    async def write(self, message: health_pb2.HealthCheckResponse) -> None:
+        await self._context.write(message)
+        if self._health.draining and message.status == health_pb2.HealthCheckResponse.NOT_SERVING:
+            raise _WatchEnded
+
+
+class DrainingHealthServicer(health.aio.HealthServicer):
+    """grpc's health service, whose Watch streams end once they have said NOT_SERVING in a drain: an open
+    watch (client-side health checking) would otherwise hold the drain open for the whole grace period."""
+
+    draining = False
+
+    async def Watch(self, request: health_pb2.HealthCheckRequest, context: grpc.aio.ServicerContext) -> None:
+        with contextlib.suppress(_WatchEnded):
+            await super().Watch(request, _EndAfterDrainNotice(context, self))
+
+    async def enter_graceful_shutdown(self) -> None:
+        self.draining = True
+        await super().enter_graceful_shutdown()
 
 
 @dataclass
@@ -121,7 +154,7 @@ async def serve(opts: ServeOptions) -> int:
         ],
     )
     pb_grpc.add_GradingServiceServicer_to_server(GradingServicer(engine, config.limits, metrics), server)
-    health_servicer = health.aio.HealthServicer()
+    health_servicer = DrainingHealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
 

@@ -103,7 +103,9 @@ def k8s_resources() -> dict[str, dict[str, Any]]:
 
 def exported_series() -> set[str]:
     """Every series name the server's registry exposes, with the exposition format's suffixes."""
-    suffixes = {"counter": ("_total", "_created"), "gauge": ("",), "histogram": ("_bucket", "_sum", "_count", "_created")}
+    suffixes = {
+        "counter": ("_total", "_created"), "gauge": ("",), "histogram": ("_bucket", "_sum", "_count", "_created")
+    }
     return {family.name + s for family in Metrics().registry.collect() for s in suffixes[family.type]}
 
 
@@ -117,7 +119,7 @@ def promql_metrics(expr: str) -> set[str]:
     expr = re.sub(r"\{[^}]*\}", " ", expr)  # label matchers
     expr = re.sub(r"\[[^\]]*\]", " ", expr)  # ranges and subqueries
     expr = re.sub(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", expr)  # label lists
-    names = re.findall(r"(?<![\w.:])([A-Za-z_:][\w:]*)(?!\s*\()", expr)
+    names = re.findall(r"(?<![\w.:])([A-Za-z_:][\w:]*)(?![\w:]|\s*\()", expr)
     return {n for n in names if n.lower() not in PROMQL_WORDS}
 
 
@@ -191,10 +193,11 @@ def netns() -> Iterator[str]:
 OFFLINE_CHECK = """
 import json, sys, urllib.request
 from grpcgrade.client import GradingClient
+half = "$\\\\frac{1}{2}$"
 samples = [
-    {"id": "plain", "response": "the quick brown fox jumps over the lazy dog", "reference": "$\\\\frac{1}{2}$"},
-    {"id": "loop", "response": "again and again " * 20, "reference": "$\\\\frac{1}{2}$"},
-    {"id": "half", "response": "<think>two quarters</think> \\\\boxed{\\\\frac{2}{4}}", "reference": "$\\\\frac{1}{2}$"},
+    {"id": "plain", "response": "the quick brown fox jumps over the lazy dog", "reference": half},
+    {"id": "loop", "response": "again and again " * 20, "reference": half},
+    {"id": "half", "response": "<think>two quarters</think> \\\\boxed{\\\\frac{2}{4}}", "reference": half},
 ]
 graders = [
     {"name": "ngram_repetition_penalty", "key": "tiktoken"},
@@ -236,9 +239,10 @@ def test_image_install_path_serves_offline(tmp_path: Path, netns: str) -> None:
     with zipfile.ZipFile(built["grpcgrade"]) as wheel:
         names = set(wheel.namelist())
         entry_points = next(wheel.read(n).decode() for n in names if n.endswith(".dist-info/entry_points.txt"))
-    sources = {str(p.relative_to(ROOT)) for p in (ROOT / "grpcgrade").rglob("*.py") if "__pycache__" not in p.parts}
-    assert sources <= names  # every module, the generated stubs among them
-    assert {"grpcgrade/v1/grading_pb2.pyi", "grpcgrade/py.typed"} <= names
+    sources = {str(p.relative_to(ROOT)) for p in (ROOT / "grpcgrade").rglob("*")
+               if p.is_file() and "__pycache__" not in p.parts}
+    assert sources <= names, sources - names  # every module and data file, the generated stubs among them
+    assert {"grpcgrade/v1/grading_pb2.py", "grpcgrade/v1/grading_pb2_grpc.py", "grpcgrade/v1/grading_pb2.pyi"} <= names
     assert "grpcgrade = grpcgrade.cli:main" in entry_points
     with zipfile.ZipFile(built["grpcgrade_math_verify"]) as wheel:
         plugin_entry_points = next(wheel.read(n).decode() for n in wheel.namelist() if n.endswith("entry_points.txt"))
@@ -249,10 +253,12 @@ def test_image_install_path_serves_offline(tmp_path: Path, netns: str) -> None:
     install = re.sub(r"^(--\S+\s+)+", "", install)  # RUN flags (--mount) are for BuildKit, not the shell
     for image_path, here in paths.items():
         install = install.replace(image_path, here)
-    run_shell(install, tmp_path, host_env)
+    run_shell(install.replace("pip install ", "pip install --no-compile "), tmp_path, host_env)
 
-    image_env = {k: v.replace("/opt/grpcgrade", str(venv)).replace("/tmp", str(tmp)).replace("$PATH", os.environ["PATH"])
-                 for k, v in env_instructions(runtime).items()}
+    image_env = {
+        k: v.replace("/opt/grpcgrade", str(venv)).replace("/tmp", str(tmp)).replace("$PATH", os.environ["PATH"])
+        for k, v in env_instructions(runtime).items()
+    }
     assert image_env["HOME"] == image_env["TMPDIR"] == str(tmp)  # writable: the emptyDir on Kubernetes
     env = {"PATH": image_env["PATH"], "LANG": "C.UTF-8", **image_env}
     in_netns = ["ip", "netns", "exec", netns]
@@ -462,7 +468,7 @@ def test_dashboard_covers_calls_graders_workers_and_plugins() -> None:
     datasource = next(v for v in dash["templating"]["list"] if v["type"] == "datasource")
     assert datasource["query"] == "prometheus"
     for panel in panels:
-        assert panel["datasource"]["uid"] == "${%s}" % datasource["name"]
+        assert panel["datasource"]["uid"] == f"${{{datasource['name']}}}"
     exprs = dashboard_exprs()
     assert any("histogram_quantile" in e and "grpc_server_handling_seconds_bucket" in e and "grpc_method" in e
                for e in exprs)
@@ -503,7 +509,8 @@ def test_compose_stack_wires_server_prometheus_and_grafana() -> None:
             assert host_path.exists(), host_path
 
     server = services["grpcgrade"]
-    assert (COMPOSE.parent / server["build"]["context"] / server["build"]["dockerfile"]).resolve() == ROOT / "Dockerfile"
+    build = server["build"]
+    assert (COMPOSE.parent / build["context"] / build["dockerfile"]).resolve() == ROOT / "Dockerfile"
     args = build_parser().parse_args(server["command"])
     assert bind_mounts(server)[args.config] == (K8S / "grpcgrade.yaml").resolve()
     assert server["read_only"] is True and "/tmp" in server["tmpfs"]

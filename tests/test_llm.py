@@ -443,6 +443,9 @@ def test_custom_llm_grader_in_process(judge, configured):
     assert request["path"] == "/v1/chat/completions"
     with pytest.raises(JudgeOutputError, match="outside the range 0..5"):
         asyncio.run(grader.aevaluate(response="x", marker=case("outofrange")))
+    sample_tries = case("score-2")  # a sample field does not override a param of the grader
+    asyncio.run(grader.aevaluate(response="x", marker=sample_tries, aspect="length"))
+    assert judge.marked(sample_tries)[0]["body"]["messages"][0]["content"] == "Judge politeness."
 
 
 def test_non_transient_errors_fail_at_once_in_process(judge, configured):
@@ -606,7 +609,7 @@ def test_judge_calls_run_concurrently_within_each_models_limit(llm_client, judge
         ({"rubric": "r", "model": "gpt-unknown"},
          "no model named 'gpt-unknown' is configured; configured models: 'default', 'keyless', 'narrow', 'slow'"),
         ({"rubric": "r", "model": {"base_url": "http://169.254.169.254/v1", "model": "x"}},
-         "must be the name of a configured model"),
+         "parameter 'model': must be str"),
         ({"rubric": "r", "base_url": "http://169.254.169.254/v1"}, "parameter 'base_url': unknown parameter"),
         ({"rubric": "r", "language": "fr"}, "unknown language 'fr'"),
         ({}, "parameter 'rubric': required"),

@@ -26,7 +26,7 @@ from grpcgrade.v1 import grading_pb2 as pb
 
 ROOT = Path(__file__).resolve().parent.parent
 TEST_PLUGINS = Path(__file__).resolve().parent / "plugins"
-BUILTINS = {module.rsplit(".", 1)[-1] for module in DEFAULT_PLUGINS}
+BUILTINS = set(DEFAULT_PLUGINS)
 PLUGIN_ENV_VARS = ("GRPCGRADE_LOAD_PLUGINS", "GRPCGRADE_TRACE_PLUGINS")
 
 

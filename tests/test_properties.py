@@ -49,10 +49,10 @@ json_values = st.recursive(
     lambda children: st.lists(children, max_size=3) | st.dictionaries(short_text, children, max_size=3),
     max_leaves=8,
 )
-# Per-sample parameter names the graders read from `extra`, and standard field names (which must collide).
+# Per-sample parameter names the graders read from `extra`, and a standard field's name (which must collide).
 EXTRA_KEYS = [
     "pattern", "substrings", "case_sensitive", "bidirectional", "ignore_whitespace", "metadata", "completion_tokens",
-    "method", "threshold", "n", "expected_type", "reference_response", "query", "responses",
+    "method", "threshold", "n", "expected_type", "query",
 ]
 extras = st.dictionaries(st.sampled_from(EXTRA_KEYS) | short_text, json_values, max_size=4)
 
@@ -68,12 +68,16 @@ GRADER_PARAMS: dict[str, st.SearchStrategy[dict[str, Any]]] = {
     "json_validator": st.just({}),
     "json_match": st.fixed_dictionaries({}, optional={"strict_order": flags, "ignore_extra_keys": flags}),
     "string_match": st.fixed_dictionaries(
-        {"algorithm": st.sampled_from(STRING_ALGORITHMS)}, optional={"case_sensitive": flags, "ignore_whitespace": flags}
+        {"algorithm": st.sampled_from(STRING_ALGORITHMS)},
+        optional={"case_sensitive": flags, "ignore_whitespace": flags},
     ),
     "similarity": st.fixed_dictionaries({"algorithm": st.sampled_from(SIMILARITY_ALGORITHMS)}),
     "number_accuracy": st.fixed_dictionaries({}, optional={"tolerance": st.floats(0, 10)}),
     "length_penalty": st.fixed_dictionaries(
-        {}, optional={"min_length": st.integers(0, 50), "max_length": st.integers(0, 5000), "penalty_rate": st.floats(0, 1)}
+        {},
+        optional={
+            "min_length": st.integers(0, 50), "max_length": st.integers(0, 5000), "penalty_rate": st.floats(0, 1)
+        },
     ),
     "think_format": st.just({}),
     "math_exact": st.just({}),
@@ -313,6 +317,7 @@ def test_unparsable_request_bytes_get_a_clean_error(server, client, method, wher
         )
         with pytest.raises(grpc.RpcError) as err:
             reply = call(_hostile_request(method, where), timeout=10)
-            list(reply) if method == "BatchEvaluate" else reply
+            if method == "BatchEvaluate":
+                list(reply)
     assert err.value.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.INTERNAL), err.value
     assert client.evaluate({"response": "[1]"}, ["json_validator"]).results[0].score == 1.0

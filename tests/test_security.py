@@ -152,6 +152,18 @@ def test_every_token_in_the_file_is_accepted(auth_server, tokens, which):
         assert [r.results[0].score for r in replies] == [0.0, 1.0]
 
 
+@pytest.mark.parametrize(("header", "code"), [(None, "UNAUTHENTICATED"), ("Bearer {token}", "INVALID_ARGUMENT")])
+def test_authentication_comes_before_parsing(auth_server, tokens, header, code):
+    """Bytes that do not parse tell an unauthenticated caller nothing but UNAUTHENTICATED."""
+    raw = pb.EvaluateRequest(graders=GRADERS, sample=pb.Sample(response="XYZ")).SerializeToString()
+    metadata = () if header is None else (("authorization", header.format(token=tokens[0])),)
+    with grpc.insecure_channel(auth_server.target) as channel:
+        call = channel.unary_unary("/grpcgrade.v1.GradingService/Evaluate", request_serializer=lambda b: b)
+        with pytest.raises(grpc.RpcError) as err:
+            call(raw.replace(b"XYZ", b"\xffYZ"), timeout=10, metadata=metadata)
+    assert err.value.code().name == code
+
+
 def test_health_check_needs_no_token(auth_server):
     assert health_status(auth_server.target) == health_pb2.HealthCheckResponse.SERVING
     assert health_status(auth_server.target, "grpcgrade.v1.GradingService") == health_pb2.HealthCheckResponse.SERVING
