@@ -98,6 +98,23 @@ class _Base:
         self._credentials = credentials
         self._options = channel_options(max_message_bytes)
 
+    @staticmethod
+    def _evaluate_request(
+        sample: Mapping[str, Any] | pb.Sample, graders: Graders, reward: str, grader_timeout: float
+    ) -> pb.EvaluateRequest:
+        return pb.EvaluateRequest(
+            graders=specs_to_pb(graders), sample=sample_to_pb(sample), reward=reward,
+            grader_timeout_seconds=grader_timeout,
+        )
+
+    @staticmethod
+    def _missing(out: list[pb.EvaluateResponse | None]) -> list[pb.EvaluateResponse]:
+        """Every sample must have come back; a gap is the server's bug, never silently a None."""
+        missing = [i for i, r in enumerate(out) if r is None]
+        if missing:
+            raise RuntimeError(f"server returned no result for {len(missing)} samples (first index {missing[0]})")
+        return out  # type: ignore[return-value]
+
     def _batch_request(
         self, samples: Sequence[Any], graders: Graders, reward: str, grader_timeout: float
     ) -> pb.BatchEvaluateRequest:
@@ -147,10 +164,7 @@ class GradingClient(_Base):
         timeout: float | None = None,
         grader_timeout: float = 0.0,
     ) -> pb.EvaluateResponse:
-        request = pb.EvaluateRequest(
-            graders=specs_to_pb(graders), sample=sample_to_pb(sample), reward=reward,
-            grader_timeout_seconds=grader_timeout,
-        )
+        request = self._evaluate_request(sample, graders, reward, grader_timeout)
         return self.stub.Evaluate(request, timeout=timeout or self.timeout, metadata=self._metadata)
 
     def batch_evaluate(
@@ -182,10 +196,7 @@ class GradingClient(_Base):
         with ThreadPoolExecutor(self.max_in_flight) as executor:
             for future in [executor.submit(run, s, p) for s, p in _chunks(samples, self.chunk_size)]:
                 future.result()
-        missing = [i for i, r in enumerate(out) if r is None]
-        if missing:
-            raise RuntimeError(f"server returned no result for {len(missing)} samples (first index {missing[0]})")
-        return out  # type: ignore[return-value]
+        return self._missing(out)
 
     def list_graders(self, *, timeout: float | None = None) -> pb.ListGradersResponse:
         return self.stub.ListGraders(pb.ListGradersRequest(), timeout=timeout or self.timeout, metadata=self._metadata)
@@ -220,10 +231,7 @@ class AsyncGradingClient(_Base):
         timeout: float | None = None,
         grader_timeout: float = 0.0,
     ) -> pb.EvaluateResponse:
-        request = pb.EvaluateRequest(
-            graders=specs_to_pb(graders), sample=sample_to_pb(sample), reward=reward,
-            grader_timeout_seconds=grader_timeout,
-        )
+        request = self._evaluate_request(sample, graders, reward, grader_timeout)
         return await self.stub.Evaluate(request, timeout=timeout or self.timeout, metadata=self._metadata)
 
     async def batch_evaluate(
@@ -252,10 +260,7 @@ class AsyncGradingClient(_Base):
                         on_progress(done, len(samples))
 
         await asyncio.gather(*(run(s, p) for s, p in _chunks(samples, self.chunk_size)))
-        missing = [i for i, r in enumerate(out) if r is None]
-        if missing:
-            raise RuntimeError(f"server returned no result for {len(missing)} samples (first index {missing[0]})")
-        return out  # type: ignore[return-value]
+        return self._missing(out)
 
     async def list_graders(self, *, timeout: float | None = None) -> pb.ListGradersResponse:
         return await self.stub.ListGraders(

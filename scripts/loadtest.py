@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"loadtest: {elapsed:.0f} s, {args.streams} streams x {args.batch} samples/call, {tally.calls} calls: "
         f"{tally.sent} samples sent, {tally.answered} answered, {lost} lost, {tally.malformed} malformed, "
-        f"{sum(tally.failures.values())} failed calls {dict(tally.failures) or ''}, "
+        f"{sum(tally.failures.values())} failed calls{f' {dict(tally.failures)}' if tally.failures else ''}, "
         f"{tally.answered / elapsed:,.0f} samples/s; server RSS incl. workers: start {start_mib:.0f} MiB "
         f"(after {args.warmup:g} s warm-up), peak {peak_mib:.0f} MiB, end {end_mib:.0f} MiB ({growth:+.0f} MiB); "
         f"server exit code {code}"
