@@ -433,14 +433,6 @@ def test_every_alert_has_a_unit_test_that_fires_it() -> None:
             "GrpcgradePluginFailed"} <= set(names)
 
 
-def test_prometheus_scrapes_the_metrics_port_and_loads_the_rules() -> None:
-    config = load_yaml(PROMETHEUS / "prometheus.yml")
-    assert config["rule_files"] == ["alerts.yml"]
-    (job,) = config["scrape_configs"]
-    _, args = container_args(k8s_resources()["Deployment"])
-    assert [sd["port"] for sd in job["dns_sd_configs"]] == [args.metrics_port]
-
-
 def test_rules_and_dashboard_use_only_exported_series() -> None:
     exported = exported_series()
     used_by_alerts = set().union(*(promql_metrics(r["expr"]) for r in alert_rules()))
@@ -520,7 +512,9 @@ def test_compose_stack_wires_server_prometheus_and_grafana() -> None:
     config_flag = next(a for a in prometheus["command"] if a.startswith("--config.file="))
     config_path = Path(config_flag.split("=", 1)[1])
     assert bind_mounts(prometheus)[str(config_path.parent)] == PROMETHEUS.resolve()
-    (job,) = load_yaml(PROMETHEUS / "prometheus.yml")["scrape_configs"]
+    prometheus_config = load_yaml(PROMETHEUS / "prometheus.yml")
+    assert prometheus_config["rule_files"] == ["alerts.yml"]  # beside it in the mounted folder
+    (job,) = prometheus_config["scrape_configs"]
     (sd,) = job["dns_sd_configs"]
     assert sd["names"] == ["grpcgrade"] and sd["port"] == args.metrics_port  # the compose service's DNS name
 

@@ -30,12 +30,13 @@ import grpcgrade
 from grpcgrade.config import ConfigError, parse_config
 from grpcgrade.grader import InvalidParams
 from grpcgrade.llm import models
-from grpcgrade.llm.chat import MAX_BACKOFF_SECONDS, ChatError, backoff
+from grpcgrade.llm.chat import ChatError
 from grpcgrade.llm.correctness import CORRECTNESS_PROMPT_EN
 from grpcgrade.llm.parsing import JudgeOutputError, json_objects, parse_rank, parse_score
 from grpcgrade.llm.prompt import PromptError
 from grpcgrade.llm.rank import RANK_PROMPT_ZH
 from grpcgrade.llm.rubric import RUBRIC_PROMPT_EN, RUBRIC_PROMPT_ZH, LLMRubricGrader
+from grpcgrade.retry import MAX_BACKOFF_SECONDS, backoff
 from grpcgrade.structs import struct_to_dict
 from grpcgrade.v1 import grading_pb2 as pb
 
@@ -299,8 +300,8 @@ def test_backoff_doubles_with_jitter_and_obeys_retry_after():
         delays = [backoff(attempt, 0.5) for _ in range(50)]
         assert all(full / 2 <= d <= full for d in delays)
     assert backoff(30, 0.5) <= MAX_BACKOFF_SECONDS
-    assert backoff(0, 0.5, retry_after=7.0) == 7.0
-    assert backoff(0, 0.5, retry_after=10_000.0) == MAX_BACKOFF_SECONDS
+    assert backoff(0, 0.5, after=7.0) == 7.0  # never sooner than the service asks
+    assert backoff(0, 0.5, after=10_000.0) == MAX_BACKOFF_SECONDS
 
 
 # --- templates (in process) -----------------------------------------------------------------------

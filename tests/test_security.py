@@ -96,7 +96,7 @@ def tokens() -> list[str]:
 def auth_server(tmp_path_factory: pytest.TempPathFactory, tokens: list[str]) -> Iterator[ServerProcess]:
     tmp = tmp_path_factory.mktemp("auth")
     token_file = tmp / "tokens"
-    token_file.write_text("\n".join(tokens) + "\n")
+    token_file.write_text(f"{tokens[0]}\r\n\n  {tokens[1]}  \n")  # CRLF, a blank line, padding: as files come
     srv = start_server(tmp, "--workers", "0", "--auth-token-file", str(token_file), "--log-level", "debug")
     yield srv
     srv.stop()

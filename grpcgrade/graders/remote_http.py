@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 from collections.abc import Sequence
 from typing import Any
 
@@ -29,14 +28,13 @@ import httpx
 
 from grpcgrade.grader import InvalidParams
 from grpcgrade.kolibrify_compat import GradeResult, GraderInput
+from grpcgrade.retry import backoff, is_transient, retry_after
 
 from .adapters import BatchFailure, KolibrifyGraderAdapter
 from .kolibrify.parsing import is_number
 
 log = logging.getLogger(__name__)
 
-#: The longest pause between two attempts, whatever the backoff or a Retry-After header says.
-MAX_BACKOFF_SECONDS = 30.0
 #: How much of an error response's body goes into the error message.
 BODY_EXCERPT_CHARS = 200
 
@@ -70,14 +68,6 @@ def payload(item: GraderInput) -> dict[str, Any]:
     }
 
 
-def _retry_after(response: httpx.Response) -> float:
-    """A Retry-After header in seconds (its date form is ignored), else 0."""
-    try:
-        return max(0.0, float(response.headers.get("retry-after", "")))
-    except ValueError:
-        return 0.0
-
-
 class HttpGradingClient:
     """The Kolibrify-protocol call: `grade_batch` is one POST (with retries) of the whole input list.
 
@@ -108,16 +98,11 @@ class HttpGradingClient:
             self._slots = asyncio.Semaphore(self.max_concurrency)
         return self._client, self._slots
 
-    def _backoff(self, attempt: int, floor: float) -> float:
-        """Exponential backoff with jitter (half fixed, half random), never below a Retry-After."""
-        delay = min(MAX_BACKOFF_SECONDS, self.retry_backoff_s * 2**attempt)
-        return min(MAX_BACKOFF_SECONDS, max(floor, delay / 2 + random.uniform(0, delay / 2)))
-
     async def _post(self, body: dict[str, Any]) -> httpx.Response:
         client, slots = self._session()
         attempts = self.max_retries + 1
         for attempt in range(attempts):
-            floor = 0.0
+            after = None
             try:
                 async with slots:  # waiting for a slot does not count against the call's time limit
                     async with asyncio.timeout(self.timeout_s):
@@ -131,12 +116,12 @@ class HttpGradingClient:
                     return response
                 status, excerpt = response.status_code, response.text[:BODY_EXCERPT_CHARS]
                 failure = BatchFailure("GRADER_FAILED", f"grading service answered HTTP {status}: {excerpt}")
-                if status != 429 and status < 500:
+                if not is_transient(status):
                     raise failure  # the request itself is wrong: sending it again cannot help
-                floor = _retry_after(response)
+                after = retry_after(response.headers)
             if attempt + 1 == attempts:
                 break
-            pause = self._backoff(attempt, floor)
+            pause = backoff(attempt, self.retry_backoff_s, after)
             log.warning("remote grader at %s: %s; retry %d of %d in %.2f s", self.host, failure, attempt + 1,
                         self.max_retries, pause)
             await asyncio.sleep(pause)

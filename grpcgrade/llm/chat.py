@@ -9,16 +9,15 @@ other failure is final at once, since repeating a 400 or a 401 cannot help.
 from __future__ import annotations
 
 import asyncio
-import random
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
+from ..retry import backoff, is_transient, retry_after
 from .models import ModelConfig
 from .prompt import ChatMessage
 
-MAX_BACKOFF_SECONDS = 30.0
 _EXCERPT = 300
 
 
@@ -37,22 +36,6 @@ class _Transient(Exception):
     def __init__(self, message: str, retry_after: float | None = None) -> None:
         super().__init__(message)
         self.retry_after = retry_after
-
-
-def _retry_after(response: httpx.Response) -> float | None:
-    """A Retry-After in seconds (the HTTP-date form is rare on these APIs and ignored)."""
-    try:
-        return max(0.0, float(response.headers.get("retry-after", "")))
-    except ValueError:
-        return None
-
-
-def backoff(attempt: int, base: float, retry_after: float | None = None) -> float:
-    """Delay before retry `attempt` (0-based): base * 2^attempt, jittered to 50-100 %, capped; or Retry-After."""
-    if retry_after is not None:
-        return min(retry_after, MAX_BACKOFF_SECONDS)
-    delay = min(base * 2**attempt, MAX_BACKOFF_SECONDS)
-    return random.uniform(delay / 2, delay)
 
 
 class ChatModel:
@@ -105,8 +88,8 @@ class ChatModel:
         except httpx.TransportError as exc:
             raise _Transient(f"{type(exc).__name__}: {exc}") from None
         status = response.status_code
-        if status == 429 or status >= 500:
-            raise _Transient(f"HTTP {status}: {response.text[:_EXCERPT]}", _retry_after(response))
+        if is_transient(status):
+            raise _Transient(f"HTTP {status}: {response.text[:_EXCERPT]}", retry_after(response.headers))
         if status != 200:
             raise ChatError(f"model {c.name!r}: HTTP {status}: {response.text[:_EXCERPT]}")
         try:
