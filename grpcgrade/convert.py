@@ -28,14 +28,15 @@ def sample_kwargs(sample: pb.Sample, limits: Limits) -> dict[str, Any] | SampleP
     """A sample's grader inputs, or the problem that makes it ungradable (reported per sample)."""
     try:
         extra = struct_to_dict(sample.extra) if sample.HasField("extra") else {}
+        # `sample_id` (an `extra.sample_id` wins) lets Kolibrify-style batch graders match results by id.
         fields = {
+            "sample_id": sample.id,
             "query": sample.query,
             "response": sample.response,
             "reference": sample.reference,
             "context": sample.context,
         }
-        # `sample_id` (an `extra.sample_id` wins) lets Kolibrify-style batch graders match results by id.
-        return {"sample_id": sample.id, **build_kwargs(fields, list(sample.responses), extra, limits)}
+        return build_kwargs(fields, list(sample.responses), extra, limits)
     except SampleProblem as exc:
         return exc
     except RecursionError:
