@@ -39,8 +39,6 @@ def sample_kwargs(sample: pb.Sample, limits: Limits) -> dict[str, Any] | SampleP
         return build_kwargs(fields, list(sample.responses), extra, limits)
     except SampleProblem as exc:
         return exc
-    except RecursionError:
-        return SampleProblem("extra is nested too deeply")
 
 
 # -- Python -> responses -----------------------------------------------------------------------------

@@ -40,6 +40,8 @@ DASHBOARD = DEPLOY / "grafana" / "dashboard.json"
 COMPOSE = DEPLOY / "compose" / "docker-compose.yml"
 KUBERNETES_VERSION = "1.37.0"
 CRD_GROUPS = ("monitoring.coreos.com/",)  # custom resources: no schema in kubernetes-validate
+IMAGE_BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # the python image's PATH
+IP = shutil.which("ip", path=f"{os.environ.get('PATH', '')}:{IMAGE_BASE_PATH}") or "ip"  # iproute2, for netns
 
 
 # -- helpers -----------------------------------------------------------------------------------------
@@ -73,6 +75,12 @@ def run_shell(command: str, cwd: Path, env: dict[str, str]) -> None:
     """A RUN instruction's shell form, as `docker build` runs it (/bin/sh -c)."""
     done = subprocess.run(["/bin/sh", "-c", command], cwd=cwd, env=env, capture_output=True, text=True)
     assert done.returncode == 0, f"{command}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+
+
+def to_host(text: str, paths: dict[str, str]) -> str:
+    """Image paths in `text` replaced by their stand-ins on this machine, in one pass (a stand-in may
+    itself contain an image path: /tmp/pytest-.../venv)."""
+    return re.sub("|".join(re.escape(k) + r"(?![\w.-])" for k in paths), lambda m: paths[m.group()], text)
 
 
 def env_instructions(stage: list[tuple[str, str]]) -> dict[str, str]:
@@ -182,16 +190,16 @@ def test_dockerfile_shape() -> None:
 def netns() -> Iterator[str]:
     """A network namespace with a loopback interface and nothing else: no route out of the machine."""
     name = f"grpcgrade-test-{os.getpid()}"
-    subprocess.run(["ip", "netns", "add", name], check=True)
+    subprocess.run([IP, "netns", "add", name], check=True)
     try:
-        subprocess.run(["ip", "-n", name, "link", "set", "lo", "up"], check=True)
+        subprocess.run([IP, "-n", name, "link", "set", "lo", "up"], check=True)
         yield name
     finally:
-        subprocess.run(["ip", "netns", "delete", name], check=False)
+        subprocess.run([IP, "netns", "delete", name], check=False)
 
 
 OFFLINE_CHECK = """
-import json, sys, urllib.request
+import json, urllib.request
 from grpcgrade.client import GradingClient
 half = "$\\\\frac{1}{2}$"
 samples = [
@@ -212,11 +220,8 @@ print(json.dumps({"results": out, "metrics": metrics}))
 """
 
 
-def test_image_install_path_serves_offline(tmp_path: Path, netns: str) -> None:
-    """The Dockerfile's build and install commands, then its CMD and HEALTHCHECK with no network."""
-    _, build, runtime = dockerfile_stages()
-    context, wheels, venv, tmp = tmp_path / "context", tmp_path / "wheels", tmp_path / "venv", tmp_path / "tmp"
-    tmp.mkdir()
+def copy_build_context(build: list[tuple[str, str]], context: Path) -> None:
+    """What the build stage's COPY lines take, less what .dockerignore keeps out of the context."""
     junk = [line.removeprefix("**/") for line in (ROOT / ".dockerignore").read_text().splitlines()
             if line.startswith("**/")]
     for copy in only(build, "COPY"):
@@ -230,11 +235,10 @@ def test_image_install_path_serves_offline(tmp_path: Path, netns: str) -> None:
                 shutil.copy2(src, context / source)
     assert not list(context.rglob("__pycache__")) and not list(context.rglob("*.egg-info"))
 
-    host_env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    (build_run,) = only(build, "RUN")
-    # Only the pip cache differs from the image build: it keeps this test from downloading every wheel again.
-    run_shell(build_run.replace("/wheels", str(wheels)).replace("--no-cache-dir ", ""), context, host_env)
 
+def check_wheels(wheels: Path) -> None:
+    """grpcgrade's wheel holds every file of the package, the generated stubs among them, and both wheels
+    declare their entry points (the command, and the plugin's hook)."""
     built = {p.name.split("-")[0]: p for p in wheels.glob("*.whl")}
     with zipfile.ZipFile(built["grpcgrade"]) as wheel:
         names = set(wheel.namelist())
@@ -248,20 +252,30 @@ def test_image_install_path_serves_offline(tmp_path: Path, netns: str) -> None:
         plugin_entry_points = next(wheel.read(n).decode() for n in wheel.namelist() if n.endswith("entry_points.txt"))
     assert "[grpcgrade]" in plugin_entry_points
 
-    paths = {"/opt/grpcgrade": str(venv), "/wheels": str(wheels)}
+
+def test_image_install_path_serves_offline(tmp_path: Path, netns: str) -> None:
+    """The Dockerfile's build and install commands, then its CMD and HEALTHCHECK with no network."""
+    _, build, runtime = dockerfile_stages()
+    context, wheels, venv, tmp = tmp_path / "context", tmp_path / "wheels", tmp_path / "venv", tmp_path / "tmp"
+    tmp.mkdir()
+    copy_build_context(build, context)
+    host_env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    paths = {"/opt/grpcgrade": str(venv), "/wheels": str(wheels), "/tmp": str(tmp), "$PATH": IMAGE_BASE_PATH}
+
+    (build_run,) = only(build, "RUN")
+    # Only the pip cache differs from the image build: it keeps this test from downloading every wheel again.
+    run_shell(to_host(build_run, paths).replace("--no-cache-dir ", ""), context, host_env)
+    check_wheels(wheels)
+
     install = next(r for r in only(runtime, "RUN") if "pip install" in r)
     install = re.sub(r"^(--\S+\s+)+", "", install)  # RUN flags (--mount) are for BuildKit, not the shell
-    for image_path, here in paths.items():
-        install = install.replace(image_path, here)
-    run_shell(install.replace("pip install ", "pip install --no-compile "), tmp_path, host_env)
+    # --no-compile: the image keeps pip's .pyc files (its root filesystem is read-only); here they only cost time.
+    run_shell(to_host(install, paths).replace("pip install ", "pip install --no-compile "), tmp_path, host_env)
 
-    image_env = {
-        k: v.replace("/opt/grpcgrade", str(venv)).replace("/tmp", str(tmp)).replace("$PATH", os.environ["PATH"])
-        for k, v in env_instructions(runtime).items()
-    }
-    assert image_env["HOME"] == image_env["TMPDIR"] == str(tmp)  # writable: the emptyDir on Kubernetes
-    env = {"PATH": image_env["PATH"], "LANG": "C.UTF-8", **image_env}
-    in_netns = ["ip", "netns", "exec", netns]
+    env = {"LANG": "C.UTF-8", **{k: to_host(v, paths) for k, v in env_instructions(runtime).items()}}
+    assert env["HOME"] == env["TMPDIR"] == str(tmp)  # writable: the emptyDir on Kubernetes
+    assert shutil.which("grpcgrade", path=env["PATH"]) == str(venv / "bin" / "grpcgrade")
+    in_netns = [IP, "netns", "exec", netns]
     command = [*json.loads(only(runtime, "ENTRYPOINT")[-1]), *json.loads(only(runtime, "CMD")[-1])]
     healthcheck = json.loads(only(runtime, "HEALTHCHECK")[-1].split(" CMD ", 1)[1])
     with open(tmp_path / "server.log", "w") as log:
