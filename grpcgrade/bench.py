@@ -169,6 +169,8 @@ def bench_service(
         with server.client(timeout=600, chunk_size=4096, max_in_flight=2) as client:
             client.batch_evaluate(messages[:2000], spec)  # warm-up: workers up, graders built
             figures["batch_evaluate_grpc"] = _rate(len(messages), lambda: client.batch_evaluate(messages, spec))
+            if not unary_calls:
+                return figures, notes
             latencies: list[float] = []
             lock = threading.Lock()
             per_thread = max(1, unary_calls // concurrency)
@@ -217,7 +219,7 @@ def run_bench(
         report.figures.update(figures)
         report.notes.update(notes)
         if compare_metrics:
-            off, _ = bench_service(preset, data, workers, 0 or concurrency, concurrency, False, Path(tmp))
+            off, _ = bench_service(preset, data, workers, 0, concurrency, False, Path(tmp))
             report.figures["batch_evaluate_grpc_no_metrics"] = off["batch_evaluate_grpc"]
             report.notes["metrics_cost"] = f"{1 - figures['batch_evaluate_grpc'] / off['batch_evaluate_grpc']:+.1%}"
     if "openjudge_grading_runner" in report.figures:

@@ -37,6 +37,7 @@ def setup_logging(level: str, fmt: str) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    logging.getLogger("grpc").setLevel(max(logging.INFO, root.level))  # grpc's own per-call debug chatter
 
 
 # -- serve -------------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ import multiprocessing
 import os
 import signal
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
@@ -29,9 +29,13 @@ log = logging.getLogger(__name__)
 WATCHDOG_GRACE_SECONDS = 2.0  # pickling and a busy queue; the per-sample limit itself is enforced in the worker
 
 
-def _init_worker() -> None:
+def _init_worker(log_level: int, log_formatter: logging.Formatter | None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server decides when workers stop
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    # A spawned process starts with logging unset: log as the server does (--log-format json: JSON lines).
+    handler = logging.StreamHandler()
+    handler.setFormatter(log_formatter)
+    logging.basicConfig(level=log_level, handlers=[handler], force=True)
     from .registry import get_registry
 
     get_registry()
@@ -58,29 +62,30 @@ class WorkerPool:
     def __init__(self, size: int) -> None:
         self.size = size
         self.restarts = 0
+        self._started: dict[int, list[Future[int]]] = {}  # per executor: one ping per worker
         self._executor = self._new()
 
     def _new(self) -> ProcessPoolExecutor:
+        root = logging.getLogger()
+        formatter = root.handlers[0].formatter if root.handlers else None
         executor = ProcessPoolExecutor(
-            max_workers=self.size, mp_context=multiprocessing.get_context("spawn"), initializer=_init_worker
+            max_workers=self.size, mp_context=multiprocessing.get_context("spawn"), initializer=_init_worker,
+            initargs=(root.getEffectiveLevel(), formatter),
         )
-        for _ in range(self.size):  # start every worker now, not on the first heavy request
-            executor.submit(_ping)
+        # Start every worker now, not on the first heavy request; the pings also say when they are up.
+        self._started[id(executor)] = [executor.submit(_ping) for _ in range(self.size)]
         return executor
 
     def alive(self) -> int:
         processes = getattr(self._executor, "_processes", None) or {}
         return sum(1 for p in processes.values() if p.is_alive())
 
-    def pids(self) -> list[int]:
-        processes = getattr(self._executor, "_processes", None) or {}
-        return [pid for pid, p in processes.items() if p.is_alive()]
-
     def _replace(self, broken: ProcessPoolExecutor, kill: bool) -> None:
         if self._executor is broken:
             self.restarts += 1
             log.warning("replacing the worker pool (restart %d)", self.restarts)
             self._executor = self._new()
+        self._started.pop(id(broken), None)
         if kill:
             for p in list((getattr(broken, "_processes", None) or {}).values()):
                 p.kill()
@@ -119,6 +124,8 @@ class WorkerPool:
         timeout: float | None,
     ) -> tuple[list[GraderResult], float]:
         """Run one chunk; the watchdog starts when a worker takes the chunk, not while it waits its turn."""
+        for ping in self._started.get(id(executor), ()):  # a worker still importing is not a hung grader
+            await asyncio.wrap_future(ping)
         future = executor.submit(_run, name, params, batch, timeout)
         waiter = asyncio.wrap_future(future)
         try:
@@ -133,4 +140,10 @@ class WorkerPool:
             raise
 
     def close(self) -> None:
-        self._executor.shutdown(wait=True, cancel_futures=True)
+        """At exit, after the drain: no call waits for what the workers still hold, so stop them."""
+        processes = list((getattr(self._executor, "_processes", None) or {}).values())
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        for p in processes:
+            p.terminate()
+        for p in processes:
+            p.join(5)
