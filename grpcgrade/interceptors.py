@@ -65,6 +65,27 @@ def _checked_first(behavior: Callable[..., Any], kind: str, check: Check) -> Cal
     return checked
 
 
+class _Wrapping(grpc.aio.ServerInterceptor):
+    """Wraps each method's handler once and reuses the wrapper: wrapping per call cost ~25 µs of a unary call."""
+
+    def __init__(self) -> None:
+        self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
+
+    async def intercept_service(self, continuation: Any, details: grpc.HandlerCallDetails) -> Any:
+        handler = await continuation(details)
+        if handler is None:
+            return None
+        cached = self._wrapped.get(details.method)
+        if cached is not None and cached[0] is handler:
+            return cached[1]
+        wrapped = self._intercept(handler, details.method)
+        self._wrapped[details.method] = (handler, wrapped)
+        return wrapped
+
+    def _intercept(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
+        raise NotImplementedError
+
+
 def _metadata(context: grpc.aio.ServicerContext, key: str) -> str:
     for k, v in context.invocation_metadata() or ():
         if k == key:
@@ -72,10 +93,11 @@ def _metadata(context: grpc.aio.ServicerContext, key: str) -> str:
     return ""
 
 
-class AuthInterceptor(grpc.aio.ServerInterceptor):
+class AuthInterceptor(_Wrapping):
     """Calls must carry `authorization: Bearer <token>`; compared in constant time, never logged."""
 
     def __init__(self, tokens: list[str]) -> None:
+        super().__init__()
         self._tokens = [t.encode() for t in tokens if t]
 
     def _allowed(self, context: grpc.aio.ServicerContext) -> bool:
@@ -86,16 +108,15 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         presented = token.strip().encode()
         return any(hmac.compare_digest(presented, t) for t in self._tokens)
 
-    async def intercept_service(self, continuation: Any, details: grpc.HandlerCallDetails) -> Any:
-        handler = await continuation(details)
-        if handler is None or details.method.lstrip("/").startswith(OPEN_SERVICES):
+    def _intercept(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
+        if method.lstrip("/").startswith(OPEN_SERVICES):
             return handler
 
         async def check(request: Any, context: grpc.aio.ServicerContext) -> None:
             if not self._allowed(context):
                 await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or invalid bearer token")
 
-        return _rewrap(handler, details.method, lambda behavior, kind, *_: _checked_first(behavior, kind, check))
+        return _rewrap(handler, method, lambda behavior, kind, *_: _checked_first(behavior, kind, check))
 
 
 class _Unparsable:
@@ -105,16 +126,15 @@ class _Unparsable:
         self.error = error
 
 
-class DecodeGuardInterceptor(grpc.aio.ServerInterceptor):
+class DecodeGuardInterceptor(_Wrapping):
     """A request protobuf cannot parse (invalid UTF-8 in a string, nesting past its depth limit) is answered
     INVALID_ARGUMENT saying why; grpc's aio server would answer UNKNOWN and log a traceback for the client's
     mistake. Install it innermost: authentication still comes first, and the outer interceptors log and
     count the call. Streamed requests are parsed as the handler reads them and are left as they are.
     """
 
-    async def intercept_service(self, continuation: Any, details: grpc.HandlerCallDetails) -> Any:
-        handler = await continuation(details)
-        if handler is None or handler.request_streaming or handler.request_deserializer is None:
+    def _intercept(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
+        if handler.request_streaming or handler.request_deserializer is None:
             return handler
         parse = handler.request_deserializer
 
@@ -128,9 +148,7 @@ class DecodeGuardInterceptor(grpc.aio.ServerInterceptor):
             if isinstance(request, _Unparsable):
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"unparsable request: {request.error}")
 
-        return _rewrap(
-            handler, details.method, lambda behavior, kind, *_: _checked_first(behavior, kind, check), guarded_parse
-        )
+        return _rewrap(handler, method, lambda behavior, kind, *_: _checked_first(behavior, kind, check), guarded_parse)
 
 
 def _code_of(context: grpc.aio.ServicerContext, exc: BaseException | None) -> str:
@@ -151,35 +169,39 @@ def _code_of(context: grpc.aio.ServicerContext, exc: BaseException | None) -> st
     return "DEADLINE_EXCEEDED" if remaining is not None and remaining <= 0 else "CANCELLED"
 
 
-class ObservingInterceptor(grpc.aio.ServerInterceptor):
+class ObservingInterceptor(_Wrapping):
     """go-grpc-prometheus counters and latency, one debug log line per call, a warning per failure."""
 
     def __init__(self, metrics: Metrics | None) -> None:
+        super().__init__()
         self.metrics = metrics
 
-    async def intercept_service(self, continuation: Any, details: grpc.HandlerCallDetails) -> Any:
-        handler = await continuation(details)
-        if handler is None:
-            return None
-        return _rewrap(handler, details.method, self._wrap)
+    def _intercept(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
+        return _rewrap(handler, method, self._wrap)
 
     def _wrap(self, behavior: Callable[..., Any], kind: str, service: str, method: str) -> Callable[..., Any]:
         m = self.metrics
         labels = (kind, service, method)
         streaming_in = kind in ("client_stream", "bidi_stream")
         streaming_out = kind in ("server_stream", "bidi_stream")
+        if m is not None:  # bound once per method: `.labels()` costs more than the increment
+            started, received = m.started.labels(*labels), m.received.labels(*labels)
+            sent, handling = m.sent.labels(*labels), m.handling.labels(*labels)
+            handled: dict[str, Any] = {}
 
         def begin(context: grpc.aio.ServicerContext) -> tuple[str, float]:
             if m is not None:
-                m.started.labels(*labels).inc()
+                started.inc()
             return _metadata(context, "x-request-id") or uuid.uuid4().hex[:16], time.perf_counter()
 
         def finish(context: grpc.aio.ServicerContext, rid: str, t0: float, exc: BaseException | None) -> None:
             code = _code_of(context, exc)
             elapsed = time.perf_counter() - t0
             if m is not None:
-                m.handled.labels(*labels, code).inc()
-                m.handling.labels(*labels).observe(elapsed)
+                if code not in handled:
+                    handled[code] = m.handled.labels(*labels, code)
+                handled[code].inc()
+                handling.observe(elapsed)
             if code == "OK":
                 log.debug("rpc %s/%s request_id=%s code=OK seconds=%.4f", service, method, rid, elapsed)
             else:
@@ -192,7 +214,7 @@ class ObservingInterceptor(grpc.aio.ServerInterceptor):
         async def counted(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
             async for r in requests:
                 if m is not None:
-                    m.received.labels(*labels).inc()
+                    received.inc()
                 yield r
 
         if inspect.isasyncgenfunction(behavior):
@@ -201,12 +223,12 @@ class ObservingInterceptor(grpc.aio.ServerInterceptor):
                 if streaming_in:
                     request = counted(request)
                 elif m is not None:
-                    m.received.labels(*labels).inc()
+                    received.inc()
                 exc: BaseException | None = None
                 try:
                     async for item in behavior(request, context):
                         if m is not None:
-                            m.sent.labels(*labels).inc()
+                            sent.inc()
                         yield item
                 except BaseException as e:
                     exc = e
@@ -221,12 +243,12 @@ class ObservingInterceptor(grpc.aio.ServerInterceptor):
             if streaming_in:
                 request = counted(request)
             elif m is not None:
-                m.received.labels(*labels).inc()
+                received.inc()
             exc: BaseException | None = None
             try:
                 response = await behavior(request, context)
                 if m is not None and not streaming_out:
-                    m.sent.labels(*labels).inc()
+                    sent.inc()
                 return response
             except BaseException as e:
                 exc = e

@@ -42,6 +42,20 @@ def health_status(
     return reply.status
 
 
+def scrape(metrics_port: int, host: str = "127.0.0.1") -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """A server's /metrics as {(sample name, sorted labels): value}."""
+    from urllib.request import urlopen
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    body = urlopen(f"http://{host}:{metrics_port}/metrics", timeout=10).read().decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(body)
+        for s in family.samples
+    }
+
+
 @dataclass
 class ServerProcess:
     proc: subprocess.Popen
@@ -55,6 +69,9 @@ class ServerProcess:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+    def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        return scrape(self.metrics_port)
 
     def client(self, **kwargs: object) -> GradingClient:
         return GradingClient(self.target, **kwargs)  # type: ignore[arg-type]

@@ -139,11 +139,15 @@ class WorkerPool:
             waiter.cancel()  # the caller went away: drop the chunk if no worker has started it
             raise
 
-    def close(self) -> None:
-        """At exit, after the drain: no call waits for what the workers still hold, so stop them."""
+    def close(self, patience: float = 3.0) -> None:
+        """At exit, after the drain: workers get `patience` seconds to finish what they hold (nobody waits
+        for it any more), then they are stopped."""
         processes = list((getattr(self._executor, "_processes", None) or {}).values())
         self._executor.shutdown(wait=False, cancel_futures=True)
+        deadline = time.monotonic() + patience
         for p in processes:
-            p.terminate()
+            p.join(max(0.0, deadline - time.monotonic()))
         for p in processes:
-            p.join(5)
+            if p.is_alive():
+                p.terminate()
+                p.join(5)
