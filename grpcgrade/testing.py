@@ -73,6 +73,10 @@ class ServerProcess:
     def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
         return scrape(self.metrics_port)
 
+    def metric(self, name: str, **labels: str) -> float:
+        """The sum of the samples of `name` whose labels include `labels` (0 when there is none)."""
+        return sum(v for (n, tags), v in self.metrics().items() if n == name and labels.items() <= dict(tags).items())
+
     def client(self, **kwargs: object) -> GradingClient:
         return GradingClient(self.target, **kwargs)  # type: ignore[arg-type]
 

@@ -6,14 +6,12 @@ import os
 import signal
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import grpc
 import pytest
 from conftest import start_server
 from grpc_health.v1 import health_pb2
-from prometheus_client.parser import text_string_to_metric_families
 
 from grpcgrade.testing import health_status
 from grpcgrade.v1 import grading_pb2 as pb
@@ -45,15 +43,6 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def metric(server, name: str, **labels: str) -> float:
-    body = urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=5).read().decode()
-    for family in text_string_to_metric_families(body):
-        for s in family.samples:
-            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
-                return s.value
-    raise KeyError(name)
-
-
 def scores(replies) -> list[object]:
     return [r.results[0].error.code if r.results[0].HasField("error") else r.results[0].score for r in replies]
 
@@ -70,13 +59,13 @@ def test_a_hanging_grader_times_out_and_the_others_go_on(fault_server, heavy):
 
 
 def test_a_grader_stuck_in_c_gets_its_worker_killed_and_replaced(fault_server):
-    before = metric(fault_server, "grpcgrade_worker_pool_restarts")
+    before = fault_server.metric("grpcgrade_worker_pool_restarts")
     with fault_server.client(timeout=60) as c:
         replies = c.batch_evaluate([{"response": r} for r in ("ok", "hang_in_c", "ok")], ["misbehave"])
         assert scores(replies) == [1.0, "TIMEOUT", 1.0]
         assert scores(c.batch_evaluate([{"response": "ok"}] * 40, ["misbehave"])) == [1.0] * 40
-    assert metric(fault_server, "grpcgrade_worker_pool_restarts") > before
-    assert metric(fault_server, "grpcgrade_workers_alive") == 2
+    assert fault_server.metric("grpcgrade_worker_pool_restarts") > before
+    assert fault_server.metric("grpcgrade_workers_alive") == 2
 
 
 def test_a_sample_that_kills_its_worker_costs_no_other_sample(fault_server):

@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import signal
 import threading
-import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from conftest import ServerProcess, start_server
-from prometheus_client.parser import text_string_to_metric_families
 
 from grpcgrade.client import GradingClient
 
@@ -30,14 +28,11 @@ GRADER = {"name": "string_match", "params": {"algorithm": "exact_match"}}
 
 def evaluate_handled(server: ServerProcess) -> dict[str, float]:
     """grpc_server_handled_total of Evaluate by status code, from the replica's own /metrics."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=5) as reply:
-        text = reply.read().decode()
-    codes: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == "grpc_server_handled_total" and sample.labels.get("grpc_method") == "Evaluate":
-                codes[sample.labels["grpc_code"]] = sample.value
-    return codes
+    return {
+        dict(tags)["grpc_code"]: value
+        for (name, tags), value in server.metrics().items()
+        if name == "grpc_server_handled_total" and dict(tags).get("grpc_method") == "Evaluate"
+    }
 
 
 def served(server: ServerProcess) -> float:
