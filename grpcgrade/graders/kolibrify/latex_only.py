@@ -7,7 +7,7 @@ from typing import Any
 
 from grpcgrade.grader import BaseGrader, GraderMode, GraderScore
 
-from .parsing import final_answer
+from .parsing import final_answer, no_answer
 
 # The whole answer is one delimited expression: $$..$$, $..$, \[..\], \(..\) or \boxed{..}.
 _DELIMITED_RE = re.compile(r"^(?:\$\$.*\$\$|\$.*\$|\\\[.*\\\]|\\\(.*\\\)|\\boxed\{.*\})$", flags=re.DOTALL)
@@ -31,12 +31,7 @@ class LatexOnlyGrader(BaseGrader):
     def evaluate(self, response: str = "", **kwargs: Any) -> GraderScore:
         answer = final_answer(response or "")
         if answer is None:
-            return GraderScore(
-                name=self.name,
-                score=0.0,
-                reason="no final answer after </think>",
-                metadata={"answer_found": False},
-            )
+            return no_answer(self.name)
         ok = _DELIMITED_RE.match(answer) is not None or _ENVIRONMENT_RE.match(answer) is not None
         return GraderScore(
             name=self.name,

@@ -10,7 +10,7 @@ from typing import Any
 
 from grpcgrade.grader import BaseGrader, GraderMode, GraderScore
 
-from .parsing import NUMBER_RE, final_answer
+from .parsing import NUMBER_RE, final_answer, no_answer
 
 
 class MathExactGrader(BaseGrader):
@@ -26,12 +26,7 @@ class MathExactGrader(BaseGrader):
     def evaluate(self, response: str = "", reference: str = "", **kwargs: Any) -> GraderScore:
         answer = final_answer(response or "")
         if answer is None:
-            return GraderScore(
-                name=self.name,
-                score=0.0,
-                reason="no final answer after </think>",
-                metadata={"answer_found": False, "gold": None, "numbers_in_answer": 0},
-            )
+            return no_answer(self.name, gold=None, numbers_in_answer=0)
         numbers = NUMBER_RE.findall(answer)
         gold_match = NUMBER_RE.search(reference or "")
         gold = gold_match.group(0) if gold_match else None

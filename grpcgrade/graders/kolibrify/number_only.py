@@ -6,7 +6,7 @@ from typing import Any
 
 from grpcgrade.grader import BaseGrader, GraderMode, GraderScore
 
-from .parsing import NUMBER_RE, final_answer
+from .parsing import NO_ANSWER, NUMBER_RE, final_answer
 
 # (extra characters below, reward), checked in order; 0 extra characters scores 1.0, 50 or more 0.0.
 _TIERS = ((10, 0.5), (20, 0.4), (30, 0.3), (40, 0.2), (50, 0.1))
@@ -38,7 +38,7 @@ class NumberOnlyGrader(BaseGrader):
             return GraderScore(
                 name=self.name,
                 score=0.0,
-                reason="no final answer after </think>" if answer is None else "no number in the final answer",
+                reason=NO_ANSWER if answer is None else "no number in the final answer",
                 metadata={"answer_found": answer is not None, "number": None, "extra_chars": None},
             )
         extra_chars = len(answer) - len(match.group(0))

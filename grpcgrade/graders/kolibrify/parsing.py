@@ -14,6 +14,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from grpcgrade.grader import GraderScore
+
 OPEN_TAG = "<think>"
 CLOSE_TAG = "</think>"
 
@@ -43,6 +45,14 @@ def split_think(completion: str) -> tuple[str | None, str | None]:
 def final_answer(completion: str) -> str | None:
     """The text after `</think>`, or None when the completion does not parse (see `split_think`)."""
     return split_think(completion)[1]
+
+
+NO_ANSWER = "no final answer after </think>"
+
+
+def no_answer(name: str, **metadata: Any) -> GraderScore:
+    """Kolibrify's answer graders score 0 when the completion has no `<think>...</think>` answer part."""
+    return GraderScore(name=name, score=0.0, reason=NO_ANSWER, metadata={"answer_found": False, **metadata})
 
 
 def answer_or_completion(completion: str) -> str:
