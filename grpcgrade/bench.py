@@ -14,6 +14,7 @@ import os
 import random
 import statistics
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -204,9 +205,11 @@ def bench_service(
     from .convert import sample_to_pb
     from .testing import start_server
 
-    server = start_server(workdir, "--workers", str(workers), "--log-level", "warning", metrics=metrics)
     figures: dict[str, float] = {}
     notes: dict[str, Any] = {}
+    started = time.perf_counter()
+    server = start_server(workdir, "--workers", str(workers), "--log-level", "warning", metrics=metrics)
+    notes["start_to_serving_s"] = round(time.perf_counter() - started, 2)
     try:
         spec = [{"name": preset.grader, "params": preset.params}]
         messages = [sample_to_pb(s) for s in samples]
@@ -227,6 +230,61 @@ def bench_service(
     finally:
         server.stop()
     return figures, notes
+
+
+def rss_mib(pid: int) -> float:
+    """Resident memory of a process and its children (the worker pool), from /proc."""
+    total = 0.0
+    pids = [pid] + [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and _parent(p) == pid]
+    for p in pids:
+        try:
+            for line in Path(f"/proc/{p}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1]) / 1024
+        except OSError:
+            continue
+    return total
+
+
+def _parent(proc: Path) -> int:
+    try:
+        return int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return -1
+
+
+def bench_stream_memory(total: int, workers: int, chunk: int = 10_000) -> dict[str, Any]:
+    """Stream `total` cheap samples through one server, chunk by chunk, and watch its RSS stay flat."""
+    from .convert import sample_to_pb
+    from .testing import start_server
+
+    template = [sample_to_pb(s) for s in make_samples("json", chunk)]
+    peak, stop = 0.0, threading.Event()
+    with tempfile.TemporaryDirectory() as tmp:
+        server = start_server(Path(tmp), "--workers", str(workers), "--log-level", "warning", metrics=False)
+        try:
+            start_rss = rss_mib(server.proc.pid)
+
+            def watch() -> None:
+                nonlocal peak
+                while not stop.wait(0.25):
+                    peak = max(peak, rss_mib(server.proc.pid))
+
+            watcher = threading.Thread(target=watch, daemon=True)
+            watcher.start()
+            started = time.perf_counter()
+            answered = 0
+            with server.client(timeout=600, chunk_size=chunk, max_in_flight=2) as client:
+                for _ in range(0, total, chunk):
+                    answered += len(client.batch_evaluate(template, ["json_validator"]))
+            elapsed = time.perf_counter() - started
+            stop.set()
+            watcher.join()
+            end_rss = rss_mib(server.proc.pid)
+        finally:
+            server.stop()
+    return {"stream_samples": answered, "stream_items_per_second": round(answered / elapsed),
+            "server_rss_mib": {"start": round(start_rss), "peak": round(peak), "end": round(end_rss)}}
 
 
 def run_bench(

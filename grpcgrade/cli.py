@@ -164,7 +164,12 @@ def cmd_health(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from .bench import run_bench
+    from .bench import bench_stream_memory, run_bench
+
+    if args.stream:
+        result = bench_stream_memory(args.stream, workers=args.workers or 0)
+        print(json.dumps(result, indent=None if args.json else 2))
+        return 0
 
     report = run_bench(
         args.grader, samples=args.samples, workers=args.workers, unary_calls=args.unary_calls,
@@ -247,6 +252,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--unary-calls", type=int, default=20_000)
     p.add_argument("--concurrency", type=int, default=32, help="concurrent unary callers")
     p.add_argument("--compare-metrics", action="store_true", help="also run the batch with metrics off")
+    p.add_argument("--stream", type=int, metavar="N", help="instead: stream N samples and report the server's RSS")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_bench)
 
