@@ -56,9 +56,10 @@ def _bare_chrf() -> Callable[[dict[str, Any]], object]:
 
 
 def _bare_rouge_l() -> Callable[[dict[str, Any]], object]:
-    from rouge_score.rouge_scorer import RougeScorer
+    """rouge_score's RougeScorer configured as the reference configures it (jieba words, Porter stems)."""
+    from .graders.text.similarity_metrics import make_rouge
 
-    scorer = RougeScorer(["rougeL"])
+    scorer = make_rouge(("rougeL",), True)
     return lambda s: scorer.score(s["reference"], s["response"])["rougeL"].fmeasure
 
 
@@ -304,10 +305,14 @@ def run_bench(
         figures, notes = bench_service(preset, data, workers, unary_calls, concurrency, True, Path(tmp))
         report.figures.update(figures)
         report.notes.update(notes)
-        if compare_metrics:
-            off, _ = bench_service(preset, data, workers, 0, concurrency, False, Path(tmp))
-            report.figures["batch_evaluate_grpc_no_metrics"] = off["batch_evaluate_grpc"]
-            report.notes["metrics_cost"] = f"{1 - figures['batch_evaluate_grpc'] / off['batch_evaluate_grpc']:+.1%}"
+        if compare_metrics:  # alternate off/on runs and keep the best of each: one run is noisier than 5%
+            on, off = [figures["batch_evaluate_grpc"]], []
+            for metrics_on in (False, True, False):
+                run, _ = bench_service(preset, data, workers, 0, concurrency, metrics_on, Path(tmp))
+                (on if metrics_on else off).append(run["batch_evaluate_grpc"])
+            report.figures["batch_evaluate_grpc"] = max(on)
+            report.figures["batch_evaluate_grpc_no_metrics"] = max(off)
+            report.notes["metrics_cost"] = f"{1 - max(on) / max(off):+.1%}"
     if "openjudge_grading_runner" in report.figures:
         report.notes["grpc_batch_vs_reference_runner"] = round(
             report.figures["batch_evaluate_grpc"] / report.figures["openjudge_grading_runner"], 2

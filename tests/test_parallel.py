@@ -1,0 +1,41 @@
+"""The worker-pool path gives exactly the results of the inline path."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from conftest import start_server
+from google.protobuf.json_format import MessageToDict
+
+WORDS = "the a cat dog sat on mat rug reward policy 机器 学习 是 人工 智能 , . ! 3.14 42".split()
+HEAVY = [
+    {"name": "similarity", "key": "chrf", "params": {"algorithm": "chrf"}},
+    {"name": "similarity", "key": "rougeL", "params": {"algorithm": "rougeL"}},
+    {"name": "similarity", "key": "bleu", "params": {"algorithm": "bleu"}},
+    {"name": "similarity", "key": "meteor", "params": {"algorithm": "meteor"}},
+    {"name": "similarity", "key": "cosine", "params": {"algorithm": "cosine"}},
+    {"name": "ngram_repetition_penalty", "key": "ngram", "params": {"tokenizer_type": "jieba"}},
+    {"name": "string_match", "key": "overlap", "params": {"algorithm": "word_overlap"}},
+]
+
+
+@pytest.fixture(scope="module")
+def inline_server(tmp_path_factory, plugin_env):
+    srv = start_server(tmp_path_factory.mktemp("inline"), "--workers", "0", env=plugin_env)
+    yield srv
+    srv.stop()
+
+
+def test_worker_pool_and_inline_grading_agree(server, inline_server):
+    rng = random.Random(11)
+
+    def text() -> str:
+        return " ".join(rng.choice(WORDS) for _ in range(rng.randint(0, 30)))
+
+    samples = [{"id": str(i), "response": text(), "reference": text()} for i in range(300)]
+    with server.client(timeout=120, chunk_size=70) as pooled, inline_server.client(timeout=120) as inline:
+        by_pool = pooled.batch_evaluate(samples, HEAVY)
+        by_inline = inline.batch_evaluate(samples, HEAVY)
+    assert [MessageToDict(r) for r in by_pool] == [MessageToDict(r) for r in by_inline]
+    assert all(not res.HasField("error") for r in by_pool for res in r.results)
