@@ -22,7 +22,8 @@ proto: $(STAMP)
 	$(BIN)/python -m grpc_tools.protoc -I proto --python_out=. --pyi_out=. --grpc_python_out=. proto/grpcgrade/v1/grading.proto
 
 lint: $(STAMP)
-	$(BIN)/ruff check grpcgrade tests plugins
+	$(BIN)/ruff check grpcgrade tests plugins scripts
+	$(BIN)/ruff format --check grpcgrade tests plugins scripts
 
 bench: $(STAMP)
 	$(BIN)/grpcgrade bench

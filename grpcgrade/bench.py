@@ -79,8 +79,7 @@ def make_samples(kind: str, n: int, seed: int = 7) -> list[dict[str, Any]]:
 
     if kind == "json":
         return [
-            {"response": json.dumps({"answer": text()[:400], "n": i}) if i % 10 else text()[:400]}
-            for i in range(n)
+            {"response": json.dumps({"answer": text()[:400], "n": i}) if i % 10 else text()[:400]} for i in range(n)
         ]
     return [{"response": text(), "reference": text()} for _ in range(n)]
 
@@ -109,15 +108,20 @@ class Report:
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "grader": self.grader, "params": self.params, "samples": self.samples, "workers": self.workers,
+            "grader": self.grader,
+            "params": self.params,
+            "samples": self.samples,
+            "workers": self.workers,
             "items_per_second": {k: round(v, 1) for k, v in self.figures.items()},
             "ratio_to_bare_loop": {k: round(self.ratio(k), 3) for k in self.figures},
             **self.notes,
         }
 
     def text(self) -> str:
-        lines = [f"grader {self.grader} {json.dumps(self.params)}: {self.samples} samples, {self.workers} workers,"
-                 f" {os.cpu_count()} cores"]
+        lines = [
+            f"grader {self.grader} {json.dumps(self.params)}: {self.samples} samples, {self.workers} workers,"
+            f" {os.cpu_count()} cores"
+        ]
         for key, value in self.figures.items():
             lines.append(f"  {key:<28} {value:>12,.0f} items/s   {self.ratio(key):6.3f} x bare loop")
         for key, value in self.notes.items():
@@ -134,8 +138,15 @@ def bench_in_process(preset: Preset, samples: list[dict[str, Any]]) -> dict[str,
     inputs = grader.input_names()
     limits = Limits()
     kwargs = [
-        select(build_kwargs({"query": "", "response": s["response"], "reference": s.get("reference", ""),
-                             "context": ""}, [], {}, limits), inputs)
+        select(
+            build_kwargs(
+                {"query": "", "response": s["response"], "reference": s.get("reference", ""), "context": ""},
+                [],
+                {},
+                limits,
+            ),
+            inputs,
+        )
         for s in samples
     ]
     grader.evaluate(**kwargs[0])  # build lazy state outside the timing
@@ -200,8 +211,13 @@ def _histogram_p99(before: dict[Any, float], after: dict[Any, float], method: st
 
 
 def bench_service(
-    preset: Preset, samples: list[dict[str, Any]], workers: int, unary_calls: int, concurrency: int,
-    metrics: bool, workdir: Path,
+    preset: Preset,
+    samples: list[dict[str, Any]],
+    workers: int,
+    unary_calls: int,
+    concurrency: int,
+    metrics: bool,
+    workdir: Path,
 ) -> tuple[dict[str, float], dict[str, Any]]:
     from .convert import sample_to_pb
     from .testing import start_server
@@ -284,13 +300,20 @@ def bench_stream_memory(total: int, workers: int, chunk: int = 10_000) -> dict[s
             end_rss = rss_mib(server.proc.pid)
         finally:
             server.stop()
-    return {"stream_samples": answered, "stream_items_per_second": round(answered / elapsed),
-            "server_rss_mib": {"start": round(start_rss), "peak": round(peak), "end": round(end_rss)}}
+    return {
+        "stream_samples": answered,
+        "stream_items_per_second": round(answered / elapsed),
+        "server_rss_mib": {"start": round(start_rss), "peak": round(peak), "end": round(end_rss)},
+    }
 
 
 def run_bench(
-    grader: str = "json_validator", samples: int | None = None, workers: int | None = None,
-    unary_calls: int = 20_000, concurrency: int = 32, compare_metrics: bool = False,
+    grader: str = "json_validator",
+    samples: int | None = None,
+    workers: int | None = None,
+    unary_calls: int = 20_000,
+    concurrency: int = 32,
+    compare_metrics: bool = False,
 ) -> Report:
     preset = PRESETS[grader]
     n = samples or preset.samples

@@ -172,8 +172,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return 0
 
     report = run_bench(
-        args.grader, samples=args.samples, workers=args.workers, unary_calls=args.unary_calls,
-        concurrency=args.concurrency, compare_metrics=args.compare_metrics,
+        args.grader,
+        samples=args.samples,
+        workers=args.workers,
+        unary_calls=args.unary_calls,
+        concurrency=args.concurrency,
+        compare_metrics=args.compare_metrics,
     )
     print(json.dumps(report.as_dict(), indent=2) if args.json else report.text())
     return 0

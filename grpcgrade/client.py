@@ -103,7 +103,9 @@ class _Base:
         sample: Mapping[str, Any] | pb.Sample, graders: Graders, reward: str, grader_timeout: float
     ) -> pb.EvaluateRequest:
         return pb.EvaluateRequest(
-            graders=specs_to_pb(graders), sample=sample_to_pb(sample), reward=reward,
+            graders=specs_to_pb(graders),
+            sample=sample_to_pb(sample),
+            reward=reward,
             grader_timeout_seconds=grader_timeout,
         )
 
@@ -295,8 +297,9 @@ def reward_function(
             row = {k: v[i] for k, v in columns.items() if isinstance(v, Sequence) and not isinstance(v, str)}
             reference = next((row.pop(k) for k in ("reference", "answer", "ground_truth") if k in row), "")
             extra = {k: v for k, v in row.items() if _json_safe(v)}
-            samples.append({"query": _text(prompt), "response": _text(completion), "reference": str(reference),
-                            "extra": extra})
+            samples.append(
+                {"query": _text(prompt), "response": _text(completion), "reference": str(reference), "extra": extra}
+            )
         results = client.batch_evaluate(samples, graders, reward)
         return [r.reward if r.HasField("reward") and math.isfinite(r.reward) else None for r in results]
 

@@ -62,7 +62,10 @@ def fill_result(out: pb.GraderResult, key: str, grader: str, result: GraderResul
 
 
 def fill_response(
-    out: pb.EvaluateResponse, sample_id: str, labels: list[tuple[str, str]], results: list[GraderResult],
+    out: pb.EvaluateResponse,
+    sample_id: str,
+    labels: list[tuple[str, str]],
+    results: list[GraderResult],
     reward: float | None,
 ) -> None:
     """`labels` holds (key, grader name) per spec, in the request's order."""

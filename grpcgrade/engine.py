@@ -88,9 +88,7 @@ class Engine:
         for spec in specs:
             grader = self.registry.build(spec.name, spec.params)
             canonical = self.registry.entry(spec.name).name
-            remote = (
-                self.pool is not None and grader.heavy and grader.is_sync and canonical not in self._local
-            )
+            remote = self.pool is not None and grader.heavy and grader.is_sync and canonical not in self._local
             inputs = self._inputs.get(grader)
             if inputs is None:  # signature inspection costs ~60 µs: once per built grader, not per call
                 inputs = self._inputs[grader] = grader.input_names()
@@ -99,9 +97,7 @@ class Engine:
 
     # -- grading ------------------------------------------------------------------------------------
 
-    async def _run_job(
-        self, job: Job, batch: list[dict[str, Any]], timeout: float | None
-    ) -> list[GraderResult]:
+    async def _run_job(self, job: Job, batch: list[dict[str, Any]], timeout: float | None) -> list[GraderResult]:
         if not batch:
             return []
         start = time.perf_counter()

@@ -53,15 +53,18 @@ def _rewrap(
 def _checked_first(behavior: Callable[..., Any], kind: str, check: Check) -> Callable[..., Any]:
     """`behavior`, run only after `check(request, context)` has returned (it aborts the call to refuse it)."""
     if inspect.isasyncgenfunction(behavior):
+
         async def checked_stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
             await check(request, context)
             async for item in behavior(request, context):
                 yield item
+
         return checked_stream
 
     async def checked(request: Any, context: grpc.aio.ServicerContext) -> Any:
         await check(request, context)
         return await behavior(request, context)
+
     return checked
 
 
@@ -208,7 +211,12 @@ class ObservingInterceptor(_Wrapping):
                 details = context.details() if hasattr(context, "details") else ""
                 log.warning(
                     "rpc %s/%s request_id=%s code=%s seconds=%.4f details=%s",
-                    service, method, rid, code, elapsed, details or (repr(exc) if exc else ""),
+                    service,
+                    method,
+                    rid,
+                    code,
+                    elapsed,
+                    details or (repr(exc) if exc else ""),
                 )
 
         async def counted(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
@@ -218,6 +226,7 @@ class ObservingInterceptor(_Wrapping):
                 yield r
 
         if inspect.isasyncgenfunction(behavior):
+
             async def stream_behavior(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
                 rid, t0 = begin(context)
                 if streaming_in:
@@ -235,6 +244,7 @@ class ObservingInterceptor(_Wrapping):
                     raise
                 finally:
                     finish(context, rid, t0, exc)
+
             return stream_behavior
 
         async def unary_behavior(request: Any, context: grpc.aio.ServicerContext) -> Any:
@@ -255,4 +265,5 @@ class ObservingInterceptor(_Wrapping):
                 raise
             finally:
                 finish(context, rid, t0, exc)
+
         return unary_behavior

@@ -22,7 +22,24 @@ from .plugins import PluginInfo
 
 # gRFC A66 latency buckets, as grpc's own OpenTelemetry plugin uses.
 LATENCY_BUCKETS = (
-    0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
+    0.0001,
+    0.0005,
+    0.001,
+    0.002,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
 )
 BATCH_BUCKETS = (1, 8, 32, 128, 256, 1024, 4096, 16384, 65536, 262144)
 
@@ -34,38 +51,54 @@ class Metrics:
         rpc = ["grpc_type", "grpc_service", "grpc_method"]
         self.started = Counter("grpc_server_started", "RPCs started on the server.", rpc, registry=r)
         self.handled = Counter(
-            "grpc_server_handled", "RPCs completed on the server, regardless of success or failure.",
-            [*rpc, "grpc_code"], registry=r,
+            "grpc_server_handled",
+            "RPCs completed on the server, regardless of success or failure.",
+            [*rpc, "grpc_code"],
+            registry=r,
         )
-        self.received = Counter("grpc_server_msg_received", "RPC stream messages received on the server.", rpc,
-                                registry=r)
+        self.received = Counter(
+            "grpc_server_msg_received", "RPC stream messages received on the server.", rpc, registry=r
+        )
         self.sent = Counter("grpc_server_msg_sent", "gRPC stream messages sent by the server.", rpc, registry=r)
         self.handling = Histogram(
-            "grpc_server_handling_seconds", "Response latency (seconds) of gRPC handled by the server.", rpc,
-            buckets=LATENCY_BUCKETS, registry=r,
+            "grpc_server_handling_seconds",
+            "Response latency (seconds) of gRPC handled by the server.",
+            rpc,
+            buckets=LATENCY_BUCKETS,
+            registry=r,
         )
         self.evaluations = Counter(
-            "grpcgrade_evaluations", "Samples graded, per grader and outcome (ok or error).", ["grader", "outcome"],
+            "grpcgrade_evaluations",
+            "Samples graded, per grader and outcome (ok or error).",
+            ["grader", "outcome"],
             registry=r,
         )
         self.grading_seconds = Counter(
-            "grpcgrade_grader_seconds", "Seconds spent grading, per grader (rate / evaluations = mean latency).",
-            ["grader"], registry=r,
+            "grpcgrade_grader_seconds",
+            "Seconds spent grading, per grader (rate / evaluations = mean latency).",
+            ["grader"],
+            registry=r,
         )
         self.chunk_seconds = Histogram(
-            "grpcgrade_grader_chunk_seconds", "Seconds one grader took for one chunk of samples.", ["grader"],
-            buckets=LATENCY_BUCKETS, registry=r,
+            "grpcgrade_grader_chunk_seconds",
+            "Seconds one grader took for one chunk of samples.",
+            ["grader"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
         )
         self.batch_samples = Histogram(
             "grpcgrade_batch_samples", "Samples per BatchEvaluate call.", buckets=BATCH_BUCKETS, registry=r
         )
         self.in_flight = Gauge("grpcgrade_samples_in_flight", "Samples accepted and not yet answered.", registry=r)
         self.workers = Gauge("grpcgrade_workers_alive", "Worker processes alive.", registry=r)
-        self.worker_restarts = Gauge("grpcgrade_worker_pool_restarts", "Times the worker pool was replaced.",
-                                     registry=r)
+        self.worker_restarts = Gauge(
+            "grpcgrade_worker_pool_restarts", "Times the worker pool was replaced.", registry=r
+        )
         self.plugins = Gauge(
-            "grpcgrade_plugin_info", "Plugins found, with version and load status (value 1).",
-            ["plugin", "distribution", "version", "status"], registry=r,
+            "grpcgrade_plugin_info",
+            "Plugins found, with version and load status (value 1).",
+            ["plugin", "distribution", "version", "status"],
+            registry=r,
         )
         self.build = Gauge(
             "grpcgrade_build_info", "Build information (value 1).", ["version", "python", "grpcio"], registry=r

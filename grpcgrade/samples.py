@@ -37,9 +37,7 @@ def check_field(name: str, value: str, limits: Limits) -> None:
         )
 
 
-def build_kwargs(
-    fields: dict[str, str], responses: list[str], extra: dict[str, Any], limits: Limits
-) -> dict[str, Any]:
+def build_kwargs(fields: dict[str, str], responses: list[str], extra: dict[str, Any], limits: Limits) -> dict[str, Any]:
     """All the keyword arguments a grader could ask for; `select` then keeps what each grader declares.
 
     `fields` becomes the result (no copy: this runs once per sample on the hot path).

@@ -172,8 +172,13 @@ async def serve(opts: ServeOptions) -> int:
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     log.info(
         "grpcgrade serving on %s:%d (%d graders, %d rewards, %d workers%s%s)",
-        opts.host, port, len(registry.entries), len(config.rewards), workers,
-        ", TLS" if creds else "", f", metrics on {opts.metrics_host}:{opts.metrics_port}" if metrics else "",
+        opts.host,
+        port,
+        len(registry.entries),
+        len(config.rewards),
+        workers,
+        ", TLS" if creds else "",
+        f", metrics on {opts.metrics_host}:{opts.metrics_port}" if metrics else "",
     )
 
     stop = asyncio.Event()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import AsyncIterator, Iterator
 
 import grpc
@@ -16,8 +15,6 @@ from .registry import UnknownGrader
 from .samples import Limits
 from .v1 import grading_pb2 as pb
 from .v1 import grading_pb2_grpc as pb_grpc
-
-log = logging.getLogger(__name__)
 
 CHEAP_CHUNK = 256  # measured: gains level off at 256-1024 samples per message
 HEAVY_CHUNK = 32  # smaller chunks spread a batch of heavy work over every worker

@@ -87,7 +87,11 @@ class ServerProcess:
 
 
 def start_server(
-    workdir: Path, *args: str, env: dict[str, str] | None = None, wait: float = 60, metrics: bool = True,
+    workdir: Path,
+    *args: str,
+    env: dict[str, str] | None = None,
+    wait: float = 60,
+    metrics: bool = True,
     credentials: grpc.ChannelCredentials | None = None,
 ) -> ServerProcess:
     """`grpcgrade serve` on free loopback ports; returns once health says SERVING.
@@ -96,11 +100,21 @@ def start_server(
     """
     port, metrics_port = free_port(), (free_port() if metrics else 0)
     log_path = Path(workdir) / f"server-{port}.log"
-    cmd = [sys.executable, "-m", "grpcgrade.cli", "serve", "--port", str(port), "--metrics-port", str(metrics_port),
-           *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "grpcgrade.cli",
+        "serve",
+        "--port",
+        str(port),
+        "--metrics-port",
+        str(metrics_port),
+        *args,
+    ]
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
-                                cwd=workdir)
+        proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, cwd=workdir
+        )
     server = ServerProcess(proc, port, metrics_port, log_path)
     deadline = time.monotonic() + wait
     while time.monotonic() < deadline:

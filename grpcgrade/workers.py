@@ -69,7 +69,9 @@ class WorkerPool:
         root = logging.getLogger()
         formatter = root.handlers[0].formatter if root.handlers else None
         executor = ProcessPoolExecutor(
-            max_workers=self.size, mp_context=multiprocessing.get_context("spawn"), initializer=_init_worker,
+            max_workers=self.size,
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=_init_worker,
             initargs=(root.getEffectiveLevel(), formatter),
         )
         # Start every worker now, not on the first heavy request; the pings also say when they are up.
@@ -120,7 +122,11 @@ class WorkerPool:
         return [r for res, _ in parts for r in res], sum(s for _, s in parts)
 
     async def _submit(
-        self, executor: ProcessPoolExecutor, name: str, params: dict[str, Any], batch: list[dict[str, Any]],
+        self,
+        executor: ProcessPoolExecutor,
+        name: str,
+        params: dict[str, Any],
+        batch: list[dict[str, Any]],
         timeout: float | None,
     ) -> tuple[list[GraderResult], float]:
         """Run one chunk; the watchdog starts when a worker takes the chunk, not while it waits its turn."""

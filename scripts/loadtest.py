@@ -42,7 +42,7 @@ MIXES: list[list[pb.GraderSpec]] = [
         [{"name": "similarity", "params": {"algorithm": "chrf"}}, {"name": "json_match", "key": "jm", "gate": True}],
     )
 ]
-WORDS = "the model answers 42 because 6 times 7 is 42 and nothing else { } [ ] \" : , 漢字 é".split()
+WORDS = 'the model answers 42 because 6 times 7 is 42 and nothing else { } [ ] " : , 漢字 é'.split()
 
 
 def make_samples(rng: random.Random, n: int) -> list[pb.Sample]:
@@ -128,9 +128,7 @@ def run_stream(
                 tally.failures[failure] += 1
 
 
-def sample_rss(
-    pid: int, interval: float, stop: threading.Event, out: list[tuple[float, int]], verbose: bool
-) -> None:
+def sample_rss(pid: int, interval: float, stop: threading.Event, out: list[tuple[float, int]], verbose: bool) -> None:
     t0 = time.monotonic()
     while True:
         out.append((time.monotonic() - t0, tree_rss_kib(pid)))

@@ -26,8 +26,18 @@ def plugin_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     site = tmp_path_factory.mktemp("plugin-site")
     for name in ("grpcgrade-testplugin", "grpcgrade-broken", "grpcgrade-raising", "grpcgrade-clashing"):
         subprocess.run(
-            [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-             "--target", str(site), str(TEST_PLUGINS / name)],
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--no-deps",
+                "--no-build-isolation",
+                "--target",
+                str(site),
+                str(TEST_PLUGINS / name),
+            ],
             check=True,
         )
     return site

@@ -10,8 +10,9 @@ from grpcgrade import __version__
 
 
 def grpcgrade(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "grpcgrade.cli", *args], capture_output=True, text=True,
-                          timeout=120, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "grpcgrade.cli", *args], capture_output=True, text=True, timeout=120, env=env
+    )
 
 
 def test_version():
@@ -32,21 +33,34 @@ def test_eval_grades_a_jsonl_file_through_a_server(server, tmp_path):
     rows = [{"id": "a", "response": '{"x": 1}'}, {"id": "b", "response": "{nope"}, {"id": "c", "response": "[]"}]
     source = tmp_path / "in.jsonl"
     source.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    out = grpcgrade("eval", str(source), "--grader", "json_validator", "--target", server.target,
-                    "-o", str(tmp_path / "out.jsonl"))
+    out = grpcgrade(
+        "eval", str(source), "--grader", "json_validator", "--target", server.target, "-o", str(tmp_path / "out.jsonl")
+    )
     assert out.returncode == 0, out.stderr
     assert "3/3" in out.stderr  # the progress bar's last state
     lines = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
-    assert [(x["id"], x["results"][0]["score"], x["reward"]) for x in lines] == [("a", 1.0, 1.0), ("b", 0.0, 0.0),
-                                                                                 ("c", 1.0, 1.0)]
+    assert [(x["id"], x["results"][0]["score"], x["reward"]) for x in lines] == [
+        ("a", 1.0, 1.0),
+        ("b", 0.0, 0.0),
+        ("c", 1.0, 1.0),
+    ]
     assert [x["sample"] for x in lines] == rows
 
 
 def test_eval_with_params_and_health(server, tmp_path):
     source = tmp_path / "in.jsonl"
     source.write_text(json.dumps({"response": "abc", "reference": "abd"}) + "\n")
-    out = grpcgrade("eval", str(source), "--grader", "similarity", "--params", '{"algorithm": "edit_distance"}',
-                    "--target", server.target, "-q")
+    out = grpcgrade(
+        "eval",
+        str(source),
+        "--grader",
+        "similarity",
+        "--params",
+        '{"algorithm": "edit_distance"}',
+        "--target",
+        server.target,
+        "-q",
+    )
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["results"][0]["score"] == 1 - 1 / 3  # one substitution in three characters
     health = grpcgrade("health", "--target", server.target)

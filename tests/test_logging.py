@@ -43,15 +43,24 @@ def evaluate(stub: pb_grpc.GradingServiceStub, graders: list[Any], request_id: s
 @pytest.fixture(scope="module")
 def debug_log(tmp_path_factory: pytest.TempPathFactory, plugin_env: dict[str, str]) -> list[str]:
     """The whole output of a server run at debug level in JSON, after known traffic and a SIGTERM."""
-    server = start_server(tmp_path_factory.mktemp("logs"), "--workers", "2", "--log-format", "json",
-                          "--log-level", "debug", env=plugin_env)
+    server = start_server(
+        tmp_path_factory.mktemp("logs"),
+        "--workers",
+        "2",
+        "--log-format",
+        "json",
+        "--log-level",
+        "debug",
+        env=plugin_env,
+    )
     try:
         with grpc.insecure_channel(server.target) as channel:
             stub = pb_grpc.GradingServiceStub(channel)
             evaluate(stub, ["json_validator"], "req-cheap")
             evaluate(stub, [{"name": "similarity", "params": {"algorithm": "chrf"}}], "req-heavy")  # in a worker
-            batch = pb.BatchEvaluateRequest(graders=specs_to_pb(["json_validator"]), chunk_size=2,
-                                            samples=[pb.Sample(response="1")] * 5)
+            batch = pb.BatchEvaluateRequest(
+                graders=specs_to_pb(["json_validator"]), chunk_size=2, samples=[pb.Sample(response="1")] * 5
+            )
             assert len(list(stub.BatchEvaluate(batch, timeout=30, metadata=(("x-request-id", "req-batch"),)))) == 3
             evaluate(stub, ["json_validator"], None)
             with pytest.raises(grpc.RpcError) as err:
@@ -94,8 +103,11 @@ def test_a_failed_call_logs_a_warning_with_its_request_id_and_code(debug_log):
 def test_sigterm_says_not_serving_finishes_the_call_in_flight_and_exits_zero(tmp_path, plugin_env):
     server = start_server(tmp_path, "--workers", "2", "--log-format", "json", "--grace", "60", env=plugin_env)
     n = 40  # 40 x 50 ms of grading on 2 workers: still in flight when the signal arrives
-    request = pb.BatchEvaluateRequest(graders=specs_to_pb([{"name": "sleepy", "params": {"seconds": 0.05}}]),
-                                      chunk_size=2, samples=[pb.Sample(id=str(i), response="x") for i in range(n)])
+    request = pb.BatchEvaluateRequest(
+        graders=specs_to_pb([{"name": "sleepy", "params": {"seconds": 0.05}}]),
+        chunk_size=2,
+        samples=[pb.Sample(id=str(i), response="x") for i in range(n)],
+    )
     with grpc.insecure_channel(server.target) as channel:
         watch = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(), timeout=60)
         assert next(watch).status == SERVING

@@ -79,8 +79,9 @@ class Scrapes:
 def send_traffic(stub: pb_grpc.GradingServiceStub) -> None:
     for i in range(N_OK):
         sample = {"response": json.dumps({"answer": i}), "reference": '{"answer": 1}'}
-        stub.Evaluate(pb.EvaluateRequest(graders=specs_to_pb(["json_validator", CHRF]), sample=sample_to_pb(sample)),
-                      timeout=30)
+        stub.Evaluate(
+            pb.EvaluateRequest(graders=specs_to_pb(["json_validator", CHRF]), sample=sample_to_pb(sample)), timeout=30
+        )
     for graders, code in (
         (["no_such_grader"], grpc.StatusCode.NOT_FOUND),
         ([], grpc.StatusCode.INVALID_ARGUMENT),  # names neither a grader nor a reward
@@ -92,8 +93,9 @@ def send_traffic(stub: pb_grpc.GradingServiceStub) -> None:
         {"response": json.dumps({"a": i}), "reference": '{"a": 1}', "extra": {"method": "nope"} if i in BAD else {}}
         for i in range(M)
     ]
-    request = pb.BatchEvaluateRequest(graders=specs_to_pb(["json_validator", FUZZY]),
-                                      samples=[sample_to_pb(s) for s in samples], chunk_size=CHUNK)
+    request = pb.BatchEvaluateRequest(
+        graders=specs_to_pb(["json_validator", FUZZY]), samples=[sample_to_pb(s) for s in samples], chunk_size=CHUNK
+    )
     messages = list(stub.BatchEvaluate(request, timeout=30))
     assert len(messages) == MESSAGES
     errors = sorted(i.index for m in messages for i in m.items if i.result.results[1].HasField("error"))
@@ -110,21 +112,26 @@ def scrapes(tmp_path_factory: pytest.TempPathFactory, plugin_env: dict[str, str]
             traffic = scrape(server)
             exposition = urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=5).read()
 
-            slow = pb.BatchEvaluateRequest(graders=specs_to_pb([{"name": "sleepy", "params": {"seconds": 0.1}}]),
-                                           samples=[pb.Sample(response="x")] * CANCELLED_SAMPLES, chunk_size=1)
+            slow = pb.BatchEvaluateRequest(
+                graders=specs_to_pb([{"name": "sleepy", "params": {"seconds": 0.1}}]),
+                samples=[pb.Sample(response="x")] * CANCELLED_SAMPLES,
+                chunk_size=1,
+            )
             stream = stub.BatchEvaluate(slow, timeout=60)
             next(stream)  # the call is accepted and its first chunk answered
             during = scrape(server)
             stream.cancel()
             wait_for(server, "grpc_server_handled_total", 1, **rpc("BatchEvaluate", grpc_code="CANCELLED"))
 
-            late = pb.EvaluateRequest(graders=specs_to_pb([{"name": "sleepy", "params": {"seconds": 0.5}}]),
-                                      sample=pb.Sample(response="x"))
+            late = pb.EvaluateRequest(
+                graders=specs_to_pb([{"name": "sleepy", "params": {"seconds": 0.5}}]), sample=pb.Sample(response="x")
+            )
             with pytest.raises(grpc.RpcError) as err:
                 stub.Evaluate(late, timeout=0.1)
             assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-            cancelled = wait_for(server, "grpc_server_handled_total", 1,
-                                 **rpc("Evaluate", grpc_code="DEADLINE_EXCEEDED"))
+            cancelled = wait_for(
+                server, "grpc_server_handled_total", 1, **rpc("Evaluate", grpc_code="DEADLINE_EXCEEDED")
+            )
         yield Scrapes(traffic, during, cancelled, exposition)
     finally:
         server.stop()
@@ -134,10 +141,16 @@ def test_started_and_handled_count_every_call_by_method_and_code(scrapes):
     s = scrapes.traffic
     assert value(s, "grpc_server_started_total", **rpc("Evaluate", grpc_type="unary")) == N_OK + 2
     assert value(s, "grpc_server_started_total", **rpc("BatchEvaluate", grpc_type="server_stream")) == 1
-    expected = {("Evaluate", "OK"): N_OK, ("Evaluate", "NOT_FOUND"): 1, ("Evaluate", "INVALID_ARGUMENT"): 1,
-                ("BatchEvaluate", "OK"): 1}
-    handled = {(x.labels["grpc_method"], x.labels["grpc_code"]): x.value
-               for x in matching(s, "grpc_server_handled_total", grpc_service=SERVICE)}
+    expected = {
+        ("Evaluate", "OK"): N_OK,
+        ("Evaluate", "NOT_FOUND"): 1,
+        ("Evaluate", "INVALID_ARGUMENT"): 1,
+        ("BatchEvaluate", "OK"): 1,
+    }
+    handled = {
+        (x.labels["grpc_method"], x.labels["grpc_code"]): x.value
+        for x in matching(s, "grpc_server_handled_total", grpc_service=SERVICE)
+    }
     assert handled == expected
     # the health checks that found the server SERVING went through the same interceptor
     assert value(s, "grpc_server_handled_total", grpc_service="grpc.health.v1.Health", grpc_code="OK") >= 1
@@ -191,19 +204,28 @@ def test_workers_plugins_and_build_are_exported(scrapes):
     assert value(s, "grpcgrade_workers_alive") == 2
     assert value(s, "grpcgrade_worker_pool_restarts") == 0
     plugins = {x.labels["plugin"]: x.labels for x in matching(s, "grpcgrade_plugin_info") if x.value == 1}
-    assert plugins["testplugin"] == {"plugin": "testplugin", "distribution": "grpcgrade-testplugin",
-                                     "version": "0.3.1", "status": "loaded"}
+    assert plugins["testplugin"] == {
+        "plugin": "testplugin",
+        "distribution": "grpcgrade-testplugin",
+        "version": "0.3.1",
+        "status": "loaded",
+    }
     assert plugins["broken"]["status"] == "failed"
     (build,) = matching(s, "grpcgrade_build_info")
     assert build.value == 1
-    assert build.labels == {"version": grpcgrade.__version__, "python": platform.python_version(),
-                            "grpcio": grpc.__version__}
+    assert build.labels == {
+        "version": grpcgrade.__version__,
+        "python": platform.python_version(),
+        "grpcio": grpc.__version__,
+    }
 
 
 def test_cancelled_and_late_calls_are_counted_with_their_codes(scrapes):
     s = scrapes.cancelled
-    assert value(s, "grpc_server_handled_total", **rpc("BatchEvaluate", grpc_type="server_stream",
-                                                        grpc_code="CANCELLED")) == 1
+    assert (
+        value(s, "grpc_server_handled_total", **rpc("BatchEvaluate", grpc_type="server_stream", grpc_code="CANCELLED"))
+        == 1
+    )
     assert value(s, "grpc_server_handled_total", **rpc("Evaluate", grpc_code="DEADLINE_EXCEEDED")) == 1
     assert value(s, "grpc_server_started_total", **rpc("BatchEvaluate")) == 2
     assert value(s, "grpc_server_handling_seconds_count", **rpc("BatchEvaluate")) == 2

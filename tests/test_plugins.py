@@ -37,8 +37,9 @@ def project(dist: str) -> dict[str, Any]:
 
 def run_cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items() if k not in PLUGIN_ENV_VARS}
-    run = subprocess.run([sys.executable, "-m", "grpcgrade.cli", *args], env={**base, **env},
-                         capture_output=True, text=True, timeout=120)
+    run = subprocess.run(
+        [sys.executable, "-m", "grpcgrade.cli", *args], env={**base, **env}, capture_output=True, text=True, timeout=120
+    )
     assert run.returncode == 0, run.stderr
     return run
 
@@ -76,7 +77,10 @@ def test_without_the_allow_list_every_installed_plugin_is_tried(plugin_env: dict
         (entry_point,) = project(dist)["entry-points"]["grpcgrade"]
         assert plugins[entry_point]["version"] == project(dist)["version"]
     assert [plugins[n]["status"] for n in ("testplugin", "broken", "raising", "clashing")] == [
-        "loaded", "failed", "failed", "loaded"
+        "loaded",
+        "failed",
+        "failed",
+        "loaded",
     ]
 
 
@@ -95,16 +99,19 @@ def test_graders_text_names_plugin_and_version_and_failures(plugin_env: dict[str
     lines = run_cli("graders", env=plugin_env).stdout.splitlines()
     version = project("grpcgrade-testplugin")["version"]
     for name in ("shout", "count_word", "longest_first"):
-        assert any(line.startswith(name) and f"from testplugin (grpcgrade-testplugin {version})" in line
-                   for line in lines), name
+        assert any(
+            line.startswith(name) and f"from testplugin (grpcgrade-testplugin {version})" in line for line in lines
+        ), name
     assert any(line.startswith("string_match") and "from text (grpcgrade " in line for line in lines)
     with pytest.raises(ModuleNotFoundError) as missing:  # what grpcgrade_broken's import really raises
         importlib.import_module("grpcgrade_dependency_that_does_not_exist")
     broken = project("grpcgrade-broken")["version"]
     assert f"FAILED plugin broken (grpcgrade-broken {broken}): ModuleNotFoundError: {missing.value}" in lines
     raising = project("grpcgrade-raising")["version"]
-    assert (f"FAILED plugin raising (grpcgrade-raising {raising}): RuntimeError: grpcgrade-raising fails on purpose"
-            in lines)
+    assert (
+        f"FAILED plugin raising (grpcgrade-raising {raising}): RuntimeError: grpcgrade-raising fails on purpose"
+        in lines
+    )
 
 
 # -- isolation and name clashes, in the suite's real server ------------------------------------------------
@@ -114,7 +121,9 @@ def test_a_plugin_raising_in_register_graders_is_isolated(client: GradingClient)
     plugins = {p.name: p for p in client.list_graders().plugins}
     raising = plugins["raising"]
     assert (raising.status, raising.error, list(raising.graders)) == (
-        "failed", "RuntimeError: grpcgrade-raising fails on purpose", []
+        "failed",
+        "RuntimeError: grpcgrade-raising fails on purpose",
+        [],
     )
     assert plugins["testplugin"].status == "loaded"  # the plugins around it register as usual
     (result,) = client.evaluate({"response": "HI", "reference": "hi"}, ["shout"]).results

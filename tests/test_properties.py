@@ -33,9 +33,38 @@ LISTWISE = {"longest_first"}
 # -- strategies --------------------------------------------------------------------------------------
 
 SNIPPETS = [
-    "<think>", "</think>", "<answer>", "</answer>", "\n", " ", "{", "}", "[", "]", '"a"', ":", ",", "42", "-3.5",
-    "1,000", "1e308", "#### 7", "\\boxed{3}", "null", "true", "\x00", "é", "e\u0301", "漢字", "🙂", "\u202e", "\ufeff",
-    "(a+)+$", "GRPC", "grpc", "x",
+    "<think>",
+    "</think>",
+    "<answer>",
+    "</answer>",
+    "\n",
+    " ",
+    "{",
+    "}",
+    "[",
+    "]",
+    '"a"',
+    ":",
+    ",",
+    "42",
+    "-3.5",
+    "1,000",
+    "1e308",
+    "#### 7",
+    "\\boxed{3}",
+    "null",
+    "true",
+    "\x00",
+    "é",
+    "e\u0301",
+    "漢字",
+    "🙂",
+    "\u202e",
+    "\ufeff",
+    "(a+)+$",
+    "GRPC",
+    "grpc",
+    "x",
 ]
 short_text = st.text(max_size=40)
 texts = st.one_of(
@@ -44,21 +73,41 @@ texts = st.one_of(
     st.tuples(st.text(min_size=1, max_size=6), st.integers(1_000, 20_000)).map(lambda t: (t[0] * t[1])[: t[1]]),
 )
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**53), 2**53) | st.floats(allow_nan=False, allow_infinity=False)
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**53), 2**53)
+    | st.floats(allow_nan=False, allow_infinity=False)
     | short_text,
     lambda children: st.lists(children, max_size=3) | st.dictionaries(short_text, children, max_size=3),
     max_leaves=8,
 )
 # Per-sample parameter names the graders read from `extra`, and a standard field's name (which must collide).
 EXTRA_KEYS = [
-    "pattern", "substrings", "case_sensitive", "bidirectional", "ignore_whitespace", "metadata", "completion_tokens",
-    "method", "threshold", "n", "expected_type", "query",
+    "pattern",
+    "substrings",
+    "case_sensitive",
+    "bidirectional",
+    "ignore_whitespace",
+    "metadata",
+    "completion_tokens",
+    "method",
+    "threshold",
+    "n",
+    "expected_type",
+    "query",
 ]
 extras = st.dictionaries(st.sampled_from(EXTRA_KEYS) | short_text, json_values, max_size=4)
 
 STRING_ALGORITHMS = [
-    "exact_match", "prefix_match", "suffix_match", "regex_match", "substring_match", "contains_all", "contains_any",
-    "word_overlap", "char_overlap",
+    "exact_match",
+    "prefix_match",
+    "suffix_match",
+    "regex_match",
+    "substring_match",
+    "contains_all",
+    "contains_any",
+    "word_overlap",
+    "char_overlap",
 ]
 # Cheap similarity metrics, and chrf/rougeL/bleu, which cost milliseconds per sample.
 SIMILARITY_ALGORITHMS = ["fuzzy_match", "edit_distance", "f1_score", "jaccard", "chrf", "rougeL", "bleu"]
@@ -76,7 +125,9 @@ GRADER_PARAMS: dict[str, st.SearchStrategy[dict[str, Any]]] = {
     "length_penalty": st.fixed_dictionaries(
         {},
         optional={
-            "min_length": st.integers(0, 50), "max_length": st.integers(0, 5000), "penalty_rate": st.floats(0, 1)
+            "min_length": st.integers(0, 50),
+            "max_length": st.integers(0, 5000),
+            "penalty_rate": st.floats(0, 1),
         },
     ),
     "think_format": st.just({}),

@@ -93,19 +93,45 @@ def test_sends_kolibrifys_payload_and_uses_the_rewards(start_service):
         "query": "What is 70 + 2?",
         "response": "  <think>\nadd\n</think>\n72  ",
         "reference": "#### 72",
-        "extra": {"system_prompt": "Be brief.", "metadata": {"level": 1}, "completion_tokens": 187,
-                  "completion_index": 3},
+        "extra": {
+            "system_prompt": "Be brief.",
+            "metadata": {"level": 1},
+            "completion_tokens": 187,
+            "completion_index": 3,
+        },
     }
     batch = [kwargs_of(**sample), kwargs_of(id="x", response="no tags")]
     out = grade(RemoteHttpGrader(service.url, timeout_s=5), batch)
-    assert service.requests == [{"samples": [
-        {"sample_id": "gsm8k:12", "prompt": "What is 70 + 2?", "system_prompt": "Be brief.", "answer": "#### 72",
-         "metadata": {"level": 1}, "completion": "  <think>\nadd\n</think>\n72  ", "reasoning": "add",
-         "final_response": "72", "completion_tokens": 187, "completion_index": 3},
-        {"sample_id": "x", "prompt": "", "system_prompt": None, "answer": "", "metadata": None,
-         "completion": "no tags", "reasoning": None, "final_response": None, "completion_tokens": None,
-         "completion_index": None},
-    ]}]
+    assert service.requests == [
+        {
+            "samples": [
+                {
+                    "sample_id": "gsm8k:12",
+                    "prompt": "What is 70 + 2?",
+                    "system_prompt": "Be brief.",
+                    "answer": "#### 72",
+                    "metadata": {"level": 1},
+                    "completion": "  <think>\nadd\n</think>\n72  ",
+                    "reasoning": "add",
+                    "final_response": "72",
+                    "completion_tokens": 187,
+                    "completion_index": 3,
+                },
+                {
+                    "sample_id": "x",
+                    "prompt": "",
+                    "system_prompt": None,
+                    "answer": "",
+                    "metadata": None,
+                    "completion": "no tags",
+                    "reasoning": None,
+                    "final_response": None,
+                    "completion_tokens": None,
+                    "completion_index": None,
+                },
+            ]
+        }
+    ]
     assert scores(out) == [pytest.approx(3.2), 0.0]
     assert all(r.name == "judge" for r in out)
 

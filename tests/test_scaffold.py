@@ -40,8 +40,18 @@ def generated(tmp_path_factory: pytest.TempPathFactory) -> Generated:
     files = sorted(str(p.relative_to(tmp / DIST)) for p in (tmp / DIST).rglob("*") if p.is_file())
     site = tmp / "site"
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-         "--target", str(site), str(tmp / DIST)],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--target",
+            str(site),
+            str(tmp / DIST),
+        ],
         check=True,
     )
     return Generated(tmp / DIST, files, {"PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])})
@@ -68,7 +78,10 @@ def test_a_real_server_serves_the_new_grader(client: GradingClient) -> None:
     listing = client.list_graders()
     plugin = next(p for p in listing.plugins if p.name == SHORT)
     assert (plugin.distribution, plugin.version, plugin.status, list(plugin.graders)) == (
-        DIST, "0.1.0", "loaded", [SHORT]
+        DIST,
+        "0.1.0",
+        "loaded",
+        [SHORT],
     )
     grader = next(g for g in listing.graders if g.name == SHORT)
     assert grader.mode == pb.GRADER_MODE_POINTWISE
@@ -83,7 +96,11 @@ def test_a_real_server_serves_the_new_grader(client: GradingClient) -> None:
 def test_the_generated_test_passes(generated: Generated) -> None:
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"tests/test_{MODULE}.py"],
-        cwd=generated.root, env={**os.environ, **generated.env}, capture_output=True, text=True, timeout=120,
+        cwd=generated.root,
+        env={**os.environ, **generated.env},
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert run.returncode == 0, run.stdout + run.stderr
     assert "2 passed" in run.stdout

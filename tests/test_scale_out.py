@@ -48,8 +48,9 @@ def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[ServerPr
         s.stop()
 
 
-def run_calls(client: GradingClient, first: int, n: int, on_done: threading.Event | None = None,
-              after: int = 0) -> dict[str, float]:
+def run_calls(
+    client: GradingClient, first: int, n: int, on_done: threading.Event | None = None, after: int = 0
+) -> dict[str, float]:
     """`n` Evaluate calls with ids first..first+n-1 from THREADS threads: each id's returned id and score."""
     done = 0
     lock = threading.Lock()

@@ -37,9 +37,25 @@ def _openssl(*args: str, cwd: Path) -> None:
 
 def _new_ca(cwd: Path, name: str) -> None:
     _openssl(
-        "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-        "-keyout", f"{name}.key", "-out", f"{name}.crt", "-days", "2", "-subj", f"/CN={name}",
-        "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign",
+        "req",
+        "-x509",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+        "-keyout",
+        f"{name}.key",
+        "-out",
+        f"{name}.crt",
+        "-days",
+        "2",
+        "-subj",
+        f"/CN={name}",
+        "-addext",
+        "basicConstraints=critical,CA:TRUE",
+        "-addext",
+        "keyUsage=critical,keyCertSign,cRLSign",
         cwd=cwd,
     )
 
@@ -47,13 +63,38 @@ def _new_ca(cwd: Path, name: str) -> None:
 def _new_cert(cwd: Path, name: str, ca: str, extensions: str) -> None:
     """A key and a certificate signed by `ca`, with `extensions` (an openssl extension-file body)."""
     _openssl(
-        "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-        "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={name}", cwd=cwd,
+        "req",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+        "-keyout",
+        f"{name}.key",
+        "-out",
+        f"{name}.csr",
+        "-subj",
+        f"/CN={name}",
+        cwd=cwd,
     )
     (cwd / f"{name}.ext").write_text(extensions)
     _openssl(
-        "x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.crt", "-CAkey", f"{ca}.key", "-CAcreateserial",
-        "-out", f"{name}.crt", "-days", "2", "-extfile", f"{name}.ext", cwd=cwd,
+        "x509",
+        "-req",
+        "-in",
+        f"{name}.csr",
+        "-CA",
+        f"{ca}.crt",
+        "-CAkey",
+        f"{ca}.key",
+        "-CAcreateserial",
+        "-out",
+        f"{name}.crt",
+        "-days",
+        "2",
+        "-extfile",
+        f"{name}.ext",
+        cwd=cwd,
     )
 
 
@@ -108,10 +149,14 @@ def _call_each_method(target: str, metadata: tuple[tuple[str, str], ...]) -> dic
     with grpc.insecure_channel(target) as channel:
         stub = pb_grpc.GradingServiceStub(channel)
         calls = {
-            "Evaluate": lambda: stub.Evaluate(pb.EvaluateRequest(graders=GRADERS, sample=SAMPLE), timeout=10,
-                                              metadata=metadata),
-            "BatchEvaluate": lambda: list(stub.BatchEvaluate(
-                pb.BatchEvaluateRequest(graders=GRADERS, samples=[SAMPLE] * 3), timeout=10, metadata=metadata)),
+            "Evaluate": lambda: stub.Evaluate(
+                pb.EvaluateRequest(graders=GRADERS, sample=SAMPLE), timeout=10, metadata=metadata
+            ),
+            "BatchEvaluate": lambda: list(
+                stub.BatchEvaluate(
+                    pb.BatchEvaluateRequest(graders=GRADERS, samples=[SAMPLE] * 3), timeout=10, metadata=metadata
+                )
+            ),
             "ListGraders": lambda: stub.ListGraders(pb.ListGradersRequest(), timeout=10, metadata=metadata),
         }
         for name, call in calls.items():
@@ -191,8 +236,13 @@ def test_tokens_never_reach_the_log_even_at_debug_level(auth_server, tokens):
 @pytest.fixture(scope="module")
 def tls_server(tmp_path_factory: pytest.TempPathFactory, pki: Pki) -> Iterator[ServerProcess]:
     srv = start_server(
-        tmp_path_factory.mktemp("tls"), "--workers", "0",
-        "--tls-cert", pki.path("server.crt"), "--tls-key", pki.path("server.key"),
+        tmp_path_factory.mktemp("tls"),
+        "--workers",
+        "0",
+        "--tls-cert",
+        pki.path("server.crt"),
+        "--tls-key",
+        pki.path("server.key"),
         credentials=pki.credentials(),
     )
     yield srv
@@ -202,9 +252,15 @@ def tls_server(tmp_path_factory: pytest.TempPathFactory, pki: Pki) -> Iterator[S
 @pytest.fixture(scope="module")
 def mtls_server(tmp_path_factory: pytest.TempPathFactory, pki: Pki) -> Iterator[ServerProcess]:
     srv = start_server(
-        tmp_path_factory.mktemp("mtls"), "--workers", "0",
-        "--tls-cert", pki.path("server.crt"), "--tls-key", pki.path("server.key"),
-        "--tls-client-ca", pki.path("ca.crt"),
+        tmp_path_factory.mktemp("mtls"),
+        "--workers",
+        "0",
+        "--tls-cert",
+        pki.path("server.crt"),
+        "--tls-key",
+        pki.path("server.key"),
+        "--tls-client-ca",
+        pki.path("ca.crt"),
         credentials=pki.credentials(client="client"),
     )
     yield srv

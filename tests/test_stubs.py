@@ -11,8 +11,17 @@ from conftest import ROOT
 
 def test_generated_stubs_match_the_proto(tmp_path: Path):
     subprocess.run(
-        [sys.executable, "-m", "grpc_tools.protoc", "-I", str(ROOT / "proto"), f"--python_out={tmp_path}",
-         f"--pyi_out={tmp_path}", f"--grpc_python_out={tmp_path}", "grpcgrade/v1/grading.proto"],
+        [
+            sys.executable,
+            "-m",
+            "grpc_tools.protoc",
+            "-I",
+            str(ROOT / "proto"),
+            f"--python_out={tmp_path}",
+            f"--pyi_out={tmp_path}",
+            f"--grpc_python_out={tmp_path}",
+            "grpcgrade/v1/grading.proto",
+        ],
         check=True,
     )
     for name in ("grading_pb2.py", "grading_pb2.pyi", "grading_pb2_grpc.py"):

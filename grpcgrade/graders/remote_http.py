@@ -122,8 +122,14 @@ class HttpGradingClient:
             if attempt + 1 == attempts:
                 break
             pause = backoff(attempt, self.retry_backoff_s, after)
-            log.warning("remote grader at %s: %s; retry %d of %d in %.2f s", self.host, failure, attempt + 1,
-                        self.max_retries, pause)
+            log.warning(
+                "remote grader at %s: %s; retry %d of %d in %.2f s",
+                self.host,
+                failure,
+                attempt + 1,
+                self.max_retries,
+                pause,
+            )
             await asyncio.sleep(pause)
         raise BatchFailure(failure.code, f"{failure} ({attempts} attempt{'s' if attempts > 1 else ''})")
 

@@ -37,8 +37,11 @@ def score(client: GradingClient, sample: dict, grader: str, **params: object) ->
 def test_the_server_lists_the_plugin_and_its_graders(client: GradingClient) -> None:
     listing = client.list_graders()
     plugin = next(p for p in listing.plugins if p.name == "example")
-    assert (plugin.distribution, plugin.version, plugin.status) == ("grpcgrade-example", version("grpcgrade-example"),
-                                                                    "loaded")
+    assert (plugin.distribution, plugin.version, plugin.status) == (
+        "grpcgrade-example",
+        version("grpcgrade-example"),
+        "loaded",
+    )
     assert sorted(plugin.graders) == ["mentions_reference", "shortest_first", "word_budget"]
     graders = {g.name: g for g in listing.graders}
     assert list(graders["word_budget"].aliases) == ["word-budget"]
