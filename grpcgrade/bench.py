@@ -249,6 +249,78 @@ def bench_service(
     return figures, notes
 
 
+#: (registered grader, params, reference class path, data kind) for the per-call comparison.
+PER_CALL = [
+    ("json_validator", {}, "format.json.json_validator:JsonValidatorGrader", "json"),
+    ("json_match", {}, "format.json.json_match:JsonMatchGrader", "json"),
+    ("length_penalty", {}, "format.length_penalty:LengthPenaltyGrader", "json"),
+    ("reasoning_format", {}, "format.reasoning_format:ReasoningFormatGrader", "json"),
+    ("reasoning_tool_call_format", {}, "format.reasoning_tool_format:ReasoningToolCallFormatGrader", "json"),
+    ("ngram_repetition_penalty", {"tokenizer_type": "jieba"},
+     "format.ngram_repetition_penalty:NgramRepetitionPenaltyGrader", "text"),
+    ("number_accuracy", {}, "text.number_accuracy:NumberAccuracyGrader", "text"),
+    *[("similarity", {"algorithm": a}, "text.similarity:SimilarityGrader", "text")
+      for a in ("bleu", "sentence_bleu", "gleu", "chrf", "rouge", "rougeL", "rouge3", "f1_score", "meteor", "cosine",
+                "jaccard", "fuzzy_match", "edit_distance")],
+    *[("string_match", {"algorithm": a}, "text.string_match:StringMatchGrader", "text")
+      for a in ("exact_match", "regex_match", "substring_match", "contains_all", "word_overlap", "char_overlap")],
+]  # fmt: skip
+
+
+def _best_of_fresh(n: int, run: Callable[[list[dict[str, Any]]], object], kwargs: list[dict[str, Any]]) -> float:
+    """Items/s, the best of three runs, each on its own slice of never-seen samples (slices 1-3 of 4)."""
+    return max(_rate(n, lambda part=kwargs[k * n : (k + 1) * n]: run(part)) for k in (1, 2, 3))
+
+
+def bench_per_call(n: int = 300) -> list[dict[str, Any]]:
+    """µs per call of each built-in grader, and of the reference's (py-openjudge 0.2.4) when installed.
+
+    Each side warms up on other texts, then is timed on three sets of texts it has not seen (the best of
+    the three counts), so caches keyed by text (jieba's) flatter neither side.
+    """
+    import importlib
+
+    from .grader import declared_names
+    from .registry import get_registry
+
+    rows = []
+    data = {"json": make_samples("json", 4 * n), "text": make_samples("text", 4 * n)}
+    for data_kind in data.values():  # json_match compares a response with itself
+        for s in data_kind:
+            s.setdefault("reference", s["response"])
+    for name, params, ref_path, kind in PER_CALL:
+        samples = data[kind]
+        ours = get_registry().build(name, params)
+        kwargs = [{"response": s["response"], "reference_response": s["reference"]} for s in samples]
+        row: dict[str, Any] = {"grader": name, "params": params}
+        for kw in kwargs[:n]:
+            ours.evaluate(**kw)
+        row["ours_us"] = round(
+            1e6 / _best_of_fresh(n, lambda part, g=ours: [g.evaluate(**kw) for kw in part], kwargs), 1
+        )
+        try:
+            module, cls = ref_path.split(":")
+            ref_class = getattr(importlib.import_module(f"openjudge.graders.{module}"), cls)
+        except ImportError:
+            rows.append(row)
+            continue
+        ref = ref_class(**params)
+        accepted = declared_names(ref._aevaluate)  # some reference graders take no **kwargs
+        ref_kwargs = [{k: v for k, v in kw.items() if accepted.open or k in accepted.names} for kw in kwargs]
+
+        async def reference(g: Any, a: list[dict[str, Any]]) -> None:
+            for kw in a:
+                await g._aevaluate(**kw)
+
+        asyncio.run(reference(ref, ref_kwargs[:n]))
+        row["reference_us"] = round(
+            1e6 / _best_of_fresh(n, lambda part, g=ref: asyncio.run(reference(g, part)), ref_kwargs), 1
+        )
+        row["speedup"] = round(row["reference_us"] / row["ours_us"], 2)
+        rows.append(row)
+    return rows
+
+
 def rss_mib(pid: int) -> float:
     """Resident memory of a process and its children (the worker pool), from /proc."""
     total = 0.0

@@ -166,6 +166,17 @@ def cmd_health(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     from .bench import bench_stream_memory, run_bench
 
+    if args.per_call:
+        from .bench import bench_per_call
+
+        rows = bench_per_call()
+        if args.json:
+            print(json.dumps(rows, indent=2))
+        for r in [] if args.json else rows:
+            label = f"{r['grader']} {json.dumps(r['params']) if r['params'] else ''}"
+            ref = f"{r['reference_us']:>10.1f} us  x{r['speedup']:.2f}" if "reference_us" in r else ""
+            print(f"{label:<45} {r['ours_us']:>10.1f} us  {ref}")
+        return 0
     if args.stream:
         result = bench_stream_memory(args.stream, workers=args.workers or 0)
         print(json.dumps(result, indent=None if args.json else 2))
@@ -256,6 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--unary-calls", type=int, default=20_000)
     p.add_argument("--concurrency", type=int, default=32, help="concurrent unary callers")
     p.add_argument("--compare-metrics", action="store_true", help="also run the batch with metrics off")
+    p.add_argument("--per-call", action="store_true", help="instead: µs per call of every built-in grader")
     p.add_argument("--stream", type=int, metavar="N", help="instead: stream N samples and report the server's RSS")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_bench)

@@ -188,7 +188,7 @@ def test_compiled_patterns_and_failures_are_cached():
     compile_pattern("(", True)
     compile_pattern("(", True)
     assert compile_pattern.cache_info().hits >= info.hits + 1
-    assert compile_pattern.cache_info().maxsize == 256
+    assert compile_pattern.cache_info().maxsize == 1024
 
 
 PATTERNS = [
@@ -220,3 +220,13 @@ def test_python_unicode_whitespace_is_what_backslash_s_means():
     spaces = "".join(chr(c) for c in range(0x110000) if chr(c).isspace())
     assert grade("regex_match", r"^\s+$", spaces, case_sensitive=True).score == 1.0
     assert grade("regex_match", r"\S", spaces, case_sensitive=True).score == 0.0
+
+
+def test_literal_patterns_keep_python_semantics():
+    """A pattern with no special character runs on Python's engine: exactly the reference's answers."""
+    for pattern, text in [("straße", "STRASSE"), ("Kelvin", "\u212aelvin"), ("ſ", "S"), ("答案", "答案：42")]:
+        for case_sensitive in (True, False):
+            regex, error = compile_pattern(pattern, case_sensitive)
+            flags = 0 if case_sensitive else re.IGNORECASE
+            assert error is None
+            assert bool(regex.search(text)) == bool(re.compile(pattern, flags).search(text))

@@ -16,7 +16,9 @@ from typing import Any
 
 from grpcgrade.grader import BaseGrader, GraderMode, GraderScore, InvalidParams
 
-_NUMBER = re.compile(r"-?\d{1,3}(?:,\d{3})+(?!\d)(?:\.\d+)?|-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")
+# The leading lookahead only skips positions where no number can start; it makes the scan faster than the
+# reference's simpler pattern (Python's engine otherwise tries both branches at every character).
+_NUMBER = re.compile(r"(?=[-\d])-?(?:\d{1,3}(?:,\d{3})+(?!\d)(?:\.\d+)?|\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)")
 
 
 def extract_numbers(text: str) -> list[float]:
