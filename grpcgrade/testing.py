@@ -27,6 +27,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def install_into(target: Path, *packages: Path | str) -> Path:
+    """pip-install plugin packages (entry points and all) into `target`: put it on PYTHONPATH to use them."""
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "--target",
+         str(target), *map(str, packages)],
+        check=True,
+    )  # fmt: skip
+    return target
+
+
 def health_status(
     target: str, service: str = "", timeout: float = 1.0, credentials: grpc.ChannelCredentials | None = None
 ) -> int | None:

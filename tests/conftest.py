@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from grpcgrade.client import GradingClient
-from grpcgrade.testing import ServerProcess, free_port, health_status, start_server
+from grpcgrade.testing import ServerProcess, free_port, health_status, install_into, start_server
 
 __all__ = ["ServerProcess", "free_port", "health_status", "start_server"]
 
@@ -24,23 +22,8 @@ TEST_PLUGINS = Path(__file__).resolve().parent / "plugins"
 def plugin_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The test plugins, pip-installed (entry points and all) into a directory of their own."""
     site = tmp_path_factory.mktemp("plugin-site")
-    for name in ("grpcgrade-testplugin", "grpcgrade-broken", "grpcgrade-raising", "grpcgrade-clashing"):
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "--no-deps",
-                "--no-build-isolation",
-                "--target",
-                str(site),
-                str(TEST_PLUGINS / name),
-            ],
-            check=True,
-        )
-    return site
+    names = ("grpcgrade-testplugin", "grpcgrade-broken", "grpcgrade-raising", "grpcgrade-clashing")
+    return install_into(site, *(TEST_PLUGINS / name for name in names))
 
 
 @pytest.fixture(scope="session")

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from grpcgrade.client import GradingClient
-from grpcgrade.testing import start_server
+from grpcgrade.testing import install_into, start_server
 from grpcgrade.v1 import grading_pb2 as pb
 
 NAME = "Scaffolded-Demo"  # what an author types; the names below follow the llm-style convention
@@ -39,21 +39,7 @@ def generated(tmp_path_factory: pytest.TempPathFactory) -> Generated:
     assert made.returncode == 0, made.stderr
     files = sorted(str(p.relative_to(tmp / DIST)) for p in (tmp / DIST).rglob("*") if p.is_file())
     site = tmp / "site"
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--no-deps",
-            "--no-build-isolation",
-            "--target",
-            str(site),
-            str(tmp / DIST),
-        ],
-        check=True,
-    )
+    install_into(site, tmp / DIST)
     return Generated(tmp / DIST, files, {"PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])})
 
 
