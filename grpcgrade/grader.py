@@ -79,6 +79,10 @@ class BaseGrader:
 
     heavy: bool = False
     mode: GraderMode = GraderMode.POINTWISE
+    #: True for graders whose I/O bounds itself (per-attempt timeouts, a bounded number of retries), such
+    #: as LLM judges and remote HTTP graders: the service's per-sample time limit would also count the time
+    #: a sample queues for the grader's concurrency slots, so it is not applied to them.
+    bounds_own_time: bool = False
 
     def __init__(
         self,

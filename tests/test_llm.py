@@ -14,6 +14,7 @@ import json
 import re
 import textwrap
 import threading
+import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -110,6 +111,9 @@ class FakeJudge:
             return status, {"error": {"message": "try later"}}, {"Retry-After": "0"}
         if kind in ("flaky429", "flaky503", "drop"):
             return 200, completion('{"score": 3, "reason": "second try"}'), {}
+        if kind == "pause":  # a judge that takes a moment: a batch queues on the model's concurrency limit
+            time.sleep(0.2)
+            return 200, completion('{"score": 4, "reason": "after a moment"}'), {}
         if kind == "slow":
             self.release.wait(10)
             return 200, completion('{"score": 5, "reason": "late"}'), {}
@@ -618,6 +622,17 @@ def test_judge_calls_run_concurrently_within_each_models_limit(llm_client, judge
     assert [result_of(r).score for r in replies] == [1.0] * 6, [result_of(r).error.message for r in replies]
     assert judge.max_in_flight[narrow] == 2
     assert {r["body"]["model"] for r in judge.requests if r["marker"].startswith(narrow)} == {"judge-narrow"}
+
+
+def test_queueing_for_a_model_slot_does_not_count_against_the_grader_time_limit(llm_server, judge):
+    """6 judgments of 0.2 s through 2 slots take 0.6 s; a 0.3 s grader limit must not cut the queue short."""
+    marker = case("pause")
+    rubric = {"name": "llm_rubric", "params": {"rubric": "r", "model": "narrow"}}
+    samples = [{"response": f"CASE:{marker}-{i}"} for i in range(6)]
+    with llm_server.client(timeout=60) as c:
+        replies = c.batch_evaluate(samples, [rubric], grader_timeout=0.3)
+    assert [result_of(r).score for r in replies] == [4.0] * 6, [result_of(r).error.message for r in replies]
+    assert len([r for r in judge.requests if r["marker"].startswith(marker)]) == 6
 
 
 @pytest.mark.parametrize(

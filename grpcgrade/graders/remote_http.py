@@ -155,6 +155,8 @@ class RemoteHttpGrader(KolibrifyGraderAdapter):
     POST (default: the whole chunk the server grades at once).
     """
 
+    bounds_own_time = True  # `timeout_s` per attempt, `max_retries` retries
+
     def __init__(
         self,
         url: str,

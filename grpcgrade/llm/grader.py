@@ -67,6 +67,8 @@ class LLMGrader(BaseGrader):
         >>> result = await grader.aevaluate(response="Thanks!")
     """
 
+    bounds_own_time = True  # each attempt has the model's timeout_seconds, and retries are bounded
+
     def __init__(
         self,
         model: str | ChatModel = DEFAULT_MODEL,
