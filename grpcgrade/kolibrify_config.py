@@ -244,10 +244,16 @@ class _Loader:
             raise ConfigError(f"{where}: {len(names)} graders but {count} grader_weights; give one weight per grader")
         specs = []
         for i, (name, weight) in enumerate(zip(names, weights, strict=True)):
-            if not is_number(weight) or not math.isfinite(weight) or weight < 0:
-                raise ConfigError(f"{where}.grader_weights[{i}]: weight of {name!r} must be >= 0, got {weight!r}")
+            if not is_number(weight) or not math.isfinite(weight):
+                raise ConfigError(f"{where}.grader_weights[{i}]: weight of {name!r} must be a number, got {weight!r}")
             specs.append(dataclasses.replace(self.spec(name, f"{where}.graders[{i}]"), weight=float(weight)))
         specs.append(SpecData(name=self._resolve(FORMAT_GRADER, where), weight=FORMAT_WEIGHT))
+        total = sum(s.weight or 0.0 for s in specs)
+        if total <= 0:  # Kolibrify refuses this too: the normalised weights would divide by <= 0
+            raise ConfigError(
+                f"{where}.grader_weights: with the format grader's {FORMAT_WEIGHT:g} the weights sum to {total:g}; "
+                "the sum must be > 0"
+            )
         for i, name in enumerate(_names(body.get("multiplicative_graders"), f"{where}.multiplicative_graders")):
             specs.append(dataclasses.replace(self.spec(name, f"{where}.multiplicative_graders[{i}]"), gate=True))
         description = f"Kolibrify dataset {dataset_id} ({self.path.name}): " + ", ".join(

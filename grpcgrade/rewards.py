@@ -45,11 +45,13 @@ def check_weights(specs: list[SpecData]) -> None:
         raise InvalidParams("key", f"grader key {dupes[0]!r} is used twice; give each spec a distinct key")
     for s in specs:
         w = 1.0 if s.weight is None else s.weight
-        if not math.isfinite(w) or w < 0:
-            raise InvalidParams("weight", f"weight of {s.label!r} must be a finite number >= 0, got {w}")
+        if not math.isfinite(w):
+            raise InvalidParams("weight", f"weight of {s.label!r} must be a finite number, got {w}")
+    # A negative weight is a penalty term (Kolibrify allows them); only the total must stay positive.
     terms = [s for s in specs if not s.gate]
-    if terms and sum(1.0 if s.weight is None else s.weight for s in terms) <= 0:
-        raise InvalidParams("weight", "the weights of the non-gate graders sum to 0")
+    total = sum(1.0 if s.weight is None else s.weight for s in terms)
+    if terms and total <= 0:
+        raise InvalidParams("weight", f"the weights of the non-gate graders sum to {total:g}; the sum must be > 0")
 
 
 def combine(specs: list[SpecData], results: list[GraderResult]) -> float | None:

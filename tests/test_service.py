@@ -213,3 +213,12 @@ def test_trl_reward_function(server):
     completions = ["<think>\nr\n</think>\n72", [{"role": "assistant", "content": "<think>\nr\n</think>\n71"}]]
     scores = reward(prompts, completions, answer=["#### 72", "#### 72"], completion_tokens=[10, 10])
     assert scores == [pytest.approx(1.0), pytest.approx(0.5)]
+
+
+def test_a_negative_weight_is_a_penalty_term(client):
+    graders = [{"name": "count_word", "weight": 3}, {"name": "shout", "weight": -1}]
+    reply = client.evaluate({"response": "GRPC", "reference": "grpc"}, graders)  # count_word 0, shout 1
+    assert reply.reward == pytest.approx((3 * 0.0 - 1 * 1.0) / (3 - 1))
+    with pytest.raises(grpc.RpcError) as err:
+        client.evaluate({"response": "x"}, [{"name": "count_word", "weight": 1}, {"name": "shout", "weight": -1}])
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "sum to 0" in err.value.details()
