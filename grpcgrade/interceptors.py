@@ -225,14 +225,19 @@ class ObservingInterceptor(_Wrapping):
                     received.inc()
                 yield r
 
+        def arrive(request: Any, context: grpc.aio.ServicerContext) -> tuple[Any, str, float]:
+            """Count the call and its request message(s); the request id and start time for `finish`."""
+            rid, t0 = begin(context)
+            if streaming_in:
+                return counted(request), rid, t0
+            if m is not None:
+                received.inc()
+            return request, rid, t0
+
         if inspect.isasyncgenfunction(behavior):
 
             async def stream_behavior(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-                rid, t0 = begin(context)
-                if streaming_in:
-                    request = counted(request)
-                elif m is not None:
-                    received.inc()
+                request, rid, t0 = arrive(request, context)
                 exc: BaseException | None = None
                 try:
                     async for item in behavior(request, context):
@@ -249,11 +254,7 @@ class ObservingInterceptor(_Wrapping):
 
         async def unary_behavior(request: Any, context: grpc.aio.ServicerContext) -> Any:
             """Also runs a stream written with `context.write`, whose messages it cannot count."""
-            rid, t0 = begin(context)
-            if streaming_in:
-                request = counted(request)
-            elif m is not None:
-                received.inc()
+            request, rid, t0 = arrive(request, context)
             exc: BaseException | None = None
             try:
                 response = await behavior(request, context)
