@@ -131,22 +131,13 @@ class Report:
 
 def bench_in_process(preset: Preset, samples: list[dict[str, Any]]) -> dict[str, float]:
     from .registry import get_registry
-    from .samples import Limits, build_kwargs, select
+    from .samples import select
 
     bare = preset.bare()
     grader = get_registry().build(preset.grader, preset.params)
     inputs = grader.input_names()
-    limits = Limits()
     kwargs = [
-        select(
-            build_kwargs(
-                {"query": "", "response": s["response"], "reference": s.get("reference", ""), "context": ""},
-                [],
-                {},
-                limits,
-            ),
-            inputs,
-        )
+        select({"query": "", "response": s["response"], "reference": s.get("reference", ""), "context": ""}, inputs)
         for s in samples
     ]
     grader.evaluate(**kwargs[0])  # build lazy state outside the timing

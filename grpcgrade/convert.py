@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from .grader import GraderError, GraderRank, GraderResult
+from .grader import GraderError, GraderResult, GraderScore
 from .rewards import SpecData
-from .samples import Limits, SampleProblem, build_kwargs
+from .samples import Limits, SampleProblem, add_extra, check_fields
 from .structs import fill_struct, struct_to_dict
 from .v1 import grading_pb2 as pb
 
@@ -25,39 +25,46 @@ def spec_from_pb(spec: pb.GraderSpec) -> SpecData:
 
 
 def sample_kwargs(sample: pb.Sample, limits: Limits) -> dict[str, Any] | SampleProblem:
-    """A sample's grader inputs, or the problem that makes it ungradable (reported per sample)."""
+    """All the keyword arguments a grader could ask for (`select` keeps what each grader declares), or
+    the problem that makes the sample ungradable (reported per sample)."""
+    # `sample_id` (an `extra.sample_id` wins) lets Kolibrify-style batch graders match results by id.
+    fields = {
+        "sample_id": sample.id,
+        "query": sample.query,
+        "response": sample.response,
+        "reference": sample.reference,
+        "context": sample.context,
+        "responses": list(sample.responses) if sample.responses else [],
+    }
     try:
-        extra = struct_to_dict(sample.extra) if sample.HasField("extra") else {}
-        # `sample_id` (an `extra.sample_id` wins) lets Kolibrify-style batch graders match results by id.
-        fields = {
-            "sample_id": sample.id,
-            "query": sample.query,
-            "response": sample.response,
-            "reference": sample.reference,
-            "context": sample.context,
-        }
-        return build_kwargs(fields, list(sample.responses), extra, limits)
+        # No text holds more characters than the sample's encoding has bytes: one C call clears most samples.
+        if sample.ByteSize() > limits.max_field_chars:
+            check_fields(fields, limits)
+        if sample.HasField("extra"):
+            add_extra(fields, struct_to_dict(sample.extra))
     except SampleProblem as exc:
         return exc
+    return fields
 
 
 # -- Python -> responses -----------------------------------------------------------------------------
 
 
-def fill_result(out: pb.GraderResult, key: str, grader: str, result: GraderResult) -> None:
-    out.key = key
-    out.grader = grader
-    if isinstance(result, GraderError):
+def add_result(results: Any, key: str, grader: str, result: GraderResult, full: bool) -> None:
+    """Append one grader's result to an EvaluateResponse's `results`; `full` adds reason and metadata.
+
+    Fields go in through `add(...)` keywords: one call into protobuf's C code instead of one per field,
+    which is most of the cost of a cheap grader's response.
+    """
+    if isinstance(result, GraderScore):
+        out = results.add(key=key, grader=grader, score=result.score, reason=result.reason if full else "")
+    elif isinstance(result, GraderError):
+        out = results.add(key=key, grader=grader, reason=(result.reason or result.error) if full else "")
         out.error.code = result.code
         out.error.message = result.error
-        out.reason = result.reason or result.error
-    elif isinstance(result, GraderRank):
-        out.rank.extend(result.rank)
-        out.reason = result.reason
     else:
-        out.score = result.score
-        out.reason = result.reason
-    if result.metadata:
+        out = results.add(key=key, grader=grader, rank=result.rank, reason=result.reason if full else "")
+    if full and result.metadata:
         fill_struct(out.metadata, result.metadata)
 
 
@@ -65,15 +72,43 @@ def fill_response(
     out: pb.EvaluateResponse,
     sample_id: str,
     labels: list[tuple[str, str]],
-    results: list[GraderResult],
+    results: Sequence[GraderResult],
     reward: float | None,
+    full: bool = True,
 ) -> None:
     """`labels` holds (key, grader name) per spec, in the request's order."""
-    out.id = sample_id
+    if sample_id:
+        out.id = sample_id
+    container = out.results
     for (key, name), result in zip(labels, results, strict=True):
-        fill_result(out.results.add(), key, name, result)
+        add_result(container, key, name, result, full)
     if reward is not None:
         out.reward = reward
+
+
+def fill_items(
+    items: Any,
+    indices: Sequence[int],
+    ids: Sequence[str],
+    labels: list[tuple[str, str]],
+    columns: Sequence[Sequence[GraderResult]],
+    rewards: Sequence[float | None],
+    full: bool,
+) -> None:
+    """Append a graded chunk to a BatchEvaluateResponse's `items`; `columns[j][k]` is grader j's result
+    for the k-th sample. One grader, the common case, skips building a row per sample."""
+    if len(columns) == 1:
+        ((key, name),) = labels
+        for index, sample_id, result, reward in zip(indices, ids, columns[0], rewards, strict=True):
+            out = items.add(index=index).result
+            if sample_id:
+                out.id = sample_id
+            add_result(out.results, key, name, result, full)
+            if reward is not None:
+                out.reward = reward
+        return
+    for k, (index, sample_id, reward) in enumerate(zip(indices, ids, rewards, strict=True)):
+        fill_response(items.add(index=index).result, sample_id, labels, [c[k] for c in columns], reward, full)
 
 
 # -- the client's side -------------------------------------------------------------------------------

@@ -19,8 +19,8 @@ from typing import Any
 from .grader import BaseGrader, GraderError, GraderResult, Inputs, InvalidParams
 from .grading import grade_async, grade_sync
 from .registry import Registry
-from .rewards import Reward, SpecData, check_weights, combine
-from .samples import SampleProblem, select
+from .rewards import Reward, SpecData, check_weights, rewards
+from .samples import SampleProblem, select_all
 from .workers import WorkerPool
 
 #: (grader name, ok count, error count, seconds) once per grader per chunk.
@@ -30,10 +30,13 @@ Chunk = Sequence[tuple[int, "dict[str, Any] | SampleProblem"]]
 
 
 @dataclass(frozen=True)
-class GradedSample:
-    index: int
-    results: list[GraderResult]
-    reward: float | None
+class GradedChunk:
+    """A chunk's results column by column, as graders produce them: `columns[j][k]` is job j's result
+    for the sample at `indices[k]`, `rewards[k]` that sample's reward."""
+
+    indices: list[int]
+    columns: list[list[GraderResult]]
+    rewards: list[float | None]
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,15 @@ class Job:
     grader: BaseGrader
     inputs: Inputs
     remote: bool
+
+
+def _with_problems(job: Job, kwargs: list[Any], results: list[GraderResult]) -> list[GraderResult]:
+    graded = iter(results)
+    name = job.grader.name
+    return [
+        GraderError(name, str(kw), code="INVALID_SAMPLE") if isinstance(kw, SampleProblem) else next(graded)
+        for kw in kwargs
+    ]
 
 
 class UnknownReward(LookupError):
@@ -114,26 +126,20 @@ class Engine:
             self.observer(job.grader.name, len(results) - errors, errors, time.perf_counter() - start)
         return results
 
-    async def grade_chunk(self, jobs: list[Job], chunk: Chunk, timeout: float | None = None) -> list[GradedSample]:
+    async def grade_chunk(self, jobs: list[Job], chunk: Chunk, timeout: float | None = None) -> GradedChunk:
         timeout = timeout or self.grader_timeout
-        good = [(pos, kw) for pos, (_, kw) in enumerate(chunk) if not isinstance(kw, SampleProblem)]
-        batches = [[select(kw, job.inputs) for _, kw in good] for job in jobs]
+        indices = [index for index, _ in chunk]
+        kwargs = [kw for _, kw in chunk]
+        problems = [isinstance(kw, SampleProblem) for kw in kwargs]
+        good = [kw for kw, bad in zip(kwargs, problems, strict=True) if not bad] if any(problems) else kwargs
         if len(jobs) == 1:  # no task per job for the common single-grader call
-            per_job = [await self._run_job(jobs[0], batches[0], timeout)]
+            columns = [await self._run_job(jobs[0], select_all(good, jobs[0].inputs), timeout)]  # type: ignore[arg-type]
         else:
-            runs = (self._run_job(job, b, timeout) for job, b in zip(jobs, batches, strict=True))
-            per_job = await asyncio.gather(*runs)
-        table: list[list[GraderResult] | None] = [None] * len(chunk)
-        for k, (pos, _) in enumerate(good):
-            table[pos] = [results[k] for results in per_job]
-        specs = [job.spec for job in jobs]
-        out = []
-        for pos, (index, kw) in enumerate(chunk):
-            row = table[pos]
-            if row is None:
-                row = [GraderError(job.grader.name, str(kw), code="INVALID_SAMPLE") for job in jobs]
-            out.append(GradedSample(index, row, combine(specs, row)))
-        return out
+            runs = (self._run_job(job, select_all(good, job.inputs), timeout) for job in jobs)  # type: ignore[arg-type]
+            columns = list(await asyncio.gather(*runs))
+        if good is not kwargs:  # put the unusable samples' errors back in their places
+            columns = [_with_problems(job, kwargs, column) for job, column in zip(jobs, columns, strict=True)]
+        return GradedChunk(indices, columns, rewards([job.spec for job in jobs], columns))
 
     def window(self, jobs: list[Job]) -> int:
         """Chunks in flight per call: enough to keep every worker busy, few enough to bound memory."""
@@ -143,10 +149,10 @@ class Engine:
 
     async def stream(
         self, jobs: list[Job], chunks: Iterable[Chunk], timeout: float | None = None
-    ) -> AsyncIterator[list[GradedSample]]:
+    ) -> AsyncIterator[GradedChunk]:
         """Grade chunk after chunk, yielding each as it finishes (not necessarily in order)."""
         source = iter(chunks)
-        pending: set[asyncio.Task[list[GradedSample]]] = set()
+        pending: set[asyncio.Task[GradedChunk]] = set()
 
         def launch() -> None:
             chunk = next(source, None)

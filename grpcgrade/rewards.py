@@ -56,9 +56,6 @@ def check_weights(specs: list[SpecData]) -> None:
 
 def combine(specs: list[SpecData], results: list[GraderResult]) -> float | None:
     """The sample's reward, or None when a grader failed or no grader scores pointwise."""
-    if len(results) == 1:  # the common case, once per sample: a single grader's score is the reward
-        (only,) = results
-        return None if isinstance(only, (GraderError, GraderRank)) else only.score
     total = weights = 0.0
     gate = 1.0
     scored = False
@@ -78,3 +75,10 @@ def combine(specs: list[SpecData], results: list[GraderResult]) -> float | None:
         return None
     mean = total / weights if weights > 0 else 1.0
     return gate * mean
+
+
+def rewards(specs: list[SpecData], columns: list[list[GraderResult]]) -> list[float | None]:
+    """`combine` for a chunk graded column by column (`columns[j][k]`: grader j, sample k)."""
+    if len(columns) == 1:  # the common case: a single grader's score is the reward, gate or not
+        return [None if isinstance(r, (GraderError, GraderRank)) else r.score for r in columns[0]]
+    return [combine(specs, list(row)) for row in zip(*columns, strict=True)]

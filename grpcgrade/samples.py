@@ -13,6 +13,7 @@ from .grader import Inputs
 
 STANDARD_FIELDS = ("query", "response", "reference", "context")
 REFERENCE_ALIASES = ("reference_response", "ground_truth")
+REFERENCE_ALIASES_SET = frozenset(REFERENCE_ALIASES)
 RESERVED = frozenset((*STANDARD_FIELDS, "responses", *REFERENCE_ALIASES))
 
 
@@ -37,24 +38,26 @@ def check_field(name: str, value: str, limits: Limits) -> None:
         )
 
 
-def build_kwargs(fields: dict[str, str], responses: list[str], extra: dict[str, Any], limits: Limits) -> dict[str, Any]:
-    """All the keyword arguments a grader could ask for; `select` then keeps what each grader declares.
-
-    `fields` becomes the result (no copy: this runs once per sample on the hot path).
-    """
-    cap = limits.max_field_chars
+def check_fields(fields: dict[str, Any], limits: Limits) -> None:
+    """Raise for the first standard field or `responses` item over `max_field_chars`."""
     for name, value in fields.items():
-        if len(value) > cap:
+        if isinstance(value, list):
+            for i, item in enumerate(value):
+                check_field(f"{name}[{i}]", item, limits)
+        else:
             check_field(name, value, limits)
-    for i, value in enumerate(responses):
-        check_field(f"responses[{i}]", value, limits)
-    if extra:
-        clash = RESERVED.intersection(extra)
-        if clash:
-            raise SampleProblem(f"extra key {sorted(clash)[0]!r} collides with a standard sample field")
-        fields.update(extra)
-    fields["responses"] = responses
-    return fields
+
+
+def add_extra(fields: dict[str, Any], extra: dict[str, Any]) -> None:
+    """Every other grader input joins the standard fields, which it may not replace."""
+    clash = RESERVED.intersection(extra)
+    if clash:
+        raise SampleProblem(f"extra key {sorted(clash)[0]!r} collides with a standard sample field")
+    fields.update(extra)
+
+
+def _passes_through(inputs: Inputs) -> bool:
+    return inputs.open and REFERENCE_ALIASES_SET.isdisjoint(inputs.names)
 
 
 def select(kwargs: dict[str, Any], inputs: Inputs) -> dict[str, Any]:
@@ -63,10 +66,17 @@ def select(kwargs: dict[str, Any], inputs: Inputs) -> dict[str, Any]:
     `reference` is also offered as `reference_response` and `ground_truth` (the seeds' names) to graders
     that name those.
     """
-    aliases = [a for a in REFERENCE_ALIASES if a in inputs.names]
-    if inputs.open and not aliases:
+    if _passes_through(inputs):
         return kwargs  # shared between graders: safe, since `evaluate(**kwargs)` gets a fresh dict
+    aliases = [a for a in REFERENCE_ALIASES if a in inputs.names]
     out = dict(kwargs) if inputs.open else {k: v for k, v in kwargs.items() if k in inputs.names}
     for alias in aliases:
         out[alias] = kwargs["reference"]
     return out
+
+
+def select_all(batch: list[dict[str, Any]], inputs: Inputs) -> list[dict[str, Any]]:
+    """`select` over a chunk; the chunk itself when every sample would pass through unchanged."""
+    if _passes_through(inputs):
+        return batch
+    return [select(kw, inputs) for kw in batch]

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Iterator
 import grpc
 
 from .catalog import list_graders
-from .convert import fill_response, sample_kwargs, spec_from_pb
+from .convert import fill_items, fill_response, sample_kwargs, spec_from_pb
 from .engine import Chunk, Engine, Job, UnknownReward
 from .grader import InvalidParams
 from .metrics import Metrics
@@ -18,6 +18,10 @@ from .v1 import grading_pb2_grpc as pb_grpc
 
 CHEAP_CHUNK = 256  # measured: gains level off at 256-1024 samples per message
 HEAVY_CHUNK = 32  # smaller chunks spread a batch of heavy work over every worker
+
+
+def _full(request: pb.EvaluateRequest | pb.BatchEvaluateRequest) -> bool:
+    return request.view != pb.RESULT_VIEW_SCORES
 
 
 class GradingServicer(pb_grpc.GradingServiceServicer):
@@ -55,11 +59,12 @@ class GradingServicer(pb_grpc.GradingServiceServicer):
         chunk = [(0, sample_kwargs(request.sample, self.limits))]
         self._in_flight(1)
         try:
-            (graded,) = await self.engine.grade_chunk(jobs, chunk, request.grader_timeout_seconds or None)
+            graded = await self.engine.grade_chunk(jobs, chunk, request.grader_timeout_seconds or None)
         finally:
             self._in_flight(-1)
         response = pb.EvaluateResponse()
-        fill_response(response, request.sample.id, self._labels(jobs), graded.results, graded.reward)
+        results = [column[0] for column in graded.columns]
+        fill_response(response, request.sample.id, self._labels(jobs), results, graded.rewards[0], _full(request))
         return response
 
     async def BatchEvaluate(
@@ -75,12 +80,12 @@ class GradingServicer(pb_grpc.GradingServiceServicer):
         jobs = await self._resolve(list(request.graders), request.reward, context)
         size = request.chunk_size or (HEAVY_CHUNK if any(j.remote for j in jobs) else CHEAP_CHUNK)
         labels = self._labels(jobs)
+        full = _full(request)
         samples = request.samples
 
         def chunks() -> Iterator[Chunk]:
             for start in range(0, n, size):
-                stop = min(start + size, n)
-                yield [(i, sample_kwargs(samples[i], self.limits)) for i in range(start, stop)]
+                yield [(i, sample_kwargs(samples[i], self.limits)) for i in range(start, min(start + size, n))]
 
         if self.metrics is not None:
             self.metrics.batch_samples.observe(n)
@@ -89,13 +94,11 @@ class GradingServicer(pb_grpc.GradingServiceServicer):
         try:
             async for graded in self.engine.stream(jobs, chunks(), request.grader_timeout_seconds or None):
                 message = pb.BatchEvaluateResponse()
-                for g in graded:
-                    item = message.items.add()
-                    item.index = g.index
-                    fill_response(item.result, samples[g.index].id, labels, g.results, g.reward)
+                ids = [samples[i].id for i in graded.indices]
+                fill_items(message.items, graded.indices, ids, labels, graded.columns, graded.rewards, full)
                 yield message
-                unanswered -= len(graded)
-                self._in_flight(-len(graded))
+                unanswered -= len(graded.indices)
+                self._in_flight(-len(graded.indices))
         finally:  # cancelled, failed or done: whatever was not answered leaves the gauge too
             self._in_flight(-unanswered)
 

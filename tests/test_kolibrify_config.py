@@ -14,6 +14,7 @@ import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -264,7 +265,11 @@ def engine_for(path: Path, base: ServerConfig | None = None) -> tuple[Engine, Se
 def grade(engine: Engine, reward: str, samples: list[dict[str, Any]]) -> list[Any]:
     jobs = engine.resolve([], reward)
     chunk = [(i, sample_kwargs(sample_to_pb(s), Limits())) for i, s in enumerate(samples)]
-    return asyncio.run(engine.grade_chunk(jobs, chunk))
+    graded = asyncio.run(engine.grade_chunk(jobs, chunk))
+    return [
+        SimpleNamespace(results=[column[k] for column in graded.columns], reward=graded.rewards[k])
+        for k in range(len(samples))
+    ]
 
 
 def test_plain_graders_instances_kolibrify_names_and_repeated_graders(tmp_path, monkeypatch):

@@ -167,6 +167,29 @@ def test_one_bad_sample_costs_no_other_sample_its_result(client):
     assert not replies[2].HasField("reward")
 
 
+def test_scores_view_keeps_scores_ranks_errors_and_rewards_and_drops_reasons_and_metadata(client):
+    samples = [
+        {"id": "a", "response": '{"k": 1}', "responses": ["a", "ccc", "bb"]},
+        {"id": "b", "response": "{nope", "responses": ["x", "y"]},
+        {"id": "c", "response": "[]", "extra": {"response": "collides"}},
+    ]
+    graders = ["json_validator", "longest_first"]
+    full = client.batch_evaluate(samples, graders)
+    scores = client.batch_evaluate(samples, graders, view=pb.RESULT_VIEW_SCORES)
+    assert full[0].results[0].metadata["is_valid"] is True and full[1].results[0].reason  # what the view drops
+    for f, s in zip(full, scores, strict=True):
+        assert s.id == f.id
+        assert s.HasField("reward") == f.HasField("reward") and s.reward == f.reward
+        for fr, sr in zip(f.results, s.results, strict=True):
+            assert (sr.key, sr.grader, sr.score, list(sr.rank)) == (fr.key, fr.grader, fr.score, list(fr.rank))
+            assert (sr.error.code, sr.error.message) == (fr.error.code, fr.error.message)
+            assert sr.reason == "" and not sr.metadata.fields
+    assert [r.score for r in scores[0].results][:1] == [1.0] and list(scores[0].results[1].rank) == [3, 1, 2]
+    assert scores[2].results[0].error.code == "INVALID_SAMPLE"
+    one = client.evaluate(samples[1], ["json_validator"], view=pb.RESULT_VIEW_SCORES)
+    assert one.results[0].score == 0.0 and one.reward == 0.0 and not one.results[0].reason
+
+
 def test_batch_of_ten_thousand_returns_every_index_once(server):
     samples = [{"id": f"s{i}", "response": json.dumps({"a": i}) if i % 3 else "{broken"} for i in range(10_000)]
     request = pb.BatchEvaluateRequest(graders=[pb.GraderSpec(name="json_validator")], chunk_size=500)

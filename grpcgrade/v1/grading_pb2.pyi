@@ -8,11 +8,20 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class ResultView(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    RESULT_VIEW_UNSPECIFIED: _ClassVar[ResultView]
+    RESULT_VIEW_FULL: _ClassVar[ResultView]
+    RESULT_VIEW_SCORES: _ClassVar[ResultView]
+
 class GraderMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     GRADER_MODE_UNSPECIFIED: _ClassVar[GraderMode]
     GRADER_MODE_POINTWISE: _ClassVar[GraderMode]
     GRADER_MODE_LISTWISE: _ClassVar[GraderMode]
+RESULT_VIEW_UNSPECIFIED: ResultView
+RESULT_VIEW_FULL: ResultView
+RESULT_VIEW_SCORES: ResultView
 GRADER_MODE_UNSPECIFIED: GraderMode
 GRADER_MODE_POINTWISE: GraderMode
 GRADER_MODE_LISTWISE: GraderMode
@@ -50,16 +59,18 @@ class GraderSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., params: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., key: _Optional[str] = ..., weight: _Optional[float] = ..., gate: _Optional[bool] = ...) -> None: ...
 
 class EvaluateRequest(_message.Message):
-    __slots__ = ("graders", "sample", "reward", "grader_timeout_seconds")
+    __slots__ = ("graders", "sample", "reward", "grader_timeout_seconds", "view")
     GRADERS_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_FIELD_NUMBER: _ClassVar[int]
     REWARD_FIELD_NUMBER: _ClassVar[int]
     GRADER_TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    VIEW_FIELD_NUMBER: _ClassVar[int]
     graders: _containers.RepeatedCompositeFieldContainer[GraderSpec]
     sample: Sample
     reward: str
     grader_timeout_seconds: float
-    def __init__(self, graders: _Optional[_Iterable[_Union[GraderSpec, _Mapping]]] = ..., sample: _Optional[_Union[Sample, _Mapping]] = ..., reward: _Optional[str] = ..., grader_timeout_seconds: _Optional[float] = ...) -> None: ...
+    view: ResultView
+    def __init__(self, graders: _Optional[_Iterable[_Union[GraderSpec, _Mapping]]] = ..., sample: _Optional[_Union[Sample, _Mapping]] = ..., reward: _Optional[str] = ..., grader_timeout_seconds: _Optional[float] = ..., view: _Optional[_Union[ResultView, str]] = ...) -> None: ...
 
 class GraderError(_message.Message):
     __slots__ = ("code", "message")
@@ -98,18 +109,20 @@ class EvaluateResponse(_message.Message):
     def __init__(self, id: _Optional[str] = ..., results: _Optional[_Iterable[_Union[GraderResult, _Mapping]]] = ..., reward: _Optional[float] = ...) -> None: ...
 
 class BatchEvaluateRequest(_message.Message):
-    __slots__ = ("graders", "samples", "reward", "grader_timeout_seconds", "chunk_size")
+    __slots__ = ("graders", "samples", "reward", "grader_timeout_seconds", "chunk_size", "view")
     GRADERS_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
     REWARD_FIELD_NUMBER: _ClassVar[int]
     GRADER_TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     CHUNK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    VIEW_FIELD_NUMBER: _ClassVar[int]
     graders: _containers.RepeatedCompositeFieldContainer[GraderSpec]
     samples: _containers.RepeatedCompositeFieldContainer[Sample]
     reward: str
     grader_timeout_seconds: float
     chunk_size: int
-    def __init__(self, graders: _Optional[_Iterable[_Union[GraderSpec, _Mapping]]] = ..., samples: _Optional[_Iterable[_Union[Sample, _Mapping]]] = ..., reward: _Optional[str] = ..., grader_timeout_seconds: _Optional[float] = ..., chunk_size: _Optional[int] = ...) -> None: ...
+    view: ResultView
+    def __init__(self, graders: _Optional[_Iterable[_Union[GraderSpec, _Mapping]]] = ..., samples: _Optional[_Iterable[_Union[Sample, _Mapping]]] = ..., reward: _Optional[str] = ..., grader_timeout_seconds: _Optional[float] = ..., chunk_size: _Optional[int] = ..., view: _Optional[_Union[ResultView, str]] = ...) -> None: ...
 
 class BatchItem(_message.Message):
     __slots__ = ("index", "result")
