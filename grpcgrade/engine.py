@@ -11,17 +11,18 @@ from __future__ import annotations
 import asyncio
 import difflib
 import time
-import weakref
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from .grader import BaseGrader, GraderError, GraderResult, Inputs, InvalidParams
-from .grading import grade_async, grade_sync
+from .grading import grade_async, grade_sync, inputs_of, usable, with_problems
 from .registry import Registry
 from .rewards import Reward, SpecData, check_weights, rewards
 from .samples import SampleProblem, select_all
-from .workers import WorkerPool
+from .workers import Work, WorkerPool, grader_work
+
+T = TypeVar("T")
 
 #: (grader name, ok count, error count, seconds) once per grader per chunk.
 Observer = Callable[[str, int, int, float], None]
@@ -46,16 +47,12 @@ class Job:
     spec: SpecData
     grader: BaseGrader
     inputs: Inputs
-    remote: bool
+    portable: bool  # a worker process can run it: synchronous, and every worker's registry has it
 
-
-def _with_problems(job: Job, kwargs: list[Any], results: list[GraderResult]) -> list[GraderResult]:
-    graded = iter(results)
-    name = job.grader.name
-    return [
-        GraderError(name, str(kw), code="INVALID_SAMPLE") if isinstance(kw, SampleProblem) else next(graded)
-        for kw in kwargs
-    ]
+    @property
+    def remote(self) -> bool:
+        """Graded in a worker even when the call's other graders are not: worth a process hop per chunk."""
+        return self.portable and self.grader.heavy
 
 
 class UnknownReward(LookupError):
@@ -81,7 +78,6 @@ class Engine:
         self.grader_timeout = grader_timeout
         self.observer = observer
         self._local = set(local_graders)  # graders only this process knows (config-defined)
-        self._inputs: weakref.WeakKeyDictionary[BaseGrader, Inputs] = weakref.WeakKeyDictionary()
 
     # -- resolution ---------------------------------------------------------------------------------
 
@@ -100,11 +96,8 @@ class Engine:
         for spec in specs:
             grader = self.registry.build(spec.name, spec.params)
             canonical = self.registry.entry(spec.name).name
-            remote = self.pool is not None and grader.heavy and grader.is_sync and canonical not in self._local
-            inputs = self._inputs.get(grader)
-            if inputs is None:  # signature inspection costs ~60 µs: once per built grader, not per call
-                inputs = self._inputs[grader] = grader.input_names()
-            jobs.append(Job(spec, grader, inputs, remote))
+            portable = self.pool is not None and grader.is_sync and canonical not in self._local
+            jobs.append(Job(spec, grader, inputs_of(grader), portable))
         return jobs
 
     # -- grading ------------------------------------------------------------------------------------
@@ -116,7 +109,7 @@ class Engine:
         if job.remote:
             assert self.pool is not None
             name = self.registry.entry(job.spec.name).name
-            results, _ = await self.pool.run(name, job.spec.params, batch, timeout)
+            results, _ = await self.pool.run(grader_work(name, job.spec.params, batch, timeout))
         elif job.grader.is_sync:
             results = grade_sync(job.grader, batch, timeout)
         else:
@@ -130,44 +123,72 @@ class Engine:
         timeout = timeout or self.grader_timeout
         indices = [index for index, _ in chunk]
         kwargs = [kw for _, kw in chunk]
-        problems = [isinstance(kw, SampleProblem) for kw in kwargs]
-        good = [kw for kw, bad in zip(kwargs, problems, strict=True) if not bad] if any(problems) else kwargs
+        good = usable(kwargs)
         if len(jobs) == 1:  # no task per job for the common single-grader call
-            columns = [await self._run_job(jobs[0], select_all(good, jobs[0].inputs), timeout)]  # type: ignore[arg-type]
+            columns = [await self._run_job(jobs[0], select_all(good, jobs[0].inputs), timeout)]
         else:
-            runs = (self._run_job(job, select_all(good, job.inputs), timeout) for job in jobs)  # type: ignore[arg-type]
+            runs = (self._run_job(job, select_all(good, job.inputs), timeout) for job in jobs)
             columns = list(await asyncio.gather(*runs))
-        if good is not kwargs:  # put the unusable samples' errors back in their places
-            columns = [_with_problems(job, kwargs, column) for job, column in zip(jobs, columns, strict=True)]
+        if good is not kwargs:
+            columns = [with_problems(j.grader.name, kwargs, c) for j, c in zip(jobs, columns, strict=True)]
         return GradedChunk(indices, columns, rewards([job.spec for job in jobs], columns))
 
     def window(self, jobs: list[Job]) -> int:
         """Chunks in flight per call: enough to keep every worker busy, few enough to bound memory."""
-        if self.pool is not None and any(job.remote for job in jobs):
+        if self.pool is not None and (self.offloads(jobs) or any(job.remote for job in jobs)):
             return 2 * self.pool.size + 1
         return 2
+
+    def offloads(self, jobs: list[Job]) -> bool:
+        """Whole chunks go to the workers (see `wire`) when every grader of the call can run there."""
+        return all(job.portable for job in jobs)
 
     async def stream(
         self, jobs: list[Job], chunks: Iterable[Chunk], timeout: float | None = None
     ) -> AsyncIterator[GradedChunk]:
         """Grade chunk after chunk, yielding each as it finishes (not necessarily in order)."""
-        source = iter(chunks)
-        pending: set[asyncio.Task[GradedChunk]] = set()
+        async for graded in _pipelined((self.grade_chunk(jobs, c, timeout) for c in chunks), self.window(jobs)):
+            yield graded
 
-        def launch() -> None:
-            chunk = next(source, None)
-            if chunk is not None:
-                pending.add(asyncio.ensure_future(self.grade_chunk(jobs, chunk, timeout)))
+    async def stream_work(self, jobs: list[Job], works: Iterable[Work]) -> AsyncIterator[tuple[Any, int]]:
+        """Run units of `wire` work in the pool, yielding (payload, samples in it) as each finishes."""
+        assert self.pool is not None
+        pool, observer = self.pool, self.observer
 
-        for _ in range(self.window(jobs)):
-            launch()
-        try:
-            while pending:
-                done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                for task in done:
-                    pending.discard(task)
-                    yield task.result()
-                    launch()
-        finally:
-            for task in pending:
-                task.cancel()
+        async def run(work: Work) -> tuple[Any, int]:
+            payload, stats = await pool.run(work)
+            if observer is not None:
+                for stat in stats:
+                    observer(*stat)
+            return payload, work.size
+
+        async for done in _pipelined((run(w) for w in works), self.window(jobs)):
+            yield done
+
+    def timeout(self, requested: float) -> float | None:
+        """A call's per-sample time limit: its own, else the server's."""
+        return requested or self.grader_timeout
+
+
+async def _pipelined(steps: Iterator[Awaitable[T]], window: int) -> AsyncIterator[T]:
+    """Await `steps` with `window` in flight, yielding results as they finish. A step starts only when a
+    finished one has been handed on, so a slow reader slows the work instead of growing a queue."""
+    pending: set[asyncio.Future[T]] = set()
+
+    def launch() -> None:
+        step = next(steps, None)
+        if step is not None:
+            pending.add(asyncio.ensure_future(step))
+
+    for _ in range(window):
+        launch()
+    try:
+        while pending:
+            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                pending.discard(task)
+                yield task.result()
+                launch()
+    finally:
+        for task in pending:
+            task.cancel()

@@ -13,6 +13,7 @@ import contextlib
 import signal
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,8 +24,36 @@ from .grader import (
     GraderRank,
     GraderResult,
     GraderScore,
+    Inputs,
     is_finite_score,
 )
+from .samples import SampleProblem
+
+_inputs: weakref.WeakKeyDictionary[BaseGrader, Inputs] = weakref.WeakKeyDictionary()
+
+
+def inputs_of(grader: BaseGrader) -> Inputs:
+    """The grader's declared inputs; signature inspection costs ~60 µs, so once per built grader."""
+    inputs = _inputs.get(grader)
+    if inputs is None:
+        inputs = _inputs[grader] = grader.input_names()
+    return inputs
+
+
+def usable(chunk: list[Any]) -> list[dict[str, Any]]:
+    """The chunk's gradable samples: the chunk itself when none is a `SampleProblem`."""
+    if any(isinstance(kw, SampleProblem) for kw in chunk):
+        return [kw for kw in chunk if not isinstance(kw, SampleProblem)]
+    return chunk
+
+
+def with_problems(name: str, chunk: list[Any], results: list[GraderResult]) -> list[GraderResult]:
+    """A grader's results for `usable(chunk)`, with each unusable sample's INVALID_SAMPLE back in place."""
+    graded = iter(results)
+    return [
+        GraderError(name, str(kw), code="INVALID_SAMPLE") if isinstance(kw, SampleProblem) else next(graded)
+        for kw in chunk
+    ]
 
 
 class GraderTimeout(Exception):

@@ -23,9 +23,8 @@ from .interceptors import AuthInterceptor, DecodeGuardInterceptor, ObservingInte
 from .llm.models import configure as configure_models
 from .metrics import Metrics
 from .registry import Registry, get_registry
-from .servicer import GradingServicer
+from .servicer import GradingServicer, add_to_server
 from .v1 import grading_pb2 as pb
-from .v1 import grading_pb2_grpc as pb_grpc
 from .workers import WorkerPool
 
 log = logging.getLogger("grpcgrade.server")
@@ -153,7 +152,7 @@ async def serve(opts: ServeOptions) -> int:
             *opts.extra_options,
         ],
     )
-    pb_grpc.add_GradingServiceServicer_to_server(GradingServicer(engine, config.limits, metrics), server)
+    add_to_server(GradingServicer(engine, config.limits, metrics), server)
     health_servicer = DrainingHealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)

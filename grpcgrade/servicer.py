@@ -2,26 +2,69 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Sequence
 
 import grpc
 
 from .catalog import list_graders
 from .convert import fill_items, fill_response, sample_kwargs, spec_from_pb
-from .engine import Chunk, Engine, Job, UnknownReward
+from .engine import Engine, GradedChunk, Job, UnknownReward
 from .grader import InvalidParams
 from .metrics import Metrics
 from .registry import UnknownGrader
 from .samples import Limits
 from .v1 import grading_pb2 as pb
 from .v1 import grading_pb2_grpc as pb_grpc
+from .wire import wire_work
 
-CHEAP_CHUNK = 256  # measured: gains level off at 256-1024 samples per message
+CHEAP_CHUNK = 1024  # measured: gains level off at 256-1024 samples per message; a hop per chunk favours 1024
 HEAVY_CHUNK = 32  # smaller chunks spread a batch of heavy work over every worker
 
 
 def _full(request: pb.EvaluateRequest | pb.BatchEvaluateRequest) -> bool:
     return request.view != pb.RESULT_VIEW_SCORES
+
+
+Message = pb.BatchEvaluateResponse | bytes
+
+
+def _serialize(message: Message) -> bytes:
+    """A worker's chunk arrives serialized already (see `wire`) and goes out as it is."""
+    return message if isinstance(message, bytes) else message.SerializeToString()
+
+
+def add_to_server(servicer: GradingServicer, server: grpc.aio.Server) -> None:
+    """The generated `add_GradingServiceServicer_to_server`, but BatchEvaluate may yield bytes."""
+    handlers = {
+        "Evaluate": grpc.unary_unary_rpc_method_handler(
+            servicer.Evaluate,
+            request_deserializer=pb.EvaluateRequest.FromString,
+            response_serializer=pb.EvaluateResponse.SerializeToString,
+        ),
+        "BatchEvaluate": grpc.unary_stream_rpc_method_handler(
+            servicer.BatchEvaluate,
+            request_deserializer=pb.BatchEvaluateRequest.FromString,
+            response_serializer=_serialize,
+        ),
+        "ListGraders": grpc.unary_unary_rpc_method_handler(
+            servicer.ListGraders,
+            request_deserializer=pb.ListGradersRequest.FromString,
+            response_serializer=pb.ListGradersResponse.SerializeToString,
+        ),
+    }
+    name = pb.DESCRIPTOR.services_by_name["GradingService"].full_name
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, handlers),))
+    server.add_registered_method_handlers(name, handlers)
+
+
+async def _filled(
+    stream: AsyncIterator[GradedChunk], samples: Sequence[pb.Sample], labels: list[tuple[str, str]], full: bool
+) -> AsyncIterator[tuple[pb.BatchEvaluateResponse, int]]:
+    async for graded in stream:
+        message = pb.BatchEvaluateResponse()
+        ids = [samples[i].id for i in graded.indices]
+        fill_items(message.items, graded.indices, ids, labels, graded.columns, graded.rewards, full)
+        yield message, len(ids)
 
 
 class GradingServicer(pb_grpc.GradingServiceServicer):
@@ -69,7 +112,7 @@ class GradingServicer(pb_grpc.GradingServiceServicer):
 
     async def BatchEvaluate(
         self, request: pb.BatchEvaluateRequest, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[pb.BatchEvaluateResponse]:
+    ) -> AsyncIterator[Message]:
         n = len(request.samples)
         if n > self.limits.max_samples_per_batch:
             await context.abort(
@@ -78,29 +121,34 @@ class GradingServicer(pb_grpc.GradingServiceServicer):
                 f"{self.limits.max_samples_per_batch}; split the batch (the Python client does)",
             )
         jobs = await self._resolve(list(request.graders), request.reward, context)
-        size = request.chunk_size or (HEAVY_CHUNK if any(j.remote for j in jobs) else CHEAP_CHUNK)
-        labels = self._labels(jobs)
-        full = _full(request)
-        samples = request.samples
-
-        def chunks() -> Iterator[Chunk]:
-            for start in range(0, n, size):
-                yield [(i, sample_kwargs(samples[i], self.limits)) for i in range(start, min(start + size, n))]
-
+        size = request.chunk_size or (HEAVY_CHUNK if any(j.grader.heavy for j in jobs) else CHEAP_CHUNK)
         if self.metrics is not None:
             self.metrics.batch_samples.observe(n)
         unanswered = n
         self._in_flight(n)
         try:
-            async for graded in self.engine.stream(jobs, chunks(), request.grader_timeout_seconds or None):
-                message = pb.BatchEvaluateResponse()
-                ids = [samples[i].id for i in graded.indices]
-                fill_items(message.items, graded.indices, ids, labels, graded.columns, graded.rewards, full)
+            async for message, count in self._graded(request, jobs, size):
                 yield message
-                unanswered -= len(graded.indices)
-                self._in_flight(-len(graded.indices))
+                unanswered -= count
+                self._in_flight(-count)
         finally:  # cancelled, failed or done: whatever was not answered leaves the gauge too
             self._in_flight(-unanswered)
+
+    def _graded(
+        self, request: pb.BatchEvaluateRequest, jobs: list[Job], size: int
+    ) -> AsyncIterator[tuple[Message, int]]:
+        """Response messages and how many samples each answers, in the order chunks finish."""
+        samples, n = request.samples, len(request.samples)
+        labels = self._labels(jobs)
+        full = _full(request)
+        timeout = self.engine.timeout(request.grader_timeout_seconds)
+        starts = range(0, n, size)
+        if self.engine.offloads(jobs):
+            specs = [job.spec for job in jobs]
+            works = (wire_work(specs, labels, samples[a : a + size], a, full, self.limits, timeout) for a in starts)
+            return self.engine.stream_work(jobs, works)
+        chunks = ([(i, sample_kwargs(samples[i], self.limits)) for i in range(a, min(a + size, n))] for a in starts)
+        return _filled(self.engine.stream(jobs, chunks, timeout), samples, labels, full)
 
     async def ListGraders(
         self, request: pb.ListGradersRequest, context: grpc.aio.ServicerContext

@@ -1,7 +1,8 @@
 """Worker processes for CPU-heavy graders, so one batch keeps every core busy.
 
-A chunk travels as (grader name, params, samples); each worker builds the grader once from its own
-registry and reuses it. Workers are spawned, not forked, because gRPC objects must not cross a fork.
+A chunk travels as (grader name, params, samples), or, for a batch whose graders all run here, as the
+request's protobuf bytes (see `wire`); each worker builds graders once from its own registry and reuses
+them. Workers are spawned, not forked, because gRPC objects must not cross a fork.
 
 Faults: a worker that dies (killed, out of memory) breaks the pool; it is replaced and the chunks that
 were in flight are retried once, then reported as WORKER_LOST errors, never dropped. A worker stuck in C
@@ -17,8 +18,10 @@ import multiprocessing
 import os
 import signal
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
 from typing import Any
 
 from .grader import GraderError, GraderResult
@@ -54,6 +57,37 @@ def _run(
     start = time.perf_counter()
     results = grade_sync(grader, batch, timeout)
     return results, time.perf_counter() - start
+
+
+@dataclass(frozen=True)
+class Work:
+    """A unit the pool runs: `fn(*args)` in a worker over `size` samples.
+
+    When a worker dies or hangs on it, `split` gives the same work sample by sample, `failed(code,
+    message)` stands for a one-sample work that could not be done, and `join` puts split results back
+    together, so the pool's fault handling is the same whatever travels.
+    """
+
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    size: int
+    timeout: float | None  # per sample; the watchdog allows `size` of them
+    split: Callable[[], list[Work]]
+    failed: Callable[[str, str], Any]
+    join: Callable[[list[Any]], Any]
+
+
+def grader_work(name: str, params: dict[str, Any], batch: list[dict[str, Any]], timeout: float | None) -> Work:
+    """One grader over a chunk of keyword arguments: `([results], seconds)` back."""
+    return Work(
+        _run,
+        (name, params, batch, timeout),
+        len(batch),
+        timeout,
+        lambda: [grader_work(name, params, [kw], timeout) for kw in batch],
+        lambda code, message: ([GraderError(name, message, code=code)], 0.0),
+        lambda parts: ([r for res, _ in parts for r in res], sum(t for _, t in parts)),
+    )
 
 
 class WorkerPool:
@@ -93,53 +127,40 @@ class WorkerPool:
                 p.kill()
         broken.shutdown(wait=False, cancel_futures=True)
 
-    async def run(
-        self, name: str, params: dict[str, Any], batch: list[dict[str, Any]], timeout: float | None
-    ) -> tuple[list[GraderResult], float]:
-        """Grade a chunk in a worker: (results in order, seconds spent grading)."""
+    async def run(self, work: Work) -> Any:
+        """`work.fn(*work.args)` in a worker; a sample that kills or hangs workers gets `failed`, alone."""
         for _attempt in range(2):
             executor = self._executor
             try:
-                return await self._submit(executor, name, params, batch, timeout)
+                return await self._submit(executor, work)
             except TimeoutError:
                 self._replace(executor, kill=True)
-                if len(batch) == 1:
-                    return [GraderError(name, f"grader ran past its time limit of {timeout:g} s", code="TIMEOUT")], 0.0
-                return await self._one_by_one(name, params, batch, timeout)
+                if work.size == 1:
+                    return work.failed("TIMEOUT", f"grader ran past its time limit of {work.timeout:g} s")
+                return await self._one_by_one(work)
             except (BrokenProcessPool, RuntimeError) as exc:
-                log.warning("worker lost while grading %d samples with %s: %s", len(batch), name, exc)
+                log.warning("worker lost while grading %d samples: %s", work.size, exc)
                 self._replace(executor, kill=False)
-                if len(batch) > 1:  # find the sample that kills workers; the others still get results
-                    return await self._one_by_one(name, params, batch, timeout)
-        lost = GraderError(name, "the worker process grading this sample died twice", code="WORKER_LOST")
-        return [lost], 0.0
+                if work.size > 1:  # find the sample that kills workers; the others still get results
+                    return await self._one_by_one(work)
+        return work.failed("WORKER_LOST", "the worker process grading this sample died twice")
 
-    async def _one_by_one(
-        self, name: str, params: dict[str, Any], batch: list[dict[str, Any]], timeout: float | None
-    ) -> tuple[list[GraderResult], float]:
+    async def _one_by_one(self, work: Work) -> Any:
         """One at a time, so the sample that kills or hangs a worker takes no other sample with it."""
-        parts = [await self.run(name, params, [kw], timeout) for kw in batch]
-        return [r for res, _ in parts for r in res], sum(s for _, s in parts)
+        return work.join([await self.run(part) for part in work.split()])
 
-    async def _submit(
-        self,
-        executor: ProcessPoolExecutor,
-        name: str,
-        params: dict[str, Any],
-        batch: list[dict[str, Any]],
-        timeout: float | None,
-    ) -> tuple[list[GraderResult], float]:
+    async def _submit(self, executor: ProcessPoolExecutor, work: Work) -> Any:
         """Run one chunk; the watchdog starts when a worker takes the chunk, not while it waits its turn."""
         for ping in self._started.get(id(executor), ()):  # a worker still importing is not a hung grader
             await asyncio.wrap_future(ping)
-        future = executor.submit(_run, name, params, batch, timeout)
+        future = executor.submit(work.fn, *work.args)
         waiter = asyncio.wrap_future(future)
         try:
             while not future.running():
                 done, _ = await asyncio.wait({waiter}, timeout=0.05)
                 if done:
                     return waiter.result()
-            watchdog = timeout * len(batch) + WATCHDOG_GRACE_SECONDS if timeout else None
+            watchdog = work.timeout * work.size + WATCHDOG_GRACE_SECONDS if work.timeout else None
             return await asyncio.wait_for(asyncio.shield(waiter), watchdog)
         except asyncio.CancelledError:
             waiter.cancel()  # the caller went away: drop the chunk if no worker has started it

@@ -47,9 +47,17 @@ def scores(replies) -> list[object]:
     return [r.results[0].error.code if r.results[0].HasField("error") else r.results[0].score for r in replies]
 
 
-@pytest.mark.parametrize("heavy", [True, False], ids=["in-worker", "inline"])
-def test_a_hanging_grader_times_out_and_the_others_go_on(fault_server, heavy):
-    graders = [{"name": "misbehave", "params": {"heavy": heavy}}]
+#: How a sync grader runs: whole chunks in workers (every grader of the call can), a chunk per grader in
+#: workers (beside an async grader, which runs in the server's loop), or inline in the server's loop.
+PATHS = {
+    "whole-chunks-in-workers": [{"name": "misbehave"}],
+    "per-grader-in-workers": [{"name": "misbehave"}, "attentive"],
+    "inline": [{"name": "misbehave", "params": {"heavy": False}}, "attentive"],
+}
+
+
+@pytest.mark.parametrize("graders", PATHS.values(), ids=PATHS.keys())
+def test_a_hanging_grader_times_out_and_the_others_go_on(fault_server, graders):
     with fault_server.client(timeout=60) as c:
         replies = c.batch_evaluate([{"response": r} for r in ("ok", "hang", "ok", "nan")], graders)
         assert scores(replies) == [1.0, "TIMEOUT", 1.0, "INVALID_RESULT"]
@@ -58,20 +66,26 @@ def test_a_hanging_grader_times_out_and_the_others_go_on(fault_server, heavy):
         assert scores([c.evaluate({"response": "ok"}, graders)]) == [1.0]  # the server is fine
 
 
-def test_a_grader_stuck_in_c_gets_its_worker_killed_and_replaced(fault_server):
+IN_WORKERS = {k: v for k, v in PATHS.items() if k != "inline"}
+
+
+@pytest.mark.parametrize("graders", IN_WORKERS.values(), ids=IN_WORKERS.keys())
+def test_a_grader_stuck_in_c_gets_its_worker_killed_and_replaced(fault_server, graders):
     before = fault_server.metric("grpcgrade_worker_pool_restarts")
     with fault_server.client(timeout=60) as c:
-        replies = c.batch_evaluate([{"response": r} for r in ("ok", "hang_in_c", "ok")], ["misbehave"])
+        replies = c.batch_evaluate([{"response": r} for r in ("ok", "hang_in_c", "ok")], graders)
         assert scores(replies) == [1.0, "TIMEOUT", 1.0]
-        assert scores(c.batch_evaluate([{"response": "ok"}] * 40, ["misbehave"])) == [1.0] * 40
+        assert scores(c.batch_evaluate([{"response": "ok"}] * 40, graders)) == [1.0] * 40
     assert fault_server.metric("grpcgrade_worker_pool_restarts") > before
     assert fault_server.metric("grpcgrade_workers_alive") == 2
 
 
-def test_a_sample_that_kills_its_worker_costs_no_other_sample(fault_server):
+@pytest.mark.parametrize("graders", IN_WORKERS.values(), ids=IN_WORKERS.keys())
+def test_a_sample_that_kills_its_worker_costs_no_other_sample(fault_server, graders):
     with fault_server.client(timeout=60) as c:
-        replies = c.batch_evaluate([{"response": r} for r in ("ok", "die", "ok", "ok")], ["misbehave"])
+        replies = c.batch_evaluate([{"response": r} for r in ("ok", "die", "ok", "ok")], graders)
         assert scores(replies) == [1.0, "WORKER_LOST", 1.0, 1.0]
+        assert [r.HasField("reward") for r in replies] == [True, False, True, True]
         assert scores([c.evaluate({"response": "ok"}, ["misbehave"])]) == [1.0]
 
 

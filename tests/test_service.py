@@ -59,7 +59,14 @@ def test_list_graders_names_plugins_versions_and_params(client):
     assert plugins["broken"].status == "failed"
     assert "grpcgrade_dependency_that_does_not_exist" in plugins["broken"].error
     assert plugins["testplugin"].status == "loaded"
-    assert sorted(plugins["testplugin"].graders) == ["count_word", "longest_first", "misbehave", "shout", "sleepy"]
+    assert sorted(plugins["testplugin"].graders) == [
+        "attentive",
+        "count_word",
+        "longest_first",
+        "misbehave",
+        "shout",
+        "sleepy",
+    ]
     assert [r.name for r in listing.rewards] == ["gsm8k"]
 
 

@@ -1,5 +1,7 @@
-"""A plugin the test suite installs: a class grader, a function grader with a param, a listwise one."""
+"""A plugin the test suite installs: class and function graders, sync and async, pointwise and listwise,
+and misbehaving ones for the fault tests."""
 
+import asyncio
 import os
 import signal
 import time
@@ -25,6 +27,12 @@ def count_word(response: str, word: str = "grpc") -> float:
     return float(response.split().count(word))
 
 
+async def attentive(response: str) -> float:
+    """1.0, after a turn of the event loop: an async grader, which the server runs in its own loop."""
+    await asyncio.sleep(0)
+    return 1.0
+
+
 @hookimpl
 def register_graders(register):
     register(Shout, name="shout")
@@ -32,6 +40,7 @@ def register_graders(register):
     register(FunctionGrader.wrap(longest_first, mode=GraderMode.LISTWISE), name="longest_first")
     register(Sleepy, name="sleepy")
     register(Misbehave, name="misbehave")
+    register(FunctionGrader.wrap(attentive), name="attentive")
 
 
 class Sleepy(BaseGrader):
