@@ -123,7 +123,7 @@ class Report:
             f" {os.cpu_count()} cores"
         ]
         for key, value in self.figures.items():
-            lines.append(f"  {key:<28} {value:>12,.0f} items/s   {self.ratio(key):6.3f} x bare loop")
+            lines.append(f"  {key:<32} {value:>12,.0f} items/s   {self.ratio(key):6.3f} x bare loop")
         for key, value in self.notes.items():
             lines.append(f"  {key}: {value}")
         return "\n".join(lines)
@@ -158,7 +158,7 @@ def bench_reference_runner(preset: Preset, samples: list[dict[str, Any]]) -> flo
     grader = JsonValidatorGrader() if preset.grader == "json_validator" else SimilarityGrader(**preset.params)
     rows = [{"response": s["response"], "reference_response": s.get("reference", "")} for s in samples]
     runner = GradingRunner({"g": grader}, max_concurrency=32, show_progress=False)
-    return _rate(len(rows), lambda: runner.run(rows))
+    return _rate(len(rows), lambda: runner.run(rows), repeat=3)
 
 
 async def _unary(
@@ -180,6 +180,34 @@ async def _unary(
         await client.evaluate(messages[0], spec)
         start = time.perf_counter()
         await asyncio.gather(*(caller(k) for k in range(concurrency)))
+        return latencies, time.perf_counter() - start
+
+
+async def _paced(
+    target: str, messages: list[Any], spec: list[dict[str, Any]], rate: float, seconds: float, concurrency: int
+) -> tuple[list[float], float]:
+    """`concurrency` callers offering `rate` calls/s in all, open loop (as `ghz --rps`): each call is due at
+    a fixed time, and its latency counts from then, so a server that falls behind cannot hide it."""
+    from .client import AsyncGradingClient
+
+    latencies: list[float] = []
+    interval = concurrency / rate
+
+    async def caller(k: int, start: float) -> None:
+        due = start + k * interval / concurrency
+        end = start + seconds
+        while due < end:
+            delay = due - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            await client.evaluate(messages[len(latencies) % len(messages)], spec)
+            latencies.append(time.perf_counter() - due)
+            due += interval
+
+    async with AsyncGradingClient(target, timeout=600) as client:
+        await client.evaluate(messages[0], spec)
+        start = time.perf_counter()
+        await asyncio.gather(*(caller(k, start) for k in range(concurrency)))
         return latencies, time.perf_counter() - start
 
 
@@ -209,9 +237,11 @@ def bench_service(
     concurrency: int,
     metrics: bool,
     workdir: Path,
+    unary_rate: float = 0.0,
 ) -> tuple[dict[str, float], dict[str, Any]]:
     from .convert import sample_to_pb
     from .testing import start_server
+    from .v1 import grading_pb2 as pb
 
     figures: dict[str, float] = {}
     notes: dict[str, Any] = {}
@@ -223,9 +253,12 @@ def bench_service(
         messages = [sample_to_pb(s) for s in samples]
         with server.client(timeout=600, chunk_size=4096, max_in_flight=2) as client:
             client.batch_evaluate(messages[:2000], spec)  # warm-up: workers up, graders built
-            figures["batch_evaluate_grpc"] = _rate(len(messages), lambda: client.batch_evaluate(messages, spec))
+            figures["batch_evaluate_grpc"] = _rate(len(messages), lambda: client.batch_evaluate(messages, spec), 3)
             if not unary_calls:
                 return figures, notes
+            figures["batch_evaluate_grpc_scores_view"] = _rate(
+                len(messages), lambda: client.batch_evaluate(messages, spec, view=pb.RESULT_VIEW_SCORES), 3
+            )
             before = server.metrics() if metrics else {}
             latencies, elapsed = asyncio.run(_unary(server.target, messages, spec, unary_calls, concurrency))
             figures["unary_evaluate_grpc"] = len(latencies) / elapsed
@@ -235,6 +268,15 @@ def bench_service(
             notes["unary_concurrency"] = concurrency
             notes["unary_p50_ms"] = round(q[49] * 1000, 2)
             notes["unary_p99_ms"] = round(q[98] * 1000, 2)
+            if unary_rate:
+                paced, elapsed = asyncio.run(
+                    _paced(server.target, messages, spec, unary_rate, unary_calls / unary_rate, concurrency)
+                )
+                q = statistics.quantiles(paced, n=100)
+                notes["unary_offered_per_second"] = unary_rate
+                notes["unary_paced_per_second"] = round(len(paced) / elapsed)
+                notes["unary_paced_p50_ms"] = round(q[49] * 1000, 2)
+                notes["unary_paced_p99_ms"] = round(q[98] * 1000, 2)
     finally:
         server.stop()
     return figures, notes
@@ -377,6 +419,7 @@ def run_bench(
     unary_calls: int = 20_000,
     concurrency: int = 32,
     compare_metrics: bool = False,
+    unary_rate: float = 2_500.0,
 ) -> Report:
     preset = PRESETS[grader]
     n = samples or preset.samples
@@ -388,7 +431,9 @@ def run_bench(
     if reference is not None:
         report.figures["openjudge_grading_runner"] = reference
     with tempfile.TemporaryDirectory() as tmp:
-        figures, notes = bench_service(preset, data, workers, unary_calls, concurrency, True, Path(tmp))
+        figures, notes = bench_service(
+            preset, data, workers, unary_calls, concurrency, True, Path(tmp), unary_rate=unary_rate
+        )
         report.figures.update(figures)
         report.notes.update(notes)
         if compare_metrics:  # alternate off/on runs and keep the best of each: one run is noisier than 5%

@@ -189,6 +189,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         unary_calls=args.unary_calls,
         concurrency=args.concurrency,
         compare_metrics=args.compare_metrics,
+        unary_rate=args.unary_rate,
     )
     print(json.dumps(report.as_dict(), indent=2) if args.json else report.text())
     return 0
@@ -266,6 +267,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, help="server worker processes (default: cores)")
     p.add_argument("--unary-calls", type=int, default=20_000)
     p.add_argument("--concurrency", type=int, default=32, help="concurrent unary callers")
+    p.add_argument(
+        "--unary-rate",
+        type=float,
+        default=2_500.0,
+        help="then offer this many unary calls/s, open loop, and report their latency (0: skip)",
+    )
     p.add_argument("--compare-metrics", action="store_true", help="also run the batch with metrics off")
     p.add_argument("--per-call", action="store_true", help="instead: µs per call of every built-in grader")
     p.add_argument("--stream", type=int, metavar="N", help="instead: stream N samples and report the server's RSS")

@@ -1,9 +1,10 @@
 """The grading engine: grader specs resolved once per call, samples graded chunk by chunk.
 
-Cheap graders run inline (a process hop would cost more than the work); heavy synchronous graders run
-in the worker pool, several chunks in flight so every core works. Chunks come back as they finish, and
-a new chunk starts only when a finished one has been handed on, so a slow reader slows the grading
-instead of growing a queue.
+When every grader of a call can run in a worker process, whole chunks go there (`stream_work` with the
+units of work `wire` makes). Otherwise cheap graders run inline (a process hop would cost more than the
+work), heavy synchronous graders in the worker pool and async ones in the event loop. Several chunks are
+in flight so every core works; they come back as they finish, and a new chunk starts only when a finished
+one has been handed on, so a slow reader slows the grading instead of growing a queue.
 """
 
 from __future__ import annotations

@@ -74,7 +74,7 @@ class BaseGrader:
     Implement `async aevaluate(**kwargs)` (I/O-bound graders, e.g. LLM judges) or a plain
     `evaluate(**kwargs)` (CPU-bound graders): the service then calls it without an event loop, inline
     or in a worker process. Set `heavy = True` on graders whose per-call cost (milliseconds) is worth a
-    process hop; cheap graders stay inline, where a hop would cost more than the work.
+    process hop per grader and chunk even beside async graders, or for a single sample.
     """
 
     heavy: bool = False
