@@ -2,8 +2,10 @@
 
 For one grader it measures, in one run on the same data: the bare library call in a loop (the limit
 for one core), the in-process grader API, BatchEvaluate over gRPC to a server in another process, and
-unary Evaluate under concurrency; optionally the reference's in-process GradingRunner (py-openjudge) and
-the cost of metrics. Every figure is printed as items/s and as a ratio to the bare loop.
+unary Evaluate under concurrency (back to back, and open loop at an offered rate), and BatchEvaluate
+against a minimal server that only makes the bare call (what gRPC itself allows); optionally the
+reference's in-process GradingRunner (py-openjudge) and the cost of metrics. Every figure is printed as
+items/s and as a ratio to the bare loop.
 """
 
 from __future__ import annotations
@@ -159,6 +161,65 @@ def bench_reference_runner(preset: Preset, samples: list[dict[str, Any]]) -> flo
     rows = [{"response": s["response"], "reference_response": s.get("reference", "")} for s in samples]
     runner = GradingRunner({"g": grader}, max_concurrency=32, show_progress=False)
     return _rate(len(rows), lambda: runner.run(rows), repeat=3)
+
+
+def _serve_floor(grader: str, port: int) -> None:
+    """A spawned process's target: the least a BatchEvaluate server can do for `grader`, to measure what
+    gRPC itself allows. Each sample gets the bare library call and an index and score back; no
+    validation, no grader API, no reasons, no metadata, no workers."""
+    import grpc
+
+    from .v1 import grading_pb2 as pb
+    from .v1 import grading_pb2_grpc as pb_grpc
+
+    bare = PRESETS[grader].bare()
+
+    class Floor(pb_grpc.GradingServiceServicer):
+        async def BatchEvaluate(self, request: Any, context: Any) -> Any:
+            samples = request.samples
+            for start in range(0, len(samples), 1024):
+                message = pb.BatchEvaluateResponse()
+                for i in range(start, min(start + 1024, len(samples))):
+                    s = samples[i]
+                    bare({"response": s.response, "reference": s.reference})
+                    message.items.add(index=i).result.results.add(score=1.0)
+                yield message
+
+    async def serve() -> None:
+        server = grpc.aio.server(options=[("grpc.max_receive_message_length", 256 * 1024 * 1024)])
+        pb_grpc.add_GradingServiceServicer_to_server(Floor(), server)
+        server.add_insecure_port(f"127.0.0.1:{port}")
+        await server.start()
+        await server.wait_for_termination()
+
+    asyncio.run(serve())
+
+
+def bench_floor(grader: str, messages: list[Any], spec: list[dict[str, Any]]) -> float:
+    """BatchEvaluate against `_serve_floor`, with the client and data of the real measurement."""
+    import multiprocessing
+
+    from .client import GradingClient
+    from .testing import free_port
+
+    port = free_port()
+    proc = multiprocessing.get_context("spawn").Process(target=_serve_floor, args=(grader, port), daemon=True)
+    proc.start()
+    try:
+        target = f"127.0.0.1:{port}"
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with GradingClient(target, timeout=5) as probe:
+                try:
+                    probe.batch_evaluate(messages[:10], spec)
+                    break
+                except Exception:  # not up yet
+                    time.sleep(0.1)
+        with GradingClient(target, timeout=600, chunk_size=4096, max_in_flight=2) as client:
+            return _rate(len(messages), lambda: client.batch_evaluate(messages, spec), 3)
+    finally:
+        proc.kill()
+        proc.join()
 
 
 async def _unary(
@@ -421,6 +482,8 @@ def run_bench(
     compare_metrics: bool = False,
     unary_rate: float = 2_500.0,
 ) -> Report:
+    from .convert import sample_to_pb
+
     preset = PRESETS[grader]
     n = samples or preset.samples
     workers = os.cpu_count() or 1 if workers is None else workers
@@ -436,6 +499,8 @@ def run_bench(
         )
         report.figures.update(figures)
         report.notes.update(notes)
+        messages = [sample_to_pb(s) for s in data]
+        report.figures["grpc_floor_minimal_server"] = bench_floor(grader, messages, [{"name": preset.grader}])
         if compare_metrics:  # alternate off/on runs and keep the best of each: one run is noisier than 5%
             on, off = [figures["batch_evaluate_grpc"]], []
             for metrics_on in (False, True, False):
