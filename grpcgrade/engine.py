@@ -121,7 +121,7 @@ class Engine:
         return results
 
     async def grade_chunk(self, jobs: list[Job], chunk: Chunk, timeout: float | None = None) -> GradedChunk:
-        timeout = timeout or self.grader_timeout
+        timeout = self.timeout(timeout or 0.0)
         indices = [index for index, _ in chunk]
         kwargs = [kw for _, kw in chunk]
         good = usable(kwargs)

@@ -128,9 +128,11 @@ class GradingServicer(pb_grpc.GradingServiceServicer):
         self._in_flight(n)
         try:
             async for message, count in self._graded(request, jobs, size):
-                yield message
+                # Answered once handed to gRPC: counted before the yield, which returns only when gRPC
+                # wants the next message, possibly after the client has read this one.
                 unanswered -= count
                 self._in_flight(-count)
+                yield message
         finally:  # cancelled, failed or done: whatever was not answered leaves the gauge too
             self._in_flight(-unanswered)
 

@@ -79,10 +79,6 @@ def wire_work(
 
 def _join(parts: list[tuple[bytes, list[Stat]]]) -> tuple[bytes, list[Stat]]:
     """Serialized messages concatenate into their merge: the items of all parts, in order."""
-    totals = [[name, 0, 0, 0.0] for name, *_ in parts[0][1]]
-    for _, stats in parts:
-        for total, (_, ok, errors, seconds) in zip(totals, stats, strict=True):
-            total[1] += ok
-            total[2] += errors
-            total[3] += seconds
-    return b"".join(data for data, _ in parts), [(str(n), int(o), int(e), float(s)) for n, o, e, s in totals]
+    per_grader = zip(*(stats for _, stats in parts), strict=True)  # each grader's stats over the parts
+    totals = [(g[0][0], sum(s[1] for s in g), sum(s[2] for s in g), sum(s[3] for s in g)) for g in per_grader]
+    return b"".join(data for data, _ in parts), totals
