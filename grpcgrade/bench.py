@@ -59,7 +59,7 @@ def _bare_chrf() -> Callable[[dict[str, Any]], object]:
 
 def _bare_rouge_l() -> Callable[[dict[str, Any]], object]:
     """rouge_score's RougeScorer configured as the reference configures it (jieba words, Porter stems)."""
-    from .graders.text.similarity_metrics import make_rouge
+    from grpcgrade.graders.text.similarity_metrics import make_rouge
 
     scorer = make_rouge(("rougeL",), True)
     return lambda s: scorer.score(s["reference"], s["response"])["rougeL"].fmeasure
@@ -132,8 +132,8 @@ class Report:
 
 
 def bench_in_process(preset: Preset, samples: list[dict[str, Any]]) -> dict[str, float]:
-    from .registry import get_registry
-    from .samples import select
+    from grpcgrade.core.registry import get_registry
+    from grpcgrade.core.samples import select
 
     bare = preset.bare()
     grader = get_registry().build(preset.grader, preset.params)
@@ -300,7 +300,8 @@ def bench_service(
     workdir: Path,
     unary_rate: float = 0.0,
 ) -> tuple[dict[str, float], dict[str, Any]]:
-    from .convert import sample_to_pb
+    from grpcgrade.service.convert import sample_to_pb
+
     from .testing import start_server
     from .v1 import grading_pb2 as pb
 
@@ -374,8 +375,9 @@ def bench_per_call(n: int = 300) -> list[dict[str, Any]]:
     """
     import importlib
 
+    from grpcgrade.core.registry import get_registry
+
     from .grader import declared_names
-    from .registry import get_registry
 
     rows = []
     data = {"json": make_samples("json", 4 * n), "text": make_samples("text", 4 * n)}
@@ -438,7 +440,8 @@ def _parent(proc: Path) -> int:
 
 def bench_stream_memory(total: int, workers: int, chunk: int = 10_000) -> dict[str, Any]:
     """Stream `total` cheap samples through one server, chunk by chunk, and watch its RSS stay flat."""
-    from .convert import sample_to_pb
+    from grpcgrade.service.convert import sample_to_pb
+
     from .testing import start_server
 
     template = [sample_to_pb(s) for s in make_samples("json", chunk)]
@@ -482,7 +485,7 @@ def run_bench(
     compare_metrics: bool = False,
     unary_rate: float = 2_500.0,
 ) -> Report:
-    from .convert import sample_to_pb
+    from grpcgrade.service.convert import sample_to_pb
 
     preset = PRESETS[grader]
     n = samples or preset.samples

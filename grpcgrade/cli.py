@@ -44,7 +44,7 @@ def setup_logging(level: str, fmt: str) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from .server import ServeOptions, serve
+    from grpcgrade.service.server import ServeOptions, serve
 
     opts = ServeOptions(
         host=args.host,
@@ -76,8 +76,8 @@ def cmd_graders(args: argparse.Namespace) -> int:
         with GradingClient(args.target, token=args.token) as client:
             listing = client.list_graders()
     else:
-        from .catalog import list_graders
-        from .registry import get_registry
+        from grpcgrade.core.registry import get_registry
+        from grpcgrade.service.catalog import list_graders
 
         listing = list_graders(get_registry(), {})
     data = MessageToDict(listing, preserving_proto_field_name=True)

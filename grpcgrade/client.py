@@ -19,7 +19,8 @@ from typing import Any
 import grpc
 from google.protobuf.json_format import MessageToDict
 
-from .convert import sample_to_pb, specs_to_pb
+from grpcgrade.service.convert import sample_to_pb, specs_to_pb
+
 from .v1 import grading_pb2 as pb
 from .v1 import grading_pb2_grpc as pb_grpc
 

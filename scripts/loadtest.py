@@ -27,7 +27,7 @@ from pathlib import Path
 
 import grpc
 
-from grpcgrade.convert import sample_to_pb, spec_to_pb
+from grpcgrade.service.convert import sample_to_pb, spec_to_pb
 from grpcgrade.testing import start_server
 from grpcgrade.v1 import grading_pb2 as pb
 from grpcgrade.v1 import grading_pb2_grpc as pb_grpc

@@ -31,7 +31,7 @@ from conftest import ROOT, start_server
 
 from grpcgrade.cli import build_parser
 from grpcgrade.client import GradingClient
-from grpcgrade.metrics import Metrics
+from grpcgrade.service.metrics import Metrics
 
 DEPLOY = ROOT / "deploy"
 K8S = DEPLOY / "k8s"

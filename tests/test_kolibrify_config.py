@@ -21,15 +21,15 @@ import pytest
 from conftest import ServerProcess, start_server
 from http_services import Reply, Service, http_service
 
-from grpcgrade.config import ConfigError, ServerConfig
-from grpcgrade.convert import sample_kwargs, sample_to_pb
-from grpcgrade.engine import Engine
+from grpcgrade.core.config import ConfigError, ServerConfig
+from grpcgrade.core.engine import Engine
+from grpcgrade.core.plugins import load_plugins, make_manager
+from grpcgrade.core.registry import Registry
+from grpcgrade.core.rewards import Reward, SpecData
+from grpcgrade.core.samples import Limits
 from grpcgrade.grader import GraderError
-from grpcgrade.kolibrify_config import load_kolibrify_config
-from grpcgrade.plugins import load_plugins, make_manager
-from grpcgrade.registry import Registry
-from grpcgrade.rewards import Reward, SpecData
-from grpcgrade.samples import Limits
+from grpcgrade.graders.kolibrify.config import load_kolibrify_config
+from grpcgrade.service.convert import sample_kwargs, sample_to_pb
 
 # Kolibrify's example grader (examples/rl/gspo_custom_grader), written against Kolibrify's own API. It
 # answers in reverse order on purpose: grpcgrade pairs results by sample_id + completion_index.

@@ -28,17 +28,17 @@ import yaml
 from conftest import start_server
 
 import grpcgrade
-from grpcgrade.config import ConfigError, parse_config
+from grpcgrade.core.config import ConfigError, parse_config
+from grpcgrade.core.retry import MAX_BACKOFF_SECONDS, backoff
 from grpcgrade.grader import InvalidParams
+from grpcgrade.graders.llm.correctness import CORRECTNESS_PROMPT_EN
+from grpcgrade.graders.llm.rank import RANK_PROMPT_ZH
+from grpcgrade.graders.llm.rubric import RUBRIC_PROMPT_EN, RUBRIC_PROMPT_ZH, LLMRubricGrader
 from grpcgrade.llm import models
 from grpcgrade.llm.chat import ChatError
-from grpcgrade.llm.correctness import CORRECTNESS_PROMPT_EN
 from grpcgrade.llm.parsing import JudgeOutputError, json_objects, parse_rank, parse_score
 from grpcgrade.llm.prompt import PromptError
-from grpcgrade.llm.rank import RANK_PROMPT_ZH
-from grpcgrade.llm.rubric import RUBRIC_PROMPT_EN, RUBRIC_PROMPT_ZH, LLMRubricGrader
-from grpcgrade.retry import MAX_BACKOFF_SECONDS, backoff
-from grpcgrade.structs import struct_to_dict
+from grpcgrade.service.structs import struct_to_dict
 from grpcgrade.v1 import grading_pb2 as pb
 
 KEY_ENV = "GRPCGRADE_TEST_JUDGE_KEY"

@@ -13,7 +13,7 @@ import pytest
 from conftest import health_status, start_server
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from grpcgrade.convert import sample_to_pb, specs_to_pb
+from grpcgrade.service.convert import sample_to_pb, specs_to_pb
 from grpcgrade.v1 import grading_pb2 as pb
 from grpcgrade.v1 import grading_pb2_grpc as pb_grpc
 
@@ -75,9 +75,9 @@ def test_json_format_writes_one_object_per_line_from_every_process(debug_log):
     """Worker processes log too (e.g. a plugin that fails to load in each of them): as JSON, not as text."""
     assert [line for line in debug_log if not line.startswith("{")] == []
     log = entries(debug_log)
-    assert [e["message"] for e in log if e["logger"] == "grpcgrade.server"][-1] == "stopped"
+    assert [e["message"] for e in log if e["logger"] == "grpcgrade.service.server"][-1] == "stopped"
     # the broken test plugin fails to load in the server and in each worker; every report is a JSON line
-    assert len([e for e in log if e["logger"] == "grpcgrade.plugins" and "plugin broken" in e["message"]]) == 3
+    assert len([e for e in log if e["logger"] == "grpcgrade.core.plugins" and "plugin broken" in e["message"]]) == 3
 
 
 def test_debug_level_logs_one_line_per_request_with_its_request_id(debug_log):
@@ -124,6 +124,6 @@ def test_sigterm_says_not_serving_finishes_the_call_in_flight_and_exits_zero(tmp
     assert all(item.result.results[0].score == 1.0 for item in items)
     assert server.proc.wait(30) == 0
     log = entries(server.log().splitlines())
-    messages = [e["message"] for e in log if e["logger"] == "grpcgrade.server"]
+    messages = [e["message"] for e in log if e["logger"] == "grpcgrade.service.server"]
     assert messages[-2].startswith("draining: NOT_SERVING") and messages[-1] == "stopped"
     assert request_lines(log, "req-drain") == []  # at the default level a successful call is not logged

@@ -24,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 import grpcgrade
-from grpcgrade.convert import sample_to_pb, specs_to_pb
+from grpcgrade.service.convert import sample_to_pb, specs_to_pb
 from grpcgrade.v1 import grading_pb2 as pb
 from grpcgrade.v1 import grading_pb2_grpc as pb_grpc
 

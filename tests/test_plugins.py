@@ -21,7 +21,7 @@ import pytest
 
 from grpcgrade import hookspecs
 from grpcgrade.client import GradingClient
-from grpcgrade.plugins import DEFAULT_PLUGINS
+from grpcgrade.core.plugins import DEFAULT_PLUGINS
 from grpcgrade.v1 import grading_pb2 as pb
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -21,7 +21,7 @@ from google.protobuf import text_format
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from grpcgrade.convert import sample_to_pb, spec_to_pb
+from grpcgrade.service.convert import sample_to_pb, spec_to_pb
 from grpcgrade.v1 import grading_pb2 as pb
 from grpcgrade.v1 import grading_pb2_grpc as pb_grpc
 

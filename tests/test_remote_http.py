@@ -16,11 +16,11 @@ import pytest
 from conftest import free_port
 from http_services import Reply, Service, http_service
 
-from grpcgrade.convert import sample_kwargs, sample_to_pb
+from grpcgrade.core.grading import grade_async
+from grpcgrade.core.samples import Limits
 from grpcgrade.grader import GraderError, GraderScore, InvalidParams
-from grpcgrade.graders.remote_http import RemoteHttpGrader
-from grpcgrade.grading import grade_async
-from grpcgrade.samples import Limits
+from grpcgrade.graders.kolibrify.remote_http import RemoteHttpGrader
+from grpcgrade.service.convert import sample_kwargs, sample_to_pb
 
 
 @pytest.fixture

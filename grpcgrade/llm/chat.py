@@ -14,7 +14,8 @@ from typing import Any
 
 import httpx
 
-from ..retry import backoff, is_transient, retry_after
+from grpcgrade.core.retry import backoff, is_transient, retry_after
+
 from .models import ModelConfig
 from .prompt import ChatMessage
 

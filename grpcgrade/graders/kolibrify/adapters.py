@@ -29,9 +29,9 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from grpcgrade.grader import BaseGrader, GraderError, GraderResult, GraderScore
-from grpcgrade.kolibrify_compat import GraderInput
+from grpcgrade.graders.kolibrify.compat import GraderInput
 
-from .kolibrify.parsing import is_number, split_think
+from .parsing import is_number, split_think
 
 #: Grader inputs that are not part of Kolibrify's dataset record.
 _NOT_RECORD = frozenset(

@@ -11,13 +11,14 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
+from grpcgrade.core.grading import grade_sync, inputs_of, usable, with_problems
+from grpcgrade.core.rewards import SpecData, rewards
+from grpcgrade.core.samples import Limits, select_all
+from grpcgrade.core.workers import Work
+from grpcgrade.grader import GraderError, GraderResult
+from grpcgrade.v1 import grading_pb2 as pb
+
 from .convert import fill_items, sample_kwargs
-from .grader import GraderError, GraderResult
-from .grading import grade_sync, inputs_of, usable, with_problems
-from .rewards import SpecData, rewards
-from .samples import Limits, select_all
-from .v1 import grading_pb2 as pb
-from .workers import Work
 
 #: (grader name, ok count, error count, seconds), as the engine's observer takes it.
 Stat = tuple[str, int, int, float]
@@ -28,7 +29,7 @@ def grade_wire(
     specs: list[SpecData], data: bytes, offset: int, full: bool, limits: Limits, timeout: float | None
 ) -> tuple[bytes, list[Stat]]:
     """Runs in the worker: a serialized BatchEvaluateRequest's samples in, a serialized response out."""
-    from .registry import get_registry
+    from grpcgrade.core.registry import get_registry
 
     registry = get_registry()
     samples = pb.BatchEvaluateRequest.FromString(data).samples

@@ -19,7 +19,7 @@ from importlib.metadata import entry_points
 
 import pluggy
 
-from . import __version__, hookspecs
+from grpcgrade import __version__, hookspecs
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +29,7 @@ DEFAULT_PLUGINS = {
     "format": "grpcgrade.graders.format",
     "text": "grpcgrade.graders.text",
     "kolibrify": "grpcgrade.graders.kolibrify",
-    "llm": "grpcgrade.llm.graders",
+    "llm": "grpcgrade.graders.llm",
 }
 
 

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from .grader import GraderError, GraderRank, GraderResult, InvalidParams
+from grpcgrade.grader import GraderError, GraderRank, GraderResult, InvalidParams
 
 
 @dataclass(frozen=True)

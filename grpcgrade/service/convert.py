@@ -5,11 +5,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from .grader import GraderError, GraderResult, GraderScore
-from .rewards import SpecData
-from .samples import Limits, SampleProblem, add_extra, check_fields
+from grpcgrade.core.rewards import SpecData
+from grpcgrade.core.samples import Limits, SampleProblem, add_extra, check_fields
+from grpcgrade.grader import GraderError, GraderResult, GraderScore
+from grpcgrade.v1 import grading_pb2 as pb
+
 from .structs import fill_struct, struct_to_dict
-from .v1 import grading_pb2 as pb
 
 # -- requests -> Python ------------------------------------------------------------------------------
 

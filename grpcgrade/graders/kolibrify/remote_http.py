@@ -26,12 +26,12 @@ from typing import Any
 
 import httpx
 
+from grpcgrade.core.retry import backoff, is_transient, retry_after
 from grpcgrade.grader import InvalidParams
-from grpcgrade.kolibrify_compat import GradeResult, GraderInput
-from grpcgrade.retry import backoff, is_transient, retry_after
+from grpcgrade.graders.kolibrify.compat import GradeResult, GraderInput
 
 from .adapters import BatchFailure, KolibrifyGraderAdapter
-from .kolibrify.parsing import is_number
+from .parsing import is_number
 
 log = logging.getLogger(__name__)
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import textwrap
 
-from ..grader import GraderMode, GraderScore
-from .grader import LLMGrader
-from .models import DEFAULT_MODEL
-from .prompt import ChatMessage, LanguageEnum, PromptTemplate
+from grpcgrade.grader import GraderMode, GraderScore
+from grpcgrade.llm.grader import LLMGrader
+from grpcgrade.llm.models import DEFAULT_MODEL
+from grpcgrade.llm.prompt import ChatMessage, LanguageEnum, PromptTemplate
 
 # English Prompt
 CORRECTNESS_PROMPT_EN = """

@@ -6,15 +6,16 @@ from collections.abc import AsyncIterator, Sequence
 
 import grpc
 
+from grpcgrade.core.engine import Engine, GradedChunk, Job, UnknownReward
+from grpcgrade.core.registry import UnknownGrader
+from grpcgrade.core.samples import Limits
+from grpcgrade.grader import InvalidParams
+from grpcgrade.v1 import grading_pb2 as pb
+from grpcgrade.v1 import grading_pb2_grpc as pb_grpc
+
 from .catalog import list_graders
 from .convert import fill_items, fill_response, sample_kwargs, spec_from_pb
-from .engine import Engine, GradedChunk, Job, UnknownReward
-from .grader import InvalidParams
 from .metrics import Metrics
-from .registry import UnknownGrader
-from .samples import Limits
-from .v1 import grading_pb2 as pb
-from .v1 import grading_pb2_grpc as pb_grpc
 from .wire import wire_work
 
 CHEAP_CHUNK = 1024  # measured: gains level off at 256-1024 samples per message; a hop per chunk favours 1024

@@ -17,8 +17,8 @@ from wsgiref.simple_server import WSGIServer
 import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from . import __version__
-from .plugins import PluginInfo
+from grpcgrade import __version__
+from grpcgrade.core.plugins import PluginInfo
 
 # gRFC A66 latency buckets, as grpc's own OpenTelemetry plugin uses.
 LATENCY_BUCKETS = (

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .grader import Inputs
+from grpcgrade.grader import Inputs
 
 STANDARD_FIELDS = ("query", "response", "reference", "context")
 REFERENCE_ALIASES = ("reference_response", "ground_truth")

@@ -17,17 +17,18 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from .config import ServerConfig, load_config
-from .engine import Engine
-from .interceptors import AuthInterceptor, DecodeGuardInterceptor, ObservingInterceptor
-from .llm.models import configure as configure_models
-from .metrics import Metrics
-from .registry import Registry, get_registry
-from .servicer import GradingServicer, add_to_server
-from .v1 import grading_pb2 as pb
-from .workers import WorkerPool
+from grpcgrade.core.config import ServerConfig, load_config
+from grpcgrade.core.engine import Engine
+from grpcgrade.core.registry import Registry, get_registry
+from grpcgrade.core.workers import WorkerPool
+from grpcgrade.llm.models import configure as configure_models
+from grpcgrade.v1 import grading_pb2 as pb
 
-log = logging.getLogger("grpcgrade.server")
+from .interceptors import AuthInterceptor, DecodeGuardInterceptor, ObservingInterceptor
+from .metrics import Metrics
+from .servicer import GradingServicer, add_to_server
+
+log = logging.getLogger("grpcgrade.service.server")
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["GradingService"].full_name
 
@@ -85,7 +86,7 @@ class ServeOptions:
 def read_config(opts: ServeOptions, registry: Registry) -> ServerConfig:
     config = load_config(opts.config) if opts.config else ServerConfig()
     if opts.kolibrify_config:
-        from .kolibrify_config import load_kolibrify_config
+        from grpcgrade.graders.kolibrify.config import load_kolibrify_config
 
         config = load_kolibrify_config(opts.kolibrify_config, registry, base=config)
     if opts.grader_timeout_seconds is not None:

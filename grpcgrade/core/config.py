@@ -22,7 +22,8 @@ from typing import Any
 
 import yaml
 
-from .llm.models import ModelConfig, parse_models
+from grpcgrade.llm.models import ModelConfig, parse_models
+
 from .rewards import Reward, SpecData
 from .samples import Limits
 

@@ -30,15 +30,16 @@ from typing import Any
 
 import yaml
 
-from .config import ConfigError, ServerConfig
-from .grader import BaseGrader, InvalidParams
-from .graders.adapters import KolibrifyGraderAdapter, is_kolibrify_grader
-from .graders.kolibrify.parsing import is_number
-from .graders.remote_http import RemoteHttpGrader
-from .kolibrify_compat import kolibrify_namespace
-from .plugins import PluginInfo
-from .registry import Registry, UnknownGrader
-from .rewards import Reward, SpecData
+from grpcgrade.core.config import ConfigError, ServerConfig
+from grpcgrade.core.plugins import PluginInfo
+from grpcgrade.core.registry import Registry, UnknownGrader
+from grpcgrade.core.rewards import Reward, SpecData
+from grpcgrade.grader import BaseGrader, InvalidParams
+
+from .adapters import KolibrifyGraderAdapter, is_kolibrify_grader
+from .compat import kolibrify_namespace
+from .parsing import is_number
+from .remote_http import RemoteHttpGrader
 
 #: Kolibrify grader names that differ from ours.
 KOLIBRIFY_NAMES = {"reasoning_format": "think_format", "math-verify": "math_verify"}

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import textwrap
 
-from ..grader import GraderMode, GraderRank
-from .grader import LLMGrader, parse_language
-from .models import DEFAULT_MODEL
-from .prompt import ChatMessage, LanguageEnum, PromptTemplate
+from grpcgrade.grader import GraderMode, GraderRank
+from grpcgrade.llm.grader import LLMGrader, parse_language
+from grpcgrade.llm.models import DEFAULT_MODEL
+from grpcgrade.llm.prompt import ChatMessage, LanguageEnum, PromptTemplate
 
 # English Prompt
 RANK_PROMPT_EN = """

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
+from grpcgrade.core.registry import Registry
+from grpcgrade.core.rewards import Reward
+from grpcgrade.grader import GraderMode
+from grpcgrade.v1 import grading_pb2 as pb
+
 from .convert import spec_to_pb
-from .grader import GraderMode
-from .registry import Registry
-from .rewards import Reward
 from .structs import py_to_value
-from .v1 import grading_pb2 as pb
 
 _MODES = {GraderMode.POINTWISE: pb.GRADER_MODE_POINTWISE, GraderMode.LISTWISE: pb.GRADER_MODE_LISTWISE}
 

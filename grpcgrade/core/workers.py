@@ -24,7 +24,8 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any
 
-from .grader import GraderError, GraderResult
+from grpcgrade.grader import GraderError, GraderResult
+
 from .grading import grade_sync
 
 log = logging.getLogger(__name__)

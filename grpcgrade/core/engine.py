@@ -16,7 +16,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterat
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from .grader import BaseGrader, GraderError, GraderResult, Inputs, InvalidParams
+from grpcgrade.grader import BaseGrader, GraderError, GraderResult, Inputs, InvalidParams
+
 from .grading import grade_async, grade_sync, inputs_of, usable, with_problems
 from .registry import Registry
 from .rewards import Reward, SpecData, check_weights, rewards

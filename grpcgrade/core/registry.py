@@ -20,7 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .grader import BaseGrader, FunctionGrader, GraderMode, InvalidParams
+from grpcgrade.grader import BaseGrader, FunctionGrader, GraderMode, InvalidParams
+
 from .plugins import LoadedPlugin, PluginInfo, load_plugins, make_manager
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,7 @@ import weakref
 from collections.abc import Iterator
 from typing import Any
 
-from .grader import (
+from grpcgrade.grader import (
     BaseGrader,
     GraderError,
     GraderMode,
@@ -27,6 +27,7 @@ from .grader import (
     Inputs,
     is_finite_score,
 )
+
 from .samples import SampleProblem
 
 _inputs: weakref.WeakKeyDictionary[BaseGrader, Inputs] = weakref.WeakKeyDictionary()
