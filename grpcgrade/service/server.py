@@ -114,8 +114,57 @@ def _tokens(path: str | None) -> list[str]:
     return tokens
 
 
-async def serve(opts: ServeOptions) -> int:
-    """Run until SIGTERM/SIGINT, then drain: NOT_SERVING, refuse new calls, finish in-flight ones."""
+@dataclass
+class Service:
+    """A built, not yet started, server and what it grades with; `serve` runs one until a signal, tests
+    can start and stop one in-process."""
+
+    options: ServeOptions
+    server: grpc.aio.Server
+    port: int
+    health: DrainingHealthServicer
+    engine: Engine
+    registry: Registry
+    config: ServerConfig
+    metrics: Metrics | None
+    pool: WorkerPool | None
+    tls: bool
+
+    async def start(self) -> None:
+        if self.metrics is not None:
+            self.metrics.set_plugins(self.registry.plugins)
+            if self.pool is not None:
+                pool = self.pool
+                self.metrics.watch_workers(pool.alive, lambda: pool.restarts)
+            self.metrics.serve(self.options.metrics_host, self.options.metrics_port)
+        await self.server.start()
+        for name in ("", SERVICE_NAME):
+            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        log.info(
+            "grpcgrade serving on %s:%d (%d graders, %d rewards, %d workers%s%s)",
+            self.options.host,
+            self.port,
+            len(self.registry.entries),
+            len(self.config.rewards),
+            self.pool.size if self.pool is not None else 0,
+            ", TLS" if self.tls else "",
+            f", metrics on {self.options.metrics_host}:{self.options.metrics_port}" if self.metrics else "",
+        )
+
+    async def stop(self) -> None:
+        """Drain: NOT_SERVING, refuse new calls, finish in-flight ones for up to the grace period."""
+        grace = self.options.grace_seconds
+        log.info("draining: NOT_SERVING, finishing in-flight calls for up to %.0f s", grace)
+        await self.health.enter_graceful_shutdown()
+        await self.server.stop(grace)
+        if self.pool is not None:
+            self.pool.close()
+        log.info("stopped")
+
+
+def build_server(opts: ServeOptions) -> Service:
+    """Everything `serve` runs, assembled: configuration read, rewards resolved (a broken one fails here,
+    not on the first call), workers started, the port bound. Raises for a bad configuration."""
     registry = get_registry()
     config = read_config(opts, registry)
     configure_models(config.models)  # before the rewards are resolved: their LLM graders look models up
@@ -128,10 +177,15 @@ async def serve(opts: ServeOptions) -> int:
         rewards=config.rewards,
         grader_timeout=config.grader_timeout_seconds,
         observer=metrics.observe_grading if metrics else None,
-        local_graders=config.local_graders,
+        server_only_graders=config.server_only_graders,
     )
-    for reward in config.rewards.values():  # a broken reward fails at start, not on the first call
-        engine.resolve(reward.specs)
+    try:
+        for reward in config.rewards.values():
+            engine.resolve(reward.specs)
+    except Exception:
+        if pool is not None:
+            pool.close(patience=0)
+        raise
 
     interceptors: list[grpc.aio.ServerInterceptor] = [ObservingInterceptor(metrics)]
     tokens = _tokens(opts.auth_token_file)
@@ -161,35 +215,17 @@ async def serve(opts: ServeOptions) -> int:
     address = f"{opts.host}:{opts.port}"
     creds = _credentials(opts)
     port = server.add_secure_port(address, creds) if creds else server.add_insecure_port(address)
-    if metrics is not None:
-        metrics.set_plugins(registry.plugins)
-        if pool is not None:
-            metrics.watch_workers(pool.alive, lambda: pool.restarts)
-        metrics.serve(opts.metrics_host, opts.metrics_port)
+    return Service(opts, server, port, health_servicer, engine, registry, config, metrics, pool, creds is not None)
 
-    await server.start()
-    for name in ("", SERVICE_NAME):
-        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    log.info(
-        "grpcgrade serving on %s:%d (%d graders, %d rewards, %d workers%s%s)",
-        opts.host,
-        port,
-        len(registry.entries),
-        len(config.rewards),
-        workers,
-        ", TLS" if creds else "",
-        f", metrics on {opts.metrics_host}:{opts.metrics_port}" if metrics else "",
-    )
 
+async def serve(opts: ServeOptions) -> int:
+    """Run until SIGTERM/SIGINT, then drain."""
+    service = build_server(opts)
+    await service.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
-    log.info("draining: NOT_SERVING, finishing in-flight calls for up to %.0f s", opts.grace_seconds)
-    await health_servicer.enter_graceful_shutdown()
-    await server.stop(opts.grace_seconds)
-    if pool is not None:
-        pool.close()
-    log.info("stopped")
+    await service.stop()
     return 0

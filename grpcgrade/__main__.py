@@ -1,0 +1,6 @@
+"""`python -m grpcgrade`: the same command line as `grpcgrade`."""
+
+from .cli import main
+
+if __name__ == "__main__":
+    raise SystemExit(main())
