@@ -1,10 +1,11 @@
 """grpcgrade: reward graders for RL training, served over gRPC.
 
-The public API a grader author needs is importable from here; see README "Writing a grader plugin".
+The public API a grader author needs is importable from here; see docs/plugins.md.
 """
 
 from importlib.metadata import PackageNotFoundError, version
 
+from .core.errors import ErrorCode
 from .grader import (
     BaseGrader,
     FunctionGrader,
@@ -39,6 +40,7 @@ __all__ = [
     "GradingClient",
     "reward_function",
     "BaseGrader",
+    "ErrorCode",
     "FunctionGrader",
     "GraderError",
     "GraderMode",

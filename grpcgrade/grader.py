@@ -18,6 +18,9 @@ from enum import StrEnum
 from functools import partial
 from typing import Any
 
+from .core.errors import ErrorCode
+from .core.errors import InvalidParams as InvalidParams  # re-exported: part of the grader API
+
 
 class GraderMode(StrEnum):
     """Pointwise graders score one response; listwise graders rank several (`responses`)."""
@@ -53,19 +56,11 @@ class GraderError:
     name: str
     error: str
     reason: str = ""
-    code: str = "GRADER_FAILED"
+    code: str = ErrorCode.GRADER_FAILED
     metadata: dict[str, Any] = field(default_factory=dict)
 
 
 GraderResult = GraderScore | GraderRank | GraderError
-
-
-class InvalidParams(ValueError):
-    """A construction parameter is wrong. The request is refused with INVALID_ARGUMENT naming `param`."""
-
-    def __init__(self, param: str, message: str) -> None:
-        super().__init__(f"parameter {param!r}: {message}")
-        self.param = param
 
 
 class BaseGrader:

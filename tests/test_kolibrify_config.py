@@ -21,8 +21,9 @@ import pytest
 from conftest import ServerProcess, start_server
 from http_services import Reply, Service, http_service
 
-from grpcgrade.core.config import ConfigError, ServerConfig
+from grpcgrade.core.config import ServerConfig
 from grpcgrade.core.engine import Engine
+from grpcgrade.core.errors import ConfigError
 from grpcgrade.core.plugins import load_plugins, make_manager
 from grpcgrade.core.registry import Registry
 from grpcgrade.core.rewards import Reward, SpecData
@@ -259,7 +260,7 @@ def fresh_registry() -> Registry:
 def engine_for(path: Path, base: ServerConfig | None = None) -> tuple[Engine, ServerConfig]:
     registry = fresh_registry()
     config = load_kolibrify_config(path, registry, base or ServerConfig())
-    return Engine(registry, None, rewards=config.rewards, local_graders=config.local_graders), config
+    return Engine(registry, None, rewards=config.rewards, server_only_graders=config.server_only_graders), config
 
 
 def grade(engine: Engine, reward: str, samples: list[dict[str, Any]]) -> list[Any]:
@@ -315,7 +316,7 @@ def test_plain_graders_instances_kolibrify_names_and_repeated_graders(tmp_path, 
     )
     engine, built = engine_for(config, ServerConfig(rewards={"other": Reward("other", [SpecData("think_format")])}))
     assert sorted(built.rewards) == ["d", "other"]
-    assert sorted(built.local_graders) == ["half", "short"]
+    assert sorted(built.server_only_graders) == ["half", "short"]
     ok, long = grade(engine, "d", [{"response": think("r", "72")}, {"response": think("r", "7200")}])
     specs = engine.rewards["d"].specs
     assert [s.label for s in specs] == ["short", "half", "reasoning_format", "short#2", "think_format", "short#3"]

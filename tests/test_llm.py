@@ -28,9 +28,9 @@ import yaml
 from conftest import start_server
 
 import grpcgrade
-from grpcgrade.core.config import ConfigError, parse_config
+from grpcgrade.core.config import parse_config
+from grpcgrade.core.errors import ConfigError, InvalidParams
 from grpcgrade.core.retry import MAX_BACKOFF_SECONDS, backoff
-from grpcgrade.grader import InvalidParams
 from grpcgrade.graders.llm.correctness import CORRECTNESS_PROMPT_EN
 from grpcgrade.graders.llm.rank import RANK_PROMPT_ZH
 from grpcgrade.graders.llm.rubric import RUBRIC_PROMPT_EN, RUBRIC_PROMPT_ZH, LLMRubricGrader

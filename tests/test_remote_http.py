@@ -16,9 +16,10 @@ import pytest
 from conftest import free_port
 from http_services import Reply, Service, http_service
 
+from grpcgrade.core.errors import InvalidParams
 from grpcgrade.core.grading import grade_async
 from grpcgrade.core.samples import Limits
-from grpcgrade.grader import GraderError, GraderScore, InvalidParams
+from grpcgrade.grader import GraderError, GraderScore
 from grpcgrade.graders.kolibrify.remote_http import RemoteHttpGrader
 from grpcgrade.service.convert import sample_kwargs, sample_to_pb
 

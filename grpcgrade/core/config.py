@@ -24,12 +24,9 @@ import yaml
 
 from grpcgrade.llm.models import ModelConfig, parse_models
 
+from .errors import ConfigError
 from .rewards import Reward, SpecData
 from .samples import Limits
-
-
-class ConfigError(ValueError):
-    """The configuration file is wrong; the message says where."""
 
 
 @dataclass
@@ -38,7 +35,7 @@ class ServerConfig:
     limits: Limits = field(default_factory=Limits)
     grader_timeout_seconds: float = 30.0
     #: Graders defined by the configuration itself (name -> factory), served from this process only.
-    local_graders: dict[str, Any] = field(default_factory=dict)
+    server_only_graders: dict[str, Any] = field(default_factory=dict)
     #: The chat models LLM graders may name (`models:`); see grpcgrade.llm.models.
     models: dict[str, ModelConfig] = field(default_factory=dict)
 

@@ -1,24 +1,31 @@
 """The grading engine: grader specs resolved once per call, samples graded chunk by chunk.
 
-When every grader of a call can run in a worker process, whole chunks go there (`stream_work` with the
-units of work `wire` makes). Otherwise cheap graders run inline (a process hop would cost more than the
-work), heavy synchronous graders in the worker pool and async ones in the event loop. Several chunks are
-in flight so every core works; they come back as they finish, and a new chunk starts only when a finished
-one has been handed on, so a slow reader slows the grading instead of growing a queue.
+Where work runs, in the words used throughout (code, tests, docs):
+- **inline**: in the server process. Cheap synchronous graders run inline (a process hop would cost more
+  than the work); async graders (LLM judges, remote HTTP) always do, on the event loop.
+- **in a worker**: in the worker pool. A heavy synchronous grader runs in a worker, one chunk per grader,
+  even when the call's other graders do not.
+- **whole chunks**: when every grader of a batch can run in a worker, whole chunks go there as the
+  service's serialized samples and come back as its serialized response (see `service.wire`), so cheap
+  graders use every core too.
+
+The engine chooses among them; the service only translates. Several chunks are in flight so every core
+works; they come back as they finish, and a new chunk starts only when a finished one has been handed on,
+so a slow reader slows the grading instead of growing a queue.
 """
 
 from __future__ import annotations
 
 import asyncio
-import difflib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from grpcgrade.grader import BaseGrader, GraderError, GraderResult, Inputs, InvalidParams
+from grpcgrade.grader import BaseGrader, GraderError, GraderResult, Inputs
 
-from .grading import grade_async, grade_sync, inputs_of, usable, with_problems
+from .errors import InvalidParams, UnknownReward
+from .grading import GraderStats, grade_async, grade_chunk_sync, grade_sync, inputs_of, usable, with_problems
 from .registry import Registry
 from .rewards import Reward, SpecData, check_weights, rewards
 from .samples import SampleProblem, select_all
@@ -26,10 +33,13 @@ from .workers import Work, WorkerPool, grader_work
 
 T = TypeVar("T")
 
-#: (grader name, ok count, error count, seconds) once per grader per chunk.
-Observer = Callable[[str, int, int, float], None]
+#: Called once per grader per chunk, wherever the chunk ran.
+Observer = Callable[[GraderStats], None]
 #: A chunk as the engine takes it: (index in the request, kwargs or the reason the sample is unusable).
 Chunk = Sequence[tuple[int, "dict[str, Any] | SampleProblem"]]
+
+CHEAP_CHUNK = 1024  # measured: gains level off at 256-1024 samples per message; a hop per chunk favours 1024
+HEAVY_CHUNK = 32  # smaller chunks spread a batch of heavy work over every worker
 
 
 @dataclass(frozen=True)
@@ -43,25 +53,40 @@ class GradedChunk:
 
 
 @dataclass(frozen=True)
+class WholeChunk:
+    """A chunk graded in a worker as a unit: `payload` is whatever the service's work returned (for the
+    gRPC service, the serialized response message), `size` the samples it answers."""
+
+    payload: Any
+    size: int
+
+
+@dataclass(frozen=True)
+class Batch:
+    """A batch as the service hands it over: `size` samples, cut into chunks on demand, either way.
+
+    `chunk(a, b)` gives samples a..b-1 as keyword arguments; `whole(a, b, timeout)`, where the service can
+    make one, the same samples as one unit of whole-chunk work. Cutting is lazy: a chunk is made when it is graded.
+    """
+
+    size: int
+    chunk: Callable[[int, int], Chunk]
+    whole: Callable[[int, int, float | None], Work] | None = None
+
+
+@dataclass(frozen=True)
 class Job:
-    """A resolved spec: the grader instance and how to run it."""
+    """A resolved spec: the grader instance and where it can run."""
 
     spec: SpecData
     grader: BaseGrader
     inputs: Inputs
-    portable: bool  # a worker process can run it: synchronous, and every worker's registry has it
+    worker_capable: bool  # synchronous, and every worker's registry has it (not a server-only grader)
 
     @property
-    def remote(self) -> bool:
+    def in_worker(self) -> bool:
         """Graded in a worker even when the call's other graders are not: worth a process hop per chunk."""
-        return self.portable and self.grader.heavy
-
-
-class UnknownReward(LookupError):
-    def __init__(self, name: str, known: list[str]) -> None:
-        close = difflib.get_close_matches(name, known, n=3, cutoff=0.5)
-        hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
-        super().__init__(f"unknown reward {name!r}{hint}")
+        return self.worker_capable and self.grader.heavy
 
 
 class Engine:
@@ -72,14 +97,14 @@ class Engine:
         rewards: dict[str, Reward] | None = None,
         grader_timeout: float | None = 30.0,
         observer: Observer | None = None,
-        local_graders: Iterable[str] = (),
+        server_only_graders: Iterable[str] = (),
     ) -> None:
         self.registry = registry
         self.pool = pool
         self.rewards = rewards or {}
         self.grader_timeout = grader_timeout
         self.observer = observer
-        self._local = set(local_graders)  # graders only this process knows (config-defined)
+        self._server_only = set(server_only_graders)  # defined by this process's configuration only
 
     # -- resolution ---------------------------------------------------------------------------------
 
@@ -98,17 +123,40 @@ class Engine:
         for spec in specs:
             grader = self.registry.build(spec.name, spec.params)
             canonical = self.registry.entry(spec.name).name
-            portable = self.pool is not None and grader.is_sync and canonical not in self._local
-            jobs.append(Job(spec, grader, inputs_of(grader), portable))
+            capable = self.pool is not None and grader.is_sync and canonical not in self._server_only
+            jobs.append(Job(spec, grader, inputs_of(grader), capable))
         return jobs
 
+    def timeout(self, requested: float) -> float | None:
+        """A call's per-sample time limit: its own, else the server's."""
+        return requested or self.grader_timeout
+
+    def chunk_size(self, jobs: list[Job], requested: int = 0) -> int:
+        """Samples per chunk (and per streamed response): the request's, else by the graders' cost."""
+        return requested or (HEAVY_CHUNK if any(job.grader.heavy for job in jobs) else CHEAP_CHUNK)
+
+    def whole_chunks(self, jobs: list[Job]) -> bool:
+        """Whole chunks go to the workers when every grader of the call can run there."""
+        return all(job.worker_capable for job in jobs)
+
+    def window(self, jobs: list[Job]) -> int:
+        """Chunks in flight per call: enough to keep every worker busy, few enough to bound memory."""
+        if self.pool is not None and (self.whole_chunks(jobs) or any(job.in_worker for job in jobs)):
+            return 2 * self.pool.size + 1
+        return 2
+
     # -- grading ------------------------------------------------------------------------------------
+
+    def _observe(self, stats: Iterable[GraderStats]) -> None:
+        if self.observer is not None:
+            for stat in stats:
+                self.observer(stat)
 
     async def _run_job(self, job: Job, batch: list[dict[str, Any]], timeout: float | None) -> list[GraderResult]:
         if not batch:
             return []
         start = time.perf_counter()
-        if job.remote:
+        if job.in_worker:
             assert self.pool is not None
             name = self.registry.entry(job.spec.name).name
             results, _ = await self.pool.run(grader_work(name, job.spec.params, batch, timeout))
@@ -116,60 +164,46 @@ class Engine:
             results = grade_sync(job.grader, batch, timeout)
         else:
             results = await grade_async(job.grader, batch, timeout)
-        if self.observer is not None:
-            errors = sum(1 for r in results if isinstance(r, GraderError))
-            self.observer(job.grader.name, len(results) - errors, errors, time.perf_counter() - start)
+        errors = sum(1 for r in results if isinstance(r, GraderError))
+        self._observe([GraderStats(job.grader.name, len(results) - errors, errors, time.perf_counter() - start)])
         return results
 
     async def grade_chunk(self, jobs: list[Job], chunk: Chunk, timeout: float | None = None) -> GradedChunk:
+        """One chunk, each grader where it runs; inline synchronous graders one after the other."""
         timeout = self.timeout(timeout or 0.0)
         indices = [index for index, _ in chunk]
         kwargs = [kw for _, kw in chunk]
-        good = usable(kwargs)
-        if len(jobs) == 1:  # no task per job for the common single-grader call
-            columns = [await self._run_job(jobs[0], select_all(good, jobs[0].inputs), timeout)]
+        if all(job.grader.is_sync and not job.in_worker for job in jobs):
+            columns, stats = grade_chunk_sync([job.grader for job in jobs], kwargs, timeout)
+            self._observe(stats)
         else:
+            good = usable(kwargs)
             runs = (self._run_job(job, select_all(good, job.inputs), timeout) for job in jobs)
             columns = list(await asyncio.gather(*runs))
-        if good is not kwargs:
-            columns = [with_problems(j.grader.name, kwargs, c) for j, c in zip(jobs, columns, strict=True)]
+            if good is not kwargs:
+                columns = [with_problems(j.grader.name, kwargs, c) for j, c in zip(jobs, columns, strict=True)]
         return GradedChunk(indices, columns, rewards([job.spec for job in jobs], columns))
 
-    def window(self, jobs: list[Job]) -> int:
-        """Chunks in flight per call: enough to keep every worker busy, few enough to bound memory."""
-        if self.pool is not None and (self.offloads(jobs) or any(job.remote for job in jobs)):
-            return 2 * self.pool.size + 1
-        return 2
-
-    def offloads(self, jobs: list[Job]) -> bool:
-        """Whole chunks go to the workers (see `wire`) when every grader of the call can run there."""
-        return all(job.portable for job in jobs)
-
-    async def stream(
-        self, jobs: list[Job], chunks: Iterable[Chunk], timeout: float | None = None
-    ) -> AsyncIterator[GradedChunk]:
-        """Grade chunk after chunk, yielding each as it finishes (not necessarily in order)."""
-        async for graded in _pipelined((self.grade_chunk(jobs, c, timeout) for c in chunks), self.window(jobs)):
+    async def grade_batch(
+        self, jobs: list[Job], batch: Batch, size: int, timeout: float | None = None
+    ) -> AsyncIterator[GradedChunk | WholeChunk]:
+        """Grade a batch chunk after chunk, the engine choosing the path; each chunk is yielded as it
+        finishes (not necessarily in order), as a `GradedChunk`, or a `WholeChunk` from a worker."""
+        timeout = self.timeout(timeout or 0.0)
+        starts = range(0, batch.size, size)
+        steps: Iterator[Awaitable[GradedChunk | WholeChunk]]
+        if batch.whole is not None and self.pool is not None and self.whole_chunks(jobs):
+            steps = (self._run_whole(batch.whole(a, min(a + size, batch.size), timeout)) for a in starts)
+        else:
+            steps = (self.grade_chunk(jobs, batch.chunk(a, min(a + size, batch.size)), timeout) for a in starts)
+        async for graded in _pipelined(steps, self.window(jobs)):
             yield graded
 
-    async def stream_work(self, jobs: list[Job], works: Iterable[Work]) -> AsyncIterator[tuple[Any, int]]:
-        """Run units of `wire` work in the pool, yielding (payload, samples in it) as each finishes."""
+    async def _run_whole(self, work: Work) -> WholeChunk:
         assert self.pool is not None
-        pool, observer = self.pool, self.observer
-
-        async def run(work: Work) -> tuple[Any, int]:
-            payload, stats = await pool.run(work)
-            if observer is not None:
-                for stat in stats:
-                    observer(*stat)
-            return payload, work.size
-
-        async for done in _pipelined((run(w) for w in works), self.window(jobs)):
-            yield done
-
-    def timeout(self, requested: float) -> float | None:
-        """A call's per-sample time limit: its own, else the server's."""
-        return requested or self.grader_timeout
+        payload, stats = await self.pool.run(work)
+        self._observe(stats)
+        return WholeChunk(payload, work.size)
 
 
 async def _pipelined(steps: Iterator[Awaitable[T]], window: int) -> AsyncIterator[T]:

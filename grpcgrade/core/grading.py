@@ -14,8 +14,8 @@ import signal
 import threading
 import time
 import weakref
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterator, Sequence
+from typing import Any, NamedTuple
 
 from grpcgrade.grader import (
     BaseGrader,
@@ -28,7 +28,18 @@ from grpcgrade.grader import (
     is_finite_score,
 )
 
-from .samples import SampleProblem
+from .errors import ErrorCode, GraderTimeout, SampleProblem
+from .samples import select_all
+
+
+class GraderStats(NamedTuple):
+    """One grader's work on one chunk, as the metrics count it (the observer's argument)."""
+
+    grader: str
+    ok: int
+    errors: int
+    seconds: float
+
 
 _inputs: weakref.WeakKeyDictionary[BaseGrader, Inputs] = weakref.WeakKeyDictionary()
 
@@ -52,13 +63,9 @@ def with_problems(name: str, chunk: list[Any], results: list[GraderResult]) -> l
     """A grader's results for `usable(chunk)`, with each unusable sample's INVALID_SAMPLE back in place."""
     graded = iter(results)
     return [
-        GraderError(name, str(kw), code="INVALID_SAMPLE") if isinstance(kw, SampleProblem) else next(graded)
+        GraderError(name, str(kw), code=ErrorCode.INVALID_SAMPLE) if isinstance(kw, SampleProblem) else next(graded)
         for kw in chunk
     ]
-
-
-class GraderTimeout(Exception):
-    """Raised inside a grader whose sample ran past the time limit."""
 
 
 class _Watch:
@@ -101,25 +108,29 @@ def check_result(grader: BaseGrader, result: Any, kwargs: dict[str, Any]) -> Gra
         return result
     if isinstance(result, GraderScore):
         if not is_finite_score(result.score):
-            return GraderError(name, f"grader returned a non-finite score {result.score!r}", code="INVALID_RESULT")
+            return GraderError(
+                name, f"grader returned a non-finite score {result.score!r}", code=ErrorCode.INVALID_RESULT
+            )
         return result
     if isinstance(result, GraderRank):
         n = len(kwargs.get("responses") or result.rank)
         if sorted(result.rank) != list(range(1, n + 1)):
-            return GraderError(name, f"rank {result.rank} is not a permutation of 1..{n}", code="INVALID_RESULT")
+            return GraderError(
+                name, f"rank {result.rank} is not a permutation of 1..{n}", code=ErrorCode.INVALID_RESULT
+            )
         return result
     expected = "GraderRank" if grader.mode is GraderMode.LISTWISE else "GraderScore"
-    return GraderError(name, f"grader returned {type(result).__name__}, not {expected}", code="INVALID_RESULT")
+    return GraderError(name, f"grader returned {type(result).__name__}, not {expected}", code=ErrorCode.INVALID_RESULT)
 
 
 def error_from(grader: BaseGrader, exc: BaseException, timeout: float | None) -> GraderError:
     if isinstance(exc, GraderTimeout):
-        return GraderError(grader.name, f"grader ran past its time limit of {timeout:g} s", code="TIMEOUT")
+        return GraderError(grader.name, f"grader ran past its time limit of {timeout:g} s", code=ErrorCode.TIMEOUT)
     if isinstance(exc, RecursionError):
-        return GraderError(grader.name, "input nested too deeply to grade", code="INVALID_SAMPLE")
+        return GraderError(grader.name, "input nested too deeply to grade", code=ErrorCode.INVALID_SAMPLE)
     if isinstance(exc, TypeError) and "argument" in str(exc):
-        return GraderError(grader.name, f"missing or unexpected input: {exc}", code="INVALID_SAMPLE")
-    return GraderError(grader.name, f"{type(exc).__name__}: {exc}", code="GRADER_FAILED")
+        return GraderError(grader.name, f"missing or unexpected input: {exc}", code=ErrorCode.INVALID_SAMPLE)
+    return GraderError(grader.name, f"{type(exc).__name__}: {exc}", code=ErrorCode.GRADER_FAILED)
 
 
 def grade_sync(grader: BaseGrader, batch: list[dict[str, Any]], timeout: float | None) -> list[GraderResult]:
@@ -163,3 +174,20 @@ async def grade_async(grader: BaseGrader, batch: list[dict[str, Any]], timeout: 
             for r, kw in zip(results, batch, strict=True)
         ]
     return list(await asyncio.gather(*(one(kw) for kw in batch)))
+
+
+def grade_chunk_sync(
+    graders: Sequence[BaseGrader], chunk: list[Any], timeout: float | None
+) -> tuple[list[list[GraderResult]], list[GraderStats]]:
+    """Every grader over a chunk, one after the other, where the chunk is (inline, or a whole chunk in a
+    worker): `columns[j][k]` is grader j's result for sample k, unusable samples included as errors."""
+    good = usable(chunk)
+    columns: list[list[GraderResult]] = []
+    stats: list[GraderStats] = []
+    for grader in graders:
+        start = time.perf_counter()
+        results = grade_sync(grader, select_all(good, inputs_of(grader)), timeout)
+        errors = sum(1 for r in results if isinstance(r, GraderError))
+        stats.append(GraderStats(grader.name, len(results) - errors, errors, time.perf_counter() - start))
+        columns.append(results if good is chunk else with_problems(grader.name, chunk, results))
+    return columns, stats

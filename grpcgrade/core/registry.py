@@ -7,7 +7,6 @@ per distinct (name, params) and reused; a bounded cache keeps hostile requests f
 
 from __future__ import annotations
 
-import difflib
 import functools
 import inspect
 import json
@@ -20,24 +19,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from grpcgrade.grader import BaseGrader, FunctionGrader, GraderMode, InvalidParams
+from grpcgrade.grader import BaseGrader, FunctionGrader, GraderMode
 
+from .errors import InvalidParams, UnknownGrader
 from .plugins import LoadedPlugin, PluginInfo, load_plugins, make_manager
+from .samples import INPUT_FIELDS
 
 log = logging.getLogger(__name__)
 
-SAMPLE_FIELDS = frozenset(
-    {"query", "response", "reference", "reference_response", "ground_truth", "context", "responses"}
-)
 _MISSING = object()
-
-
-class UnknownGrader(LookupError):
-    def __init__(self, name: str, suggestions: list[str]) -> None:
-        hint = f"; did you mean {', '.join(repr(s) for s in suggestions)}?" if suggestions else ""
-        super().__init__(f"unknown grader {name!r}{hint}")
-        self.name = name
-        self.suggestions = suggestions
 
 
 @dataclass(frozen=True)
@@ -66,7 +56,7 @@ def _signature_source(factory: Callable[..., Any]) -> tuple[Callable[..., Any], 
     """The callable whose parameters are the grader's params, and names that are not params."""
     if isinstance(factory, functools.partial) and isinstance(factory.func, type):
         if issubclass(factory.func, FunctionGrader) and factory.args:
-            return factory.args[0], set(SAMPLE_FIELDS) | set(factory.keywords)
+            return factory.args[0], set(INPUT_FIELDS) | set(factory.keywords)
         return factory.func.__init__, set(factory.keywords)
     if isinstance(factory, type):
         return factory.__init__, set()
@@ -208,7 +198,7 @@ class Registry:
     def entry(self, name: str) -> GraderEntry:
         canonical = self._canonical.get(name)
         if canonical is None:
-            raise UnknownGrader(name, difflib.get_close_matches(name, list(self._canonical), n=3, cutoff=0.5))
+            raise UnknownGrader(name, list(self._canonical))
         return self._entries[canonical]
 
     def coerce(self, entry: GraderEntry, params: dict[str, Any]) -> dict[str, Any]:

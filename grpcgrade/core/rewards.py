@@ -11,7 +11,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from grpcgrade.grader import GraderError, GraderRank, GraderResult, InvalidParams
+from grpcgrade.grader import GraderError, GraderRank, GraderResult
+
+from .errors import InvalidParams
 
 
 @dataclass(frozen=True)

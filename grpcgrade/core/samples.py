@@ -11,10 +11,17 @@ from typing import Any
 
 from grpcgrade.grader import Inputs
 
-STANDARD_FIELDS = ("query", "response", "reference", "context")
+from .errors import SampleProblem
+
+#: The text fields of a `Sample`; a grader receives each one it names.
+TEXT_FIELDS = ("query", "response", "reference", "context")
+#: Every field of a `Sample` message but `extra`: what a client's sample dict maps onto the message.
+SAMPLE_FIELDS = ("id", *TEXT_FIELDS, "responses")
+#: Other names for `reference` (OpenJudge's and Kolibrify's), offered to graders that declare them.
 REFERENCE_ALIASES = ("reference_response", "ground_truth")
 REFERENCE_ALIASES_SET = frozenset(REFERENCE_ALIASES)
-RESERVED = frozenset((*STANDARD_FIELDS, "responses", *REFERENCE_ALIASES))
+#: The names a grader may declare for the sample's own fields; an `extra` key may not take one.
+INPUT_FIELDS = frozenset((*TEXT_FIELDS, "responses", *REFERENCE_ALIASES))
 
 
 @dataclass(frozen=True)
@@ -25,10 +32,6 @@ class Limits:
     max_samples_per_batch: int = 100_000
     max_field_chars: int = 1_000_000
     max_graders_per_request: int = 64
-
-
-class SampleProblem(ValueError):
-    """This sample cannot be graded at all; every grader reports it as INVALID_SAMPLE."""
 
 
 def check_field(name: str, value: str, limits: Limits) -> None:
@@ -50,7 +53,7 @@ def check_fields(fields: dict[str, Any], limits: Limits) -> None:
 
 def add_extra(fields: dict[str, Any], extra: dict[str, Any]) -> None:
     """Every other grader input joins the standard fields, which it may not replace."""
-    clash = RESERVED.intersection(extra)
+    clash = INPUT_FIELDS.intersection(extra)
     if clash:
         raise SampleProblem(f"extra key {sorted(clash)[0]!r} collides with a standard sample field")
     fields.update(extra)

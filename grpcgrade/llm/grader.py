@@ -12,7 +12,8 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from grpcgrade.grader import BaseGrader, GraderMode, GraderRank, GraderScore, InvalidParams
+from grpcgrade.core.errors import InvalidParams
+from grpcgrade.grader import BaseGrader, GraderMode, GraderRank, GraderScore
 
 from .models import DEFAULT_MODEL, get_model
 from .parsing import parse_rank, parse_score

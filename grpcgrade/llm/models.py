@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from grpcgrade.grader import InvalidParams
+from grpcgrade.core.errors import InvalidParams
 
 if TYPE_CHECKING:
     from .chat import ChatModel

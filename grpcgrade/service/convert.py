@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from grpcgrade.core.errors import SampleProblem
 from grpcgrade.core.rewards import SpecData
-from grpcgrade.core.samples import Limits, SampleProblem, add_extra, check_fields
+from grpcgrade.core.samples import SAMPLE_FIELDS, Limits, add_extra, check_fields
 from grpcgrade.grader import GraderError, GraderResult, GraderScore
 from grpcgrade.v1 import grading_pb2 as pb
 
@@ -129,18 +130,15 @@ def spec_to_pb(spec: str | Mapping[str, Any] | pb.GraderSpec) -> pb.GraderSpec:
     return out
 
 
-SAMPLE_FIELDS = ("id", "query", "response", "reference", "context")
-
-
 def sample_to_pb(sample: Mapping[str, Any] | pb.Sample) -> pb.Sample:
     """A dict with the Sample's field names; any other key goes into `extra`."""
     if isinstance(sample, pb.Sample):
         return sample
-    out = pb.Sample(**{k: str(sample[k]) for k in SAMPLE_FIELDS if sample.get(k) is not None})
+    out = pb.Sample(**{k: str(sample[k]) for k in SAMPLE_FIELDS if k != "responses" and sample.get(k) is not None})
     if sample.get("responses"):
         out.responses.extend(sample["responses"])
     extra = dict(sample.get("extra") or {})
-    extra.update({k: v for k, v in sample.items() if k not in (*SAMPLE_FIELDS, "responses", "extra")})
+    extra.update({k: v for k, v in sample.items() if k not in SAMPLE_FIELDS and k != "extra"})
     if extra:
         out.extra.update(extra)
     return out

@@ -18,6 +18,7 @@ import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from grpcgrade import __version__
+from grpcgrade.core.grading import GraderStats
 from grpcgrade.core.plugins import PluginInfo
 
 # gRFC A66 latency buckets, as grpc's own OpenTelemetry plugin uses.
@@ -113,8 +114,9 @@ class Metrics:
         self.workers.set_function(alive)
         self.worker_restarts.set_function(restarts)
 
-    def observe_grading(self, grader: str, ok: int, errors: int, seconds: float) -> None:
+    def observe_grading(self, stats: GraderStats) -> None:
         """The engine's observer: called once per grader per chunk."""
+        grader, ok, errors, seconds = stats
         if ok:
             self.evaluations.labels(grader, "ok").inc(ok)
         if errors:

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 
 import grpc
 
-from grpcgrade.core.engine import Engine, GradedChunk, Job, UnknownReward
-from grpcgrade.core.registry import UnknownGrader
+from grpcgrade.core.engine import Batch, Chunk, Engine, Job, WholeChunk
+from grpcgrade.core.errors import InvalidParams, UnknownGrader, UnknownReward
 from grpcgrade.core.samples import Limits
-from grpcgrade.grader import InvalidParams
+from grpcgrade.core.workers import Work
 from grpcgrade.v1 import grading_pb2 as pb
 from grpcgrade.v1 import grading_pb2_grpc as pb_grpc
 
@@ -17,9 +17,6 @@ from .catalog import list_graders
 from .convert import fill_items, fill_response, sample_kwargs, spec_from_pb
 from .metrics import Metrics
 from .wire import wire_work
-
-CHEAP_CHUNK = 1024  # measured: gains level off at 256-1024 samples per message; a hop per chunk favours 1024
-HEAVY_CHUNK = 32  # smaller chunks spread a batch of heavy work over every worker
 
 
 def _full(request: pb.EvaluateRequest | pb.BatchEvaluateRequest) -> bool:
@@ -56,16 +53,6 @@ def add_to_server(servicer: GradingServicer, server: grpc.aio.Server) -> None:
     name = pb.DESCRIPTOR.services_by_name["GradingService"].full_name
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, handlers),))
     server.add_registered_method_handlers(name, handlers)
-
-
-async def _filled(
-    stream: AsyncIterator[GradedChunk], samples: Sequence[pb.Sample], labels: list[tuple[str, str]], full: bool
-) -> AsyncIterator[tuple[pb.BatchEvaluateResponse, int]]:
-    async for graded in stream:
-        message = pb.BatchEvaluateResponse()
-        ids = [samples[i].id for i in graded.indices]
-        fill_items(message.items, graded.indices, ids, labels, graded.columns, graded.rewards, full)
-        yield message, len(ids)
 
 
 class GradingServicer(pb_grpc.GradingServiceServicer):
@@ -122,7 +109,7 @@ class GradingServicer(pb_grpc.GradingServiceServicer):
                 f"{self.limits.max_samples_per_batch}; split the batch (the Python client does)",
             )
         jobs = await self._resolve(list(request.graders), request.reward, context)
-        size = request.chunk_size or (HEAVY_CHUNK if any(j.grader.heavy for j in jobs) else CHEAP_CHUNK)
+        size = self.engine.chunk_size(jobs, request.chunk_size)
         if self.metrics is not None:
             self.metrics.batch_samples.observe(n)
         unanswered = n
@@ -137,21 +124,30 @@ class GradingServicer(pb_grpc.GradingServiceServicer):
         finally:  # cancelled, failed or done: whatever was not answered leaves the gauge too
             self._in_flight(-unanswered)
 
-    def _graded(
+    async def _graded(
         self, request: pb.BatchEvaluateRequest, jobs: list[Job], size: int
     ) -> AsyncIterator[tuple[Message, int]]:
         """Response messages and how many samples each answers, in the order chunks finish."""
-        samples, n = request.samples, len(request.samples)
+        samples, limits = request.samples, self.limits
         labels = self._labels(jobs)
         full = _full(request)
-        timeout = self.engine.timeout(request.grader_timeout_seconds)
-        starts = range(0, n, size)
-        if self.engine.offloads(jobs):
-            specs = [job.spec for job in jobs]
-            works = (wire_work(specs, labels, samples[a : a + size], a, full, self.limits, timeout) for a in starts)
-            return self.engine.stream_work(jobs, works)
-        chunks = ([(i, sample_kwargs(samples[i], self.limits)) for i in range(a, min(a + size, n))] for a in starts)
-        return _filled(self.engine.stream(jobs, chunks, timeout), samples, labels, full)
+        specs = [job.spec for job in jobs]
+
+        def chunk(a: int, b: int) -> Chunk:
+            return [(i, sample_kwargs(samples[i], limits)) for i in range(a, b)]
+
+        def whole(a: int, b: int, timeout: float | None) -> Work:
+            return wire_work(specs, labels, samples[a:b], a, full, limits, timeout)
+
+        batch = Batch(len(samples), chunk, whole)
+        async for graded in self.engine.grade_batch(jobs, batch, size, request.grader_timeout_seconds):
+            if isinstance(graded, WholeChunk):
+                yield graded.payload, graded.size
+                continue
+            message = pb.BatchEvaluateResponse()
+            ids = [samples[i].id for i in graded.indices]
+            fill_items(message.items, graded.indices, ids, labels, graded.columns, graded.rewards, full)
+            yield message, len(ids)
 
     async def ListGraders(
         self, request: pb.ListGradersRequest, context: grpc.aio.ServicerContext

@@ -8,44 +8,30 @@ every core as heavy ones do, for a hop per chunk instead of a pickled dict per s
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 
-from grpcgrade.core.grading import grade_sync, inputs_of, usable, with_problems
+from grpcgrade.core.grading import GraderStats, grade_chunk_sync
+from grpcgrade.core.registry import get_registry
 from grpcgrade.core.rewards import SpecData, rewards
-from grpcgrade.core.samples import Limits, select_all
+from grpcgrade.core.samples import Limits
 from grpcgrade.core.workers import Work
-from grpcgrade.grader import GraderError, GraderResult
+from grpcgrade.grader import GraderError
 from grpcgrade.v1 import grading_pb2 as pb
 
 from .convert import fill_items, sample_kwargs
 
-#: (grader name, ok count, error count, seconds), as the engine's observer takes it.
-Stat = tuple[str, int, int, float]
 Labels = list[tuple[str, str]]
 
 
 def grade_wire(
     specs: list[SpecData], data: bytes, offset: int, full: bool, limits: Limits, timeout: float | None
-) -> tuple[bytes, list[Stat]]:
+) -> tuple[bytes, list[GraderStats]]:
     """Runs in the worker: a serialized BatchEvaluateRequest's samples in, a serialized response out."""
-    from grpcgrade.core.registry import get_registry
-
     registry = get_registry()
     samples = pb.BatchEvaluateRequest.FromString(data).samples
-    chunk = [sample_kwargs(s, limits) for s in samples]
-    good = usable(chunk)
-    columns: list[list[GraderResult]] = []
-    labels: Labels = []
-    stats: list[Stat] = []
-    for spec in specs:
-        grader = registry.build(spec.name, spec.params)
-        start = time.perf_counter()
-        results = grade_sync(grader, select_all(good, inputs_of(grader)), timeout)
-        errors = sum(1 for r in results if isinstance(r, GraderError))
-        stats.append((grader.name, len(results) - errors, errors, time.perf_counter() - start))
-        columns.append(results if good is chunk else with_problems(grader.name, chunk, results))
-        labels.append((spec.label, grader.name))
+    graders = [registry.build(spec.name, spec.params) for spec in specs]
+    columns, stats = grade_chunk_sync(graders, [sample_kwargs(s, limits) for s in samples], timeout)
+    labels = [(spec.label, grader.name) for spec, grader in zip(specs, graders, strict=True)]
     out = pb.BatchEvaluateResponse()
     ids = [s.id for s in samples]
     fill_items(out.items, range(offset, offset + len(ids)), ids, labels, columns, rewards(specs, columns), full)
@@ -61,25 +47,25 @@ def wire_work(
     limits: Limits,
     timeout: float | None,
 ) -> Work:
-    """`samples` (the request's `offset`...) as one unit of pool work; its result is `(bytes, [Stat])`."""
+    """`samples` (the request's `offset`...) as one unit of pool work; its result is `(bytes, [GraderStats])`."""
     data = pb.BatchEvaluateRequest(samples=samples).SerializeToString()
 
     def split() -> list[Work]:
         return [wire_work(specs, labels, [s], offset + k, full, limits, timeout) for k, s in enumerate(samples)]
 
-    def failed(code: str, message: str) -> tuple[bytes, list[Stat]]:
+    def failed(code: str, message: str) -> tuple[bytes, list[GraderStats]]:
         """Every grader's error for the one sample no worker could grade (which grader hung is unknown)."""
         out = pb.BatchEvaluateResponse()
         errors = [[GraderError(name, message, code=code)] for _, name in labels]
         fill_items(out.items, [offset], [samples[0].id], labels, errors, [None], full)
-        return out.SerializeToString(), [(name, 0, 1, 0.0) for _, name in labels]
+        return out.SerializeToString(), [GraderStats(name, 0, 1, 0.0) for _, name in labels]
 
     args = (specs, data, offset, full, limits, timeout)
     return Work(grade_wire, args, len(samples), timeout, split, failed, _join)
 
 
-def _join(parts: list[tuple[bytes, list[Stat]]]) -> tuple[bytes, list[Stat]]:
+def _join(parts: list[tuple[bytes, list[GraderStats]]]) -> tuple[bytes, list[GraderStats]]:
     """Serialized messages concatenate into their merge: the items of all parts, in order."""
     per_grader = zip(*(stats for _, stats in parts), strict=True)  # each grader's stats over the parts
-    totals = [(g[0][0], sum(s[1] for s in g), sum(s[2] for s in g), sum(s[3] for s in g)) for g in per_grader]
+    totals = [GraderStats(g[0].grader, *(sum(s[i] for s in g) for i in (1, 2, 3))) for g in per_grader]
     return b"".join(data for data, _ in parts), totals

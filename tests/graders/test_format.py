@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from grpcgrade.grader import InvalidParams
+from grpcgrade.core.errors import InvalidParams
 from grpcgrade.graders.format import json_match
 from grpcgrade.graders.format.audacia import MAX_LITERAL_CHARS, CustomResponseGrader, JsonResponseGrader
 from grpcgrade.graders.format.json_match import JsonMatchGrader

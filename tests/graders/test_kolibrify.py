@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from grpcgrade.grader import GraderScore, InvalidParams
+from grpcgrade.core.errors import InvalidParams
+from grpcgrade.grader import GraderScore
 from grpcgrade.graders import kolibrify
 from grpcgrade.graders.kolibrify.category_match import CategoryMatchGrader
 from grpcgrade.graders.kolibrify.completion_length_cap import CompletionLengthCapGrader

@@ -15,7 +15,7 @@ import jieba
 import pytest
 import tiktoken
 
-from grpcgrade.grader import InvalidParams
+from grpcgrade.core.errors import InvalidParams
 from grpcgrade.graders.format.ngram_repetition_penalty import NgramRepetitionPenaltyGrader, thought_text
 
 REPEATED = "This is a test. This is a test. This is a test."

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from grpcgrade.grader import InvalidParams
+from grpcgrade.core.errors import InvalidParams
 from grpcgrade.graders.text.number_accuracy import NumberAccuracyGrader, extract_numbers
 
 

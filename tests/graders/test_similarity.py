@@ -11,7 +11,7 @@ import math
 
 import pytest
 
-from grpcgrade.grader import InvalidParams
+from grpcgrade.core.errors import InvalidParams
 from grpcgrade.graders.text import similarity_metrics as metrics
 from grpcgrade.graders.text.similarity import ALGORITHM_DEFAULTS, SimilarityGrader
 from grpcgrade.graders.text.tokenize import word_tokenize

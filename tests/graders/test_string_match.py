@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from grpcgrade.grader import InvalidParams
+from grpcgrade.core.errors import InvalidParams
 from grpcgrade.graders.text.string_match import StringMatchGrader, compile_pattern, to_re2
 
 

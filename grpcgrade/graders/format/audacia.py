@@ -30,7 +30,8 @@ import ast
 import json
 from typing import Any
 
-from grpcgrade.grader import BaseGrader, GraderMode, GraderScore, InvalidParams
+from grpcgrade.core.errors import InvalidParams
+from grpcgrade.grader import BaseGrader, GraderMode, GraderScore
 
 from .json_validator import JSON_PARSE_ERRORS
 

@@ -28,7 +28,8 @@ from collections import Counter
 from collections.abc import Hashable, Sequence
 from typing import Any
 
-from grpcgrade.grader import BaseGrader, GraderMode, GraderScore, InvalidParams
+from grpcgrade.core.errors import InvalidParams
+from grpcgrade.grader import BaseGrader, GraderMode, GraderScore
 
 TOKENIZER_TYPES = ("tiktoken", "jieba", "simple")
 ANALYZE_SCOPES = ("full", "thought")

@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from grpcgrade.grader import BaseGrader, GraderMode, GraderScore, InvalidParams
+from grpcgrade.core.errors import InvalidParams
+from grpcgrade.grader import BaseGrader, GraderMode, GraderScore
 
 # Characters that make a tag name a regular expression rather than literal text.
 _REGEX_META = frozenset(".^$*+?{}[]\\|()")

@@ -28,6 +28,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from grpcgrade.core.errors import ErrorCode
 from grpcgrade.grader import BaseGrader, GraderError, GraderResult, GraderScore
 from grpcgrade.graders.kolibrify.compat import GraderInput
 
@@ -114,10 +115,14 @@ def _by_id(inputs: Sequence[GraderInput], results: Sequence[Any]) -> list[list[A
 
 def _score(name: str, item: GraderInput, found: list[Any]) -> GraderResult:
     if not found:
-        return GraderError(name, f"the grader returned no result for sample {item.sample_id!r}", code="INVALID_RESULT")
+        return GraderError(
+            name, f"the grader returned no result for sample {item.sample_id!r}", code=ErrorCode.INVALID_RESULT
+        )
     if len(found) > 1:
         return GraderError(
-            name, f"the grader returned {len(found)} results for sample {item.sample_id!r}", code="INVALID_RESULT"
+            name,
+            f"the grader returned {len(found)} results for sample {item.sample_id!r}",
+            code=ErrorCode.INVALID_RESULT,
         )
     raw = getattr(found[0], "reward", None)
     try:
@@ -125,7 +130,9 @@ def _score(name: str, item: GraderInput, found: list[Any]) -> GraderResult:
     except (TypeError, ValueError):
         reward = math.nan
     if not math.isfinite(reward):
-        return GraderError(name, f"the grader returned reward {raw!r}, not a finite number", code="INVALID_RESULT")
+        return GraderError(
+            name, f"the grader returned reward {raw!r}, not a finite number", code=ErrorCode.INVALID_RESULT
+        )
     return GraderScore(name=name, score=reward)
 
 
@@ -138,7 +145,7 @@ def place_results(name: str, inputs: Sequence[GraderInput], results: Sequence[An
                 name,
                 f"the grader returned {len(results)} results for {len(inputs)} samples, and no sample_id "
                 "tells which is which",
-                code="INVALID_RESULT",
+                code=ErrorCode.INVALID_RESULT,
             )
             return [error] * len(inputs)
         return [_positional(name, item, result) for item, result in zip(inputs, results, strict=True)]
@@ -150,7 +157,9 @@ def _positional(name: str, item: GraderInput, result: Any) -> GraderResult:
     sample_id = getattr(result, "sample_id", None)
     if sample_id is not None and str(sample_id) != item.sample_id:
         return GraderError(
-            name, f"the result in the place of sample {item.sample_id!r} is for {sample_id!r}", code="INVALID_RESULT"
+            name,
+            f"the result in the place of sample {item.sample_id!r} is for {sample_id!r}",
+            code=ErrorCode.INVALID_RESULT,
         )
     return _score(name, item, [result])
 
@@ -186,5 +195,5 @@ class KolibrifyGraderAdapter(BaseGrader):
             return [GraderError(self.name, f"{type(exc).__name__}: {exc}")] * len(inputs)
         if not isinstance(results, Sequence):
             message = f"grade_batch returned {type(results).__name__}, not a list of GradeResult"
-            return [GraderError(self.name, message, code="INVALID_RESULT")] * len(inputs)
+            return [GraderError(self.name, message, code=ErrorCode.INVALID_RESULT)] * len(inputs)
         return place_results(self.name, inputs, results)

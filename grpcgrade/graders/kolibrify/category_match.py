@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from grpcgrade.grader import BaseGrader, GraderMode, GraderScore, InvalidParams
+from grpcgrade.core.errors import InvalidParams
+from grpcgrade.grader import BaseGrader, GraderMode, GraderScore
 
 from .parsing import answer_or_completion
 

@@ -30,11 +30,12 @@ from typing import Any
 
 import yaml
 
-from grpcgrade.core.config import ConfigError, ServerConfig
+from grpcgrade.core.config import ServerConfig
+from grpcgrade.core.errors import ConfigError, InvalidParams, UnknownGrader
 from grpcgrade.core.plugins import PluginInfo
-from grpcgrade.core.registry import Registry, UnknownGrader
+from grpcgrade.core.registry import Registry
 from grpcgrade.core.rewards import Reward, SpecData
-from grpcgrade.grader import BaseGrader, InvalidParams
+from grpcgrade.grader import BaseGrader
 
 from .adapters import KolibrifyGraderAdapter, is_kolibrify_grader
 from .compat import kolibrify_namespace
@@ -286,10 +287,10 @@ def load_kolibrify_config(path: str | Path, registry: Registry, base: ServerConf
         rewards[str(dataset_id)] = loader.dataset(str(dataset_id), body)
 
     plugin = PluginInfo(name=PLUGIN_NAME, distribution=str(path.resolve()), version="")
-    local = dict(base.local_graders)
+    local = dict(base.server_only_graders)
     for key, grader in loader.graders.items():
         factory = _constant(grader)
         description = getattr(grader, "description", "") or f"grader {key!r} of {path.name}"
         registry.add(plugin, factory, name=key, description=description)
         local[key] = factory
-    return dataclasses.replace(base, rewards=rewards, local_graders=local)
+    return dataclasses.replace(base, rewards=rewards, server_only_graders=local)

@@ -13,7 +13,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from grpcgrade.grader import BaseGrader, GraderMode, GraderScore, InvalidParams
+from grpcgrade.core.errors import InvalidParams
+from grpcgrade.grader import BaseGrader, GraderMode, GraderScore
 
 from .parsing import answer_or_completion, fenced_block, is_number, record_schema
 

@@ -26,8 +26,8 @@ from typing import Any
 
 import httpx
 
+from grpcgrade.core.errors import InvalidParams
 from grpcgrade.core.retry import backoff, is_transient, retry_after
-from grpcgrade.grader import InvalidParams
 from grpcgrade.graders.kolibrify.compat import GradeResult, GraderInput
 
 from .adapters import BatchFailure, KolibrifyGraderAdapter

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import textwrap
 
-from grpcgrade.grader import GraderMode, GraderScore, InvalidParams
+from grpcgrade.core.errors import InvalidParams
+from grpcgrade.grader import GraderMode, GraderScore
 from grpcgrade.llm.grader import LLMGrader
 from grpcgrade.llm.models import DEFAULT_MODEL
 from grpcgrade.llm.prompt import ChatMessage, LanguageEnum, PromptTemplate

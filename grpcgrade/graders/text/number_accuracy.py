@@ -14,7 +14,8 @@ import math
 import re
 from typing import Any
 
-from grpcgrade.grader import BaseGrader, GraderMode, GraderScore, InvalidParams
+from grpcgrade.core.errors import InvalidParams
+from grpcgrade.grader import BaseGrader, GraderMode, GraderScore
 
 # The leading lookahead only skips positions where no number can start; it makes the scan faster than the
 # reference's simpler pattern (Python's engine otherwise tries both branches at every character).

@@ -20,7 +20,8 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from grpcgrade.grader import BaseGrader, GraderMode, GraderScore, InvalidParams
+from grpcgrade.core.errors import InvalidParams
+from grpcgrade.grader import BaseGrader, GraderMode, GraderScore
 
 from . import similarity_metrics as m
 from .tokenize import contains_cjk

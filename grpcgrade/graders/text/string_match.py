@@ -25,7 +25,8 @@ from re import _constants as sre
 from re import _parser as sre_parse
 from typing import Any
 
-from grpcgrade.grader import BaseGrader, GraderMode, GraderScore, InvalidParams
+from grpcgrade.core.errors import InvalidParams
+from grpcgrade.grader import BaseGrader, GraderMode, GraderScore
 
 # Each algorithm's own parameters and their defaults, as in the reference's DEFAULT_PARAMS.
 ALGORITHM_PARAMS: dict[str, dict[str, Any]] = {

@@ -1,0 +1,70 @@
+"""Every error the service names, defined once: the codes of per-sample error results and the exceptions
+that refuse a request.
+
+`ErrorCode` is what a trainer sees in `GraderResult.error.code` (a string on the wire, so new codes are an
+additive change); plugin authors return `GraderError(..., code=ErrorCode.INVALID_SAMPLE)` instead of
+spelling the string. The exceptions below are raised while a request is resolved; the service turns each
+into one status (INVALID_ARGUMENT, NOT_FOUND), and the command line into one message.
+"""
+
+from __future__ import annotations
+
+import difflib
+from enum import StrEnum
+
+
+class ErrorCode(StrEnum):
+    """Why a sample has no score from a grader. The reward of such a sample is absent (masked)."""
+
+    #: The grader raised on this sample.
+    GRADER_FAILED = "GRADER_FAILED"
+    #: The sample cannot be graded: over a size limit, a reserved `extra` key, an input the grader refuses.
+    INVALID_SAMPLE = "INVALID_SAMPLE"
+    #: The grader returned something that is not a finite score or a valid rank.
+    INVALID_RESULT = "INVALID_RESULT"
+    #: The sample ran past the per-sample time limit.
+    TIMEOUT = "TIMEOUT"
+    #: The worker process grading the sample died twice; the sample is reported, never dropped.
+    WORKER_LOST = "WORKER_LOST"
+
+
+class InvalidParams(ValueError):
+    """A construction parameter is wrong. The request is refused with INVALID_ARGUMENT naming `param`."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(f"parameter {param!r}: {message}")
+        self.param = param
+
+
+def _did_you_mean(name: str, known: list[str]) -> str:
+    close = difflib.get_close_matches(name, known, n=3, cutoff=0.5)
+    return f"; did you mean {', '.join(map(repr, close))}?" if close else ""
+
+
+class UnknownGrader(LookupError):
+    """No installed plugin or configuration registered this grader name (NOT_FOUND)."""
+
+    def __init__(self, name: str, known: list[str]) -> None:
+        super().__init__(f"unknown grader {name!r}{_did_you_mean(name, known)}")
+        self.name = name
+        self.suggestions = difflib.get_close_matches(name, known, n=3, cutoff=0.5)
+
+
+class UnknownReward(LookupError):
+    """The server configuration defines no reward of this name (NOT_FOUND)."""
+
+    def __init__(self, name: str, known: list[str]) -> None:
+        super().__init__(f"unknown reward {name!r}{_did_you_mean(name, known)}")
+        self.name = name
+
+
+class ConfigError(ValueError):
+    """A configuration file is wrong; the message names the file and the key."""
+
+
+class SampleProblem(ValueError):
+    """This sample cannot be graded at all; every grader reports it as INVALID_SAMPLE."""
+
+
+class GraderTimeout(Exception):
+    """Raised inside a grader whose sample ran past the time limit."""
