@@ -4,13 +4,17 @@ One `ChatModel` per configured model, shared by every grader that names it, so `
 calls the whole server makes to that endpoint. Transient failures (429, 5xx, connection errors, timeouts)
 are retried with exponential backoff and jitter, so a burst of graders does not retry in lockstep; any
 other failure is final at once, since repeating a 400 or a 401 cannot help.
+
+The same endpoint also answers `/embeddings` (`aembed`), for graders that compare texts by embedding.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 
@@ -20,15 +24,27 @@ from .models import ModelConfig
 from .prompt import ChatMessage
 
 _EXCERPT = 300
+T = TypeVar("T")
 
 
 class ChatError(RuntimeError):
     """The judge call failed (after any retries); the sample gets an error result."""
 
 
+class ChatRefusal(ChatError):
+    """The model answered with a refusal (the completion's `message.refusal`) instead of content."""
+
+
 @dataclass(frozen=True)
 class ChatReply:
     content: str
+    attempts: int
+    usage: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class EmbeddingReply:
+    vectors: list[list[float]]
     attempts: int
     usage: dict[str, Any] = field(default_factory=dict)
 
@@ -65,25 +81,44 @@ class ChatModel:
             self._loop = loop
         return self._client, self._gate
 
-    async def achat(self, messages: list[ChatMessage]) -> ChatReply:
+    async def achat(
+        self, messages: Sequence[ChatMessage | Mapping[str, Any]], options: Mapping[str, Any] | None = None
+    ) -> ChatReply:
+        """The model's reply to `messages` (ChatMessages, or chat-completions message dicts as they are sent).
+
+        `options` (sampling parameters, `response_format`) join the request body; the operator's `extra_body`
+        wins over them, so a request cannot lift a limit the configuration sets.
+        """
         c = self.config
-        body = {**c.extra_body, "model": c.model, "messages": [m.to_dict() for m in messages]}
+        wire = [m.to_dict() if isinstance(m, ChatMessage) else dict(m) for m in messages]
+        body = {**(options or {}), **c.extra_body, "model": c.model, "messages": wire}
+        return await self._call(self.url, body, self._chat_reply)
+
+    async def aembed(self, texts: Sequence[str]) -> EmbeddingReply:
+        """One embedding per text from the endpoint's `/embeddings` (the operator's `extra_body` is for chat)."""
+        body = {"model": self.config.model, "input": list(texts)}
+        url = self.config.base_url.rstrip("/") + "/embeddings"
+        return await self._call(url, body, lambda data, attempts: self._embedding_reply(data, attempts, len(texts)))
+
+    async def _call(self, url: str, body: dict[str, Any], parse: Callable[[Any, int], T]) -> T:
+        c = self.config
         client, gate = self._session()
         for attempt in range(c.max_retries + 1):
             try:
                 async with gate:  # waiting for a slot is not the endpoint's slowness: the time limit starts inside
-                    return await self._post(client, body, attempt + 1)
+                    return parse(await self._post(client, url, body), attempt + 1)
             except _Transient as exc:
                 if attempt == c.max_retries:
                     raise ChatError(f"model {c.name!r}: {exc} (after {attempt + 1} attempts)") from None
                 await asyncio.sleep(backoff(attempt, c.retry_backoff_seconds, exc.retry_after))
         raise AssertionError("unreachable: the last attempt returns or raises")
 
-    async def _post(self, client: httpx.AsyncClient, body: dict[str, Any], attempts: int) -> ChatReply:
+    async def _post(self, client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> Any:
+        """The endpoint's JSON answer; raises _Transient for what a retry may fix, ChatError for the rest."""
         c = self.config
         try:
             async with asyncio.timeout(c.timeout_seconds):
-                response = await client.post(self.url, json=body)
+                response = await client.post(url, json=body)
         except (TimeoutError, httpx.TimeoutException):
             raise _Transient(f"no answer within {c.timeout_seconds:g} s") from None
         except httpx.TransportError as exc:
@@ -94,11 +129,37 @@ class ChatModel:
         if status != 200:
             raise ChatError(f"model {c.name!r}: HTTP {status}: {response.text[:_EXCERPT]}")
         try:
-            data = response.json()
-            content = data["choices"][0]["message"]["content"]
-        except (ValueError, LookupError, TypeError):
-            raise ChatError(f"model {c.name!r}: not a chat completion: {response.text[:_EXCERPT]}") from None
+            return response.json()
+        except ValueError:
+            raise ChatError(f"model {c.name!r}: not JSON: {response.text[:_EXCERPT]}") from None
+
+    def _chat_reply(self, data: Any, attempts: int) -> ChatReply:
+        name = self.config.name
+        try:
+            message = data["choices"][0]["message"]
+            content = message.get("content")
+        except (LookupError, TypeError, AttributeError):
+            raise ChatError(f"model {name!r}: not a chat completion: {str(data)[:_EXCERPT]}") from None
+        refusal = message.get("refusal")
+        if isinstance(refusal, str) and refusal:
+            raise ChatRefusal(f"model {name!r} refused: {refusal[:_EXCERPT]}")
         if not isinstance(content, str):
-            raise ChatError(f"model {c.name!r}: the completion has no text content")
+            raise ChatError(f"model {name!r}: the completion has no text content")
         usage = data.get("usage")
         return ChatReply(content, attempts, usage if isinstance(usage, dict) else {})
+
+    def _embedding_reply(self, data: Any, attempts: int, count: int) -> EmbeddingReply:
+        name = self.config.name
+        try:
+            rows = sorted(data["data"], key=lambda row: row.get("index", 0))
+            vectors = [[float(x) for x in row["embedding"]] for row in rows]
+        except (LookupError, TypeError, ValueError, AttributeError):
+            raise ChatError(f"model {name!r}: not an embeddings answer: {str(data)[:_EXCERPT]}") from None
+        if (
+            len(vectors) != count
+            or len({len(v) for v in vectors}) > 1
+            or not all(math.isfinite(x) for v in vectors for x in v)
+        ):
+            raise ChatError(f"model {name!r}: expected {count} finite embeddings of one size")
+        usage = data.get("usage")
+        return EmbeddingReply(vectors, attempts, usage if isinstance(usage, dict) else {})
