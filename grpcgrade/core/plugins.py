@@ -30,6 +30,7 @@ DEFAULT_PLUGINS = {
     "text": "grpcgrade.graders.text",
     "kolibrify": "grpcgrade.graders.kolibrify",
     "llm": "grpcgrade.graders.llm",
+    "openai": "grpcgrade.graders.openai",
 }
 
 
