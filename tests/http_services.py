@@ -19,19 +19,21 @@ Behaviour = Callable[[int, dict[str, Any]], Reply]
 
 @dataclass
 class Service:
-    """One service; `requests` holds every body it received, in order of arrival."""
+    """One service; `requests` holds every body it received, in order of arrival, `paths` their paths."""
 
     behave: Behaviour
     delay: float = 0.0
     url: str = ""
     requests: list[dict[str, Any]] = field(default_factory=list)
+    paths: list[str] = field(default_factory=list)
     in_flight: int = 0
     max_in_flight: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def handle(self, body: dict[str, Any]) -> Reply:
+    def handle(self, body: dict[str, Any], path: str = "") -> Reply:
         with self.lock:
             self.requests.append(body)
+            self.paths.append(path)
             number = len(self.requests)
             self.in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
@@ -51,7 +53,7 @@ def http_service(behave: Behaviour, delay: float = 0.0) -> Iterator[Service]:
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            status, payload, headers = service.handle(body)
+            status, payload, headers = service.handle(body, self.path)
             data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
             try:
                 self.send_response(status)

@@ -1,0 +1,1 @@
+"""The service's network faces: the HTTP endpoints beside the gRPC server."""

@@ -270,7 +270,7 @@ def _score_model(raw: Mapping[str, Any], path: str) -> ScoreModel:
     _fields(raw, path, ("type", "name", "model", "input"), ("range", "sampling_params", "pass_threshold"))
     score_range = (0.0, 1.0)
     if raw.get("range") is not None:
-        bounds = _list(raw["range"], f"{path}.range", 2)
+        bounds = _list(raw["range"], f"{path}.range", MAX_LABELS)
         if len(bounds) != 2:
             raise GraderConfigError(f"{path}.range", f"must be two numbers [low, high], got {len(bounds)}")
         low, high = (_number(b, f"{path}.range[{i}]") for i, b in enumerate(bounds))

@@ -1,0 +1,209 @@
+"""OpenAI's grader endpoints over HTTP: `POST .../graders/run` and `POST .../graders/validate`.
+
+Scripts written for `openai.OpenAI().fine_tuning.alpha.graders.run(...)` work unchanged against a grpcgrade
+server once they point `base_url` at it: the request and response bodies are OpenAI's
+(`openai.types.fine_tuning.alpha.grader_run_*`, `grader_validate_*`), and errors come as OpenAI's error
+object, whose `param` is the JSON path of the bad field.
+
+`openai_graders_app` is an aiohttp.web sub-application meant to be mounted at `MOUNT_PATH` on the server's
+HTTP face; it grades through the server's engine (its registry and cache, worker pool, time limits and
+metrics), so an HTTP run is graded exactly as a gRPC one with grader `openai_grader`.
+
+What differs from OpenAI: when a grader fails on the sample, `reward` is null (OpenAI puts a number beside
+the error flags); grpcgrade never reports a number that no grader computed. A grader config that does not
+parse is HTTP 400 on both endpoints, except a formula or formula variable error on `run`, which OpenAI
+reports with `formula_parse_error` / `invalid_variable_error` and so does grpcgrade.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from aiohttp import web
+
+from grpcgrade.engine import Engine
+from grpcgrade.grader import GraderError, GraderResult, GraderScore, InvalidParams
+from grpcgrade.graders.openai.grader import ITEM_KWARG
+from grpcgrade.graders.openai.outcome import ERROR_FLAGS
+from grpcgrade.graders.openai.schema import GraderConfigError
+from grpcgrade.rewards import SpecData
+from grpcgrade.samples import Limits
+
+#: Where OpenAI serves these endpoints; mount the sub-application here.
+MOUNT_PATH = "/v1/fine_tuning/alpha/graders"
+GRADER_NAME = "openai_grader"
+#: JSON nested deeper than this is refused before anything walks it (protobuf's Struct limit is the same).
+MAX_JSON_DEPTH = 100
+# grpcgrade error codes that are not an openai_grader outcome (time limit, a crash) -> OpenAI's flag
+_CODE_FLAGS = {"TIMEOUT": "unresponsive_reward_error", "INVALID_SAMPLE": "sample_parse_error"}
+_DETAIL_FIELDS = {
+    "model_grader_server_error_details": None,
+    "python_grader_runtime_error_details": None,
+    "python_grader_server_error_type": None,
+}
+
+
+class BadRequest(Exception):
+    def __init__(self, message: str, param: str | None = None, status: int = 400, code: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+        self.status = status
+        self.code = code
+
+    def response(self) -> web.Response:
+        error = {"message": str(self), "type": "invalid_request_error", "param": self.param, "code": self.code}
+        return web.json_response({"error": error}, status=self.status)
+
+
+def _depth_within(value: Any, limit: int) -> bool:
+    """True when `value` nests at most `limit` containers deep (walked without recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict):
+            children: Any = node.values()
+        elif isinstance(node, list):
+            children = node
+        else:
+            continue
+        if depth > limit:
+            return False
+        stack.extend((child, depth + 1) for child in children)
+    return True
+
+
+async def _body(request: web.Request, required: tuple[str, ...], optional: tuple[str, ...] = ()) -> dict[str, Any]:
+    try:
+        body = json.loads(await request.read())
+    except (ValueError, RecursionError):
+        raise BadRequest("the request body is not valid JSON") from None
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object")
+    if not _depth_within(body, MAX_JSON_DEPTH):
+        raise BadRequest(f"the request body is nested more than {MAX_JSON_DEPTH} levels deep")
+    for name in required:
+        if name not in body:
+            raise BadRequest(f"{name}: is required", param=name)
+    unknown = sorted(set(body) - set(required) - set(optional))
+    if unknown:
+        raise BadRequest(f"{unknown[0]}: unknown field (allowed: {', '.join((*required, *optional))})", unknown[0])
+    return body
+
+
+def _auth(request: web.Request, tokens: Sequence[bytes]) -> None:
+    if not tokens:
+        return
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    presented = token.strip().encode()
+    if scheme.lower() != "bearer" or not any(hmac.compare_digest(presented, t) for t in tokens):
+        raise BadRequest("missing or invalid bearer token", status=401, code="invalid_api_key")
+
+
+def _config_error(exc: InvalidParams) -> BadRequest:
+    if isinstance(exc, GraderConfigError):
+        return BadRequest(exc.detail, param=exc.path)
+    return BadRequest(str(exc), param=exc.param)
+
+
+def run_response(result: GraderResult, grader: Any, seconds: float) -> dict[str, Any]:
+    """OpenAI's GraderRunResponse for one graded sample."""
+    meta = dict(result.metadata)
+    flags = set(meta.get("errors", ()))
+    if isinstance(result, GraderError) and not flags:  # failed outside the grader: a time limit or a crash
+        flags.add(_CODE_FLAGS.get(result.code, "other_error"))
+    errors: dict[str, Any] = {flag: flag in flags for flag in ERROR_FLAGS}
+    errors.update(_DETAIL_FIELDS)
+    if "model_grader_server_error" in flags:
+        errors["model_grader_server_error_details"] = meta.get("server_error_details") or result.reason
+    sub_rewards = meta.get("sub_rewards", {})
+    name = grader.get("name", "") if isinstance(grader, dict) else ""
+    extension: dict[str, Any] = {"reason": result.reason}
+    if isinstance(result, GraderError):
+        extension["error"] = {"code": result.code, "message": result.error}
+    return {
+        "reward": result.score if isinstance(result, GraderScore) else None,
+        "sub_rewards": sub_rewards,
+        "model_grader_token_usage_per_model": meta.get("model_grader_token_usage_per_model", {}),
+        "metadata": {
+            "name": meta.get("name", name),
+            "type": meta.get("type", grader.get("type", "") if isinstance(grader, dict) else ""),
+            "errors": errors,
+            "execution_time": seconds,
+            "scores": sub_rewards,
+            "token_usage": meta.get("token_usage"),
+            "sampled_model_name": meta.get("sampled_model_name"),
+            "grpcgrade": extension,
+        },
+    }
+
+
+def flagged_response(grader: Any, exc: GraderConfigError) -> dict[str, Any]:
+    """A run whose grader config OpenAI would have accepted and then flagged (a bad formula)."""
+    failed = GraderError(GRADER_NAME, exc.detail, code="INVALID_RESULT", metadata={"errors": [exc.flag]})
+    return run_response(failed, grader, 0.0)
+
+
+def openai_graders_app(engine: Engine, *, tokens: Sequence[str] = (), limits: Limits | None = None) -> web.Application:
+    """The `run` and `validate` endpoints as a sub-application to mount at MOUNT_PATH.
+
+    `tokens`: bearer tokens to accept (none: no check here, e.g. when the parent application authenticates).
+    `limits`: the server's request limits; `model_sample` is a sample field, bounded by `max_field_chars`.
+    """
+    limits = limits or Limits()
+    accepted = [t.encode() for t in tokens if t]
+
+    async def run(request: web.Request) -> web.Response:
+        try:
+            _auth(request, accepted)
+            body = await _body(request, ("grader", "model_sample"), ("item",))
+            sample = body["model_sample"]
+            if not isinstance(sample, str):
+                raise BadRequest("model_sample: must be a string", param="model_sample")
+            if len(sample) > limits.max_field_chars:
+                message = f"model_sample: {len(sample)} characters, over the limit of {limits.max_field_chars}"
+                raise BadRequest(message, param="model_sample")
+            try:
+                jobs = engine.resolve([SpecData(GRADER_NAME, {"grader": body["grader"]})])
+            except GraderConfigError as exc:
+                if exc.flag in ("formula_parse_error", "invalid_variable_error") and "calculate_output" in exc.path:
+                    return web.json_response(flagged_response(body["grader"], exc))
+                raise _config_error(exc) from None
+            except InvalidParams as exc:
+                raise _config_error(exc) from None
+        except BadRequest as exc:
+            return exc.response()
+        kwargs = {"response": sample, ITEM_KWARG: body.get("item") if body.get("item") is not None else {}}
+        start = time.perf_counter()
+        graded = await engine.grade_chunk(jobs, [(0, kwargs)])
+        result = graded.columns[0][0]
+        return web.json_response(run_response(result, body["grader"], time.perf_counter() - start))
+
+    async def validate(request: web.Request) -> web.Response:
+        try:
+            _auth(request, accepted)
+            body = await _body(request, ("grader",))
+            try:
+                engine.resolve([SpecData(GRADER_NAME, {"grader": body["grader"]})])
+            except InvalidParams as exc:
+                raise _config_error(exc) from None
+        except BadRequest as exc:
+            return exc.response()
+        return web.json_response({"grader": body["grader"]})
+
+    app = web.Application()
+    app.router.add_post("/run", run)
+    app.router.add_post("/validate", validate)
+    return app
+
+
+def openai_graders_root(engine: Engine, *, tokens: Sequence[str] = (), limits: Limits | None = None) -> web.Application:
+    """A whole application serving only the grader endpoints at MOUNT_PATH (the request body limit is the
+    root application's, so it is set here from `limits.max_message_bytes`)."""
+    limits = limits or Limits()
+    root = web.Application(client_max_size=limits.max_message_bytes)
+    root.add_subapp(MOUNT_PATH, openai_graders_app(engine, tokens=tokens, limits=limits))
+    return root
