@@ -24,7 +24,7 @@ from grpcgrade.graders.openai.grader import AsyncOpenAIGrader, OpenAIGrader, ope
 from grpcgrade.graders.openai.schema import GraderConfigError
 from grpcgrade.graders.openai.templating import MAX_RENDERED_CHARS
 from grpcgrade.llm import models
-from grpcgrade.structs import struct_to_dict
+from grpcgrade.service.structs import struct_to_dict
 
 
 def check(input: str, reference: str, operation: str = "eq", name: str = "check") -> dict[str, Any]:

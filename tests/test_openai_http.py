@@ -16,12 +16,13 @@ import pytest
 from aiohttp import web
 from openai_judge import Judge, answer, models_section, running_judge
 
-from grpcgrade.engine import Engine
+from grpcgrade.core.engine import Engine
+from grpcgrade.core.grading import GraderStats
+from grpcgrade.core.plugins import load_plugins, make_manager
+from grpcgrade.core.registry import Registry
+from grpcgrade.core.samples import Limits
 from grpcgrade.graders.openai.outcome import ERROR_FLAGS
 from grpcgrade.llm import models
-from grpcgrade.plugins import load_plugins, make_manager
-from grpcgrade.registry import Registry
-from grpcgrade.samples import Limits
 from grpcgrade.service.openai_http import MAX_JSON_DEPTH, MOUNT_PATH, openai_graders_root
 from grpcgrade.testing import free_port
 
@@ -63,8 +64,8 @@ class Observed:
     def __init__(self) -> None:
         self.calls: list[tuple[str, int, int]] = []
 
-    def __call__(self, grader: str, ok: int, errors: int, seconds: float) -> None:
-        self.calls.append((grader, ok, errors))
+    def __call__(self, stats: GraderStats) -> None:
+        self.calls.append((stats.grader, stats.ok, stats.errors))
 
 
 @pytest.fixture(scope="module")

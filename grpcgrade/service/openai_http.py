@@ -25,13 +25,14 @@ from typing import Any
 
 from aiohttp import web
 
-from grpcgrade.engine import Engine
-from grpcgrade.grader import GraderError, GraderResult, GraderScore, InvalidParams
+from grpcgrade.core.engine import Engine
+from grpcgrade.core.errors import ErrorCode, InvalidParams
+from grpcgrade.core.rewards import SpecData
+from grpcgrade.core.samples import Limits
+from grpcgrade.grader import GraderError, GraderResult, GraderScore
 from grpcgrade.graders.openai.grader import ITEM_KWARG
 from grpcgrade.graders.openai.outcome import ERROR_FLAGS
 from grpcgrade.graders.openai.schema import GraderConfigError
-from grpcgrade.rewards import SpecData
-from grpcgrade.samples import Limits
 
 #: Where OpenAI serves these endpoints; mount the sub-application here.
 MOUNT_PATH = "/v1/fine_tuning/alpha/graders"
@@ -39,7 +40,7 @@ GRADER_NAME = "openai_grader"
 #: JSON nested deeper than this is refused before anything walks it (protobuf's Struct limit is the same).
 MAX_JSON_DEPTH = 100
 # grpcgrade error codes that are not an openai_grader outcome (time limit, a crash) -> OpenAI's flag
-_CODE_FLAGS = {"TIMEOUT": "unresponsive_reward_error", "INVALID_SAMPLE": "sample_parse_error"}
+_CODE_FLAGS = {ErrorCode.TIMEOUT: "unresponsive_reward_error", ErrorCode.INVALID_SAMPLE: "sample_parse_error"}
 _DETAIL_FIELDS = {
     "model_grader_server_error_details": None,
     "python_grader_runtime_error_details": None,
@@ -143,7 +144,7 @@ def run_response(result: GraderResult, grader: Any, seconds: float) -> dict[str,
 
 def flagged_response(grader: Any, exc: GraderConfigError) -> dict[str, Any]:
     """A run whose grader config OpenAI would have accepted and then flagged (a bad formula)."""
-    failed = GraderError(GRADER_NAME, exc.detail, code="INVALID_RESULT", metadata={"errors": [exc.flag]})
+    failed = GraderError(GRADER_NAME, exc.detail, code=ErrorCode.INVALID_RESULT, metadata={"errors": [exc.flag]})
     return run_response(failed, grader, 0.0)
 
 

@@ -19,7 +19,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from grpcgrade.grader import BaseGrader, GraderError, GraderMode, GraderResult, GraderScore, InvalidParams
+from grpcgrade.core.errors import InvalidParams
+from grpcgrade.grader import BaseGrader, GraderError, GraderMode, GraderResult, GraderScore
 
 from .formula import FormulaError
 from .judges import LabelModelNode, ScoreModelNode

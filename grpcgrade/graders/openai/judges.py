@@ -15,8 +15,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from grpcgrade.grader import InvalidParams
-from grpcgrade.llm.chat import ChatError, ChatRefusal
+from grpcgrade.core.errors import InvalidParams
 from grpcgrade.llm.models import get_model
 from grpcgrade.llm.parsing import JudgeOutputError, find_answer
 
@@ -92,6 +91,8 @@ class ModelJudgeNode:
             messages = chat_messages(self.config.input, ns)
         except RENDER_ERRORS as exc:
             return render_failure(exc)
+        from grpcgrade.llm.chat import ChatError, ChatRefusal  # httpx only in processes that call models
+
         try:
             reply = await self.model.achat(messages, self.options())
         except ChatRefusal as exc:

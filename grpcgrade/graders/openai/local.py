@@ -12,9 +12,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from grpcgrade.grader import InvalidParams
+from grpcgrade.core.errors import InvalidParams
 from grpcgrade.graders.text.similarity import SimilarityGrader
-from grpcgrade.llm.chat import ChatError
 from grpcgrade.llm.models import get_model
 
 from .outcome import RENDER_ERRORS, Outcome, add_usage, render_failure
@@ -115,6 +114,8 @@ class TextSimilarityNode:
             text, reference = self._texts(ns)
         except RENDER_ERRORS as exc:
             return render_failure(exc)
+        from grpcgrade.llm.chat import ChatError  # httpx only in processes that call models
+
         try:
             reply = await self.embedder.aembed([text, reference])
         except ChatError as exc:

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from grpcgrade.core.errors import ErrorCode
+
 from .templating import MissingVariable, RenderedTooLong, SampleNotJson
 
 # The boolean fields of OpenAI's `metadata.errors`, in the schema's order.
@@ -28,15 +30,14 @@ ERROR_FLAGS = (
 )
 # The error code of grpcgrade's result for each flag: the sample's fault, the grader's output, or a failure.
 FLAG_CODES = {
-    "invalid_variable_error": "INVALID_SAMPLE",
-    "sample_parse_error": "INVALID_SAMPLE",
-    "truncated_observation_error": "INVALID_SAMPLE",
-    "formula_parse_error": "INVALID_RESULT",
-    "model_grader_parse_error": "INVALID_RESULT",
-    "model_grader_refusal_error": "INVALID_RESULT",
-    "unresponsive_reward_error": "TIMEOUT",
+    "invalid_variable_error": ErrorCode.INVALID_SAMPLE,
+    "sample_parse_error": ErrorCode.INVALID_SAMPLE,
+    "truncated_observation_error": ErrorCode.INVALID_SAMPLE,
+    "formula_parse_error": ErrorCode.INVALID_RESULT,
+    "model_grader_parse_error": ErrorCode.INVALID_RESULT,
+    "model_grader_refusal_error": ErrorCode.INVALID_RESULT,
+    "unresponsive_reward_error": ErrorCode.TIMEOUT,
 }
-DEFAULT_CODE = "GRADER_FAILED"
 
 
 @dataclass
@@ -62,8 +63,8 @@ class Outcome:
         return self.score is not None and not self.errors
 
     @property
-    def code(self) -> str:
-        return next((FLAG_CODES[f] for f in self.errors if f in FLAG_CODES), DEFAULT_CODE)
+    def code(self) -> ErrorCode:
+        return next((FLAG_CODES[f] for f in self.errors if f in FLAG_CODES), ErrorCode.GRADER_FAILED)
 
     @property
     def sub_rewards(self) -> dict[str, float]:

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from grpcgrade.grader import InvalidParams
+from grpcgrade.core.errors import InvalidParams
 
 from .formula import Formula, FormulaError, UnknownVariable
 from .formula import parse as parse_formula
