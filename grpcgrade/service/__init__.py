@@ -1,1 +1,0 @@
-"""The service's network faces: the HTTP endpoints beside the gRPC server."""
