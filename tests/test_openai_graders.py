@@ -8,6 +8,7 @@ the formula language); model graders answer from a loopback OpenAI-compatible en
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -16,8 +17,12 @@ import grpc
 import pytest
 import yaml
 from conftest import start_server
+from doc_examples import blocks, run_python
 from openai_judge import VECTORS, Judge, answer, models_section, running_judge
 
+from grpcgrade.core.config import parse_config
+from grpcgrade.core.engine import Engine
+from grpcgrade.core.registry import get_registry
 from grpcgrade.grader import GraderError, GraderScore
 from grpcgrade.graders.openai.formula import MAX_DEPTH, MAX_FORMULA_CHARS, FormulaError, UnknownVariable, parse
 from grpcgrade.graders.openai.grader import AsyncOpenAIGrader, OpenAIGrader, openai_grader
@@ -612,3 +617,46 @@ def test_model_graders_through_a_configured_server(judged_server, judge):
     assert all(not r.HasField("reward") for r in replies)
     assert {r.results[0].error.code for r in replies} == {"INVALID_RESULT"}
     assert sorted(body["messages"][0]["content"] for _, body in judge.requests(bad)) == [f"a {bad}", f"b {bad}"]
+
+
+# --- the examples of docs/openai-graders.md ------------------------------------------------------------------
+
+PAGE = "openai-graders.md"
+
+
+def test_docs_grpc_example_runs_against_a_server(server):
+    script = blocks(PAGE, "python")[0]
+    assert "127.0.0.1:50051" in script
+    assert run_python(script.replace("127.0.0.1:50051", server.target), PAGE).strip() == "1.0"
+
+
+def test_docs_server_config_example_resolves(monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    config_yaml, embedding_yaml = blocks(PAGE, "yaml")
+    config = parse_config(yaml.safe_load(config_yaml))
+    assert set(config.models) == {"gpt-4o-2024-08-06"} and set(config.rewards) == {"rft"}
+    engine = Engine(get_registry(), rewards=config.rewards)
+    jobs = engine.resolve([], "rft")
+    openai_job = jobs[0]
+    # "Paris" against "Pariss": exact 0, fuzzy 1 - 1/11; 0.7 * 0 + 0.3 * 10/11
+    result = openai_job.grader.evaluate(response="Paris", reference="Pariss")
+    assert result.score == pytest.approx(0.3 * 10 / 11)
+    models.configure(parse_config(yaml.safe_load(embedding_yaml)).models)
+    try:
+        assert isinstance(openai_grader(similarity("cosine")), AsyncOpenAIGrader)
+    finally:
+        models.configure({})
+
+
+def test_docs_multi_example_grades_a_tool_call():
+    (grader,) = (json.loads(b) for b in blocks(PAGE, "json"))
+    call = [{"id": "c", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Oslo"}'}}]
+    same = grade(grader, response="", tool_calls=call, function="get_weather", arguments='{"city":"Oslo"}')
+    assert same.score == 1.0
+    # arguments 15 vs 16 characters, one insertion apart: fuzzy 1 - 1/31
+    close = grade(grader, response="", tool_calls=call, function="get_weather", arguments='{"city":"Oslo."}')
+    assert close.score == pytest.approx(0.5 + 0.5 * (1 - 1 / 31))
+    wrong_name = grade(grader, response="", tool_calls=call, function="get_time", arguments='{"city":"Oslo"}')
+    assert wrong_name.score == 0.0
+    no_call = grade(grader, response="It is sunny.", function="get_weather", arguments="{}")
+    assert isinstance(no_call, GraderError) and "sample.output_tools has 0 items" in no_call.error

@@ -14,6 +14,7 @@ import httpx
 import openai
 import pytest
 from aiohttp import web
+from doc_examples import blocks, run_python
 from openai_judge import Judge, answer, models_section, running_judge
 
 from grpcgrade.core.engine import Engine
@@ -283,3 +284,13 @@ def test_malformed_run_requests_are_400_saying_what_is_wrong(base_url, body, par
     assert reply.status_code == 400
     error = reply.json()["error"]
     assert error["param"] == param and message in error["message"]
+
+
+def test_docs_http_example_runs_unchanged_but_for_the_address(base_url):
+    script = blocks("openai-graders.md", "python")[1]
+    assert 'base_url="http://127.0.0.1:8080/v1", api_key="my-token"' in script
+    script = script.replace("http://127.0.0.1:8080", base_url).replace("my-token", TOKEN)
+    reward, subs = run_python(script, "openai-graders.md").strip().split(" ", 1)
+    # "Pariss" against "Paris": exact 0, fuzzy 1 - 1/11
+    assert float(reward) == pytest.approx(0.5 * 10 / 11)
+    assert subs == repr({"exact": 0.0, "close": 10 / 11})
