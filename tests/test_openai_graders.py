@@ -660,3 +660,16 @@ def test_docs_multi_example_grades_a_tool_call():
     assert wrong_name.score == 0.0
     no_call = grade(grader, response="It is sunny.", function="get_weather", arguments="{}")
     assert isinstance(no_call, GraderError) and "sample.output_tools has 0 items" in no_call.error
+
+
+def test_the_filled_messages_of_a_model_grader_are_bounded_together(configured):
+    marker = configured.reply(answer(1))
+    big = "x" * (MAX_RENDERED_CHARS // 2 + 1)  # each message alone is under the limit, the two are not
+    grader = {**score_model(f"{{{{ item.big }}}} {marker}"), "input": [
+        {"role": "user", "content": f"{{{{ item.big }}}} {marker}"},
+        {"role": "user", "content": "{{ item.big }}"},
+    ]}  # fmt: skip
+    result = grade(grader, big=big)
+    assert isinstance(result, GraderError) and result.metadata["errors"] == ["other_error"]
+    assert "filled messages are over the limit" in result.error
+    assert configured.requests(marker) == []  # refused before any call

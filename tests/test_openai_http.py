@@ -18,13 +18,15 @@ from doc_examples import blocks, run_python
 from openai_judge import Judge, answer, models_section, running_judge
 
 from grpcgrade.core.engine import Engine
+from grpcgrade.core.errors import ErrorCode
 from grpcgrade.core.grading import GraderStats
 from grpcgrade.core.plugins import load_plugins, make_manager
 from grpcgrade.core.registry import Registry
 from grpcgrade.core.samples import Limits
+from grpcgrade.grader import GraderError
 from grpcgrade.graders.openai.outcome import ERROR_FLAGS
 from grpcgrade.llm import models
-from grpcgrade.service.openai_http import MAX_JSON_DEPTH, MOUNT_PATH, openai_graders_root
+from grpcgrade.service.openai_http import MAX_JSON_DEPTH, MOUNT_PATH, openai_graders_root, run_response
 from grpcgrade.testing import free_port
 
 TOKEN = "test-token-for-graders"
@@ -294,3 +296,15 @@ def test_docs_http_example_runs_unchanged_but_for_the_address(base_url):
     # "Pariss" against "Paris": exact 0, fuzzy 1 - 1/11
     assert float(reward) == pytest.approx(0.5 * 10 / 11)
     assert subs == repr({"exact": 0.0, "close": 10 / 11})
+
+
+def test_errors_from_outside_the_grader_map_to_openai_flags():
+    """A time limit or a crash (results the engine makes, without the grader's own flags)."""
+    timeout = GraderError("openai_grader", "grader ran past its time limit of 5 s", code=ErrorCode.TIMEOUT)
+    crash = GraderError("openai_grader", "RuntimeError: boom", code=ErrorCode.GRADER_FAILED)
+    for result, flag in ((timeout, "unresponsive_reward_error"), (crash, "other_error")):
+        body = run_response(result, EXACT, 0.5)
+        assert body["reward"] is None
+        assert {k: v for k, v in body["metadata"]["errors"].items() if k in ERROR_FLAGS} == raised(flag)
+        assert (body["metadata"]["name"], body["metadata"]["type"]) == ("exact", "string_check")
+        assert body["metadata"]["grpcgrade"]["error"] == {"code": result.code, "message": result.error}

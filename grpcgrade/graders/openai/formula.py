@@ -149,22 +149,18 @@ class _Parser:
             raise FormulaError(f"the formula is nested more than {MAX_DEPTH} levels deep")
 
     def _sum(self) -> None:
-        self._enter()
-        self._product()
-        while self._peek() in ("+", "-"):
-            op = self.tokens[self.pos][1]
-            self.pos += 1
-            self._product()
-            self.code.append(("bin", op))
-        self.depth -= 1
+        self._left_associative(("+", "-"), self._product)
 
     def _product(self) -> None:
+        self._left_associative(("*", "/"), self._unary)
+
+    def _left_associative(self, operators: tuple[str, ...], operand: Callable[[], None]) -> None:
         self._enter()
-        self._unary()
-        while self._peek() in ("*", "/"):
+        operand()
+        while self._peek() in operators:
             op = self.tokens[self.pos][1]
             self.pos += 1
-            self._unary()
+            operand()
             self.code.append(("bin", op))
         self.depth -= 1
 

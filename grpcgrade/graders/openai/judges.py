@@ -21,7 +21,7 @@ from grpcgrade.llm.parsing import JudgeOutputError, find_answer
 
 from .outcome import RENDER_ERRORS, Outcome, add_usage, render_failure
 from .schema import AudioPart, GraderConfigError, ImagePart, LabelModel, Message, ScoreModel
-from .templating import Namespaces
+from .templating import MAX_RENDERED_CHARS, Namespaces, RenderedTooLong, Template
 
 _STEPS_SCHEMA = {
     "type": "array",
@@ -46,22 +46,32 @@ def _response_format(name: str, result: dict[str, Any]) -> dict[str, Any]:
 
 def chat_messages(messages: tuple[Message, ...], ns: Namespaces) -> list[dict[str, Any]]:
     """The grader's input as chat-completions messages; `developer` is sent as `system`, which every
-    OpenAI-compatible server knows (OpenAI itself treats the two alike)."""
+    OpenAI-compatible server knows (OpenAI itself treats the two alike). All the filled text together is
+    bounded as one filled template is."""
+    budget = [MAX_RENDERED_CHARS]
+
+    def fill(template: Template) -> str:
+        text = template.render(ns)
+        budget[0] -= len(text)
+        if budget[0] < 0:
+            raise RenderedTooLong(f"the filled messages are over the limit of {MAX_RENDERED_CHARS} characters")
+        return text
+
     out = []
     for message in messages:
         role = "system" if message.role == "developer" else message.role
         if message.plain:
-            out.append({"role": role, "content": message.parts[0].text.render(ns)})  # type: ignore[union-attr]
+            out.append({"role": role, "content": fill(message.parts[0].text)})  # type: ignore[union-attr]
             continue
         parts: list[dict[str, Any]] = []
         for part in message.parts:
             if isinstance(part, ImagePart):
-                image = {"url": part.image_url.render(ns), **({"detail": part.detail} if part.detail else {})}
+                image = {"url": fill(part.image_url), **({"detail": part.detail} if part.detail else {})}
                 parts.append({"type": "image_url", "image_url": image})
             elif isinstance(part, AudioPart):
                 parts.append({"type": "input_audio", "input_audio": {"data": part.data, "format": part.format}})
             else:
-                parts.append({"type": "text", "text": part.text.render(ns)})
+                parts.append({"type": "text", "text": fill(part.text)})
         out.append({"role": role, "content": parts})
     return out
 

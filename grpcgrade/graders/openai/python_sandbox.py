@@ -14,8 +14,9 @@ from typing import Any
 
 from .schema import GraderConfigError, Python
 
-#: Where the sandbox's entry point for OpenAI python graders is looked up: `module.attribute`, an async
-#: callable `(source, sample, item) -> float` (see `PythonNode` when wiring it in).
+#: Where the sandbox's entry point for OpenAI python graders is looked up (`module`, `attribute`). Wiring it in
+#: means a node like the others here: `arun(ns)` calls the entry point with the source, `ns.sample()` and
+#: `ns.item`, and maps its failures to the `python_grader_*` flags of `outcome.ERROR_FLAGS`.
 SANDBOX_ENTRY = ("grpcgrade_code", "run_openai_python")
 
 
@@ -38,6 +39,6 @@ def python_node(config: Python, path: str) -> Any:
             "the python grader type runs only inside the code sandbox (the grpcgrade-code plugin), which this "
             "server does not have; grpcgrade never runs a request's code in its own process",
         )
-    raise GraderConfigError(  # the sandbox's API is not settled yet: see the module docstring
+    raise GraderConfigError(  # the sandbox exists, but its API is not wired in yet: see SANDBOX_ENTRY
         f"{path}.type", "the python grader type is not wired to this server's code sandbox yet"
     )
