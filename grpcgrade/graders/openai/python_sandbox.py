@@ -14,10 +14,13 @@ from typing import Any
 
 from .schema import GraderConfigError, Python
 
-#: Where the sandbox's entry point for OpenAI python graders is looked up (`module`, `attribute`). Wiring it in
-#: means a node like the others here: `arun(ns)` calls the entry point with the source, `ns.sample()` and
-#: `ns.item`, and maps its failures to the `python_grader_*` flags of `outcome.ERROR_FLAGS`.
-SANDBOX_ENTRY = ("grpcgrade_code", "run_openai_python")
+#: The sandbox's entry point for OpenAI python graders (`module`, `attribute`): the grpcgrade-code plugin's
+#: `async run_python_grade(source, sample, item) -> float`, which raises `GradeFailed` (the code failed; its
+#: `outcome` says how) or `SandboxUnavailable` (the sandbox could not run it). Wiring it in means one node
+#: like the others here: `arun(ns)` awaits it with the source, `ns.sample()` and `ns.item`, and maps
+#: GradeFailed to `python_grader_runtime_error` (`unresponsive_reward_error` for a time limit) and
+#: SandboxUnavailable to `python_grader_server_error`, with `pass_threshold` reported as the other types do.
+SANDBOX_ENTRY = ("grpcgrade_code", "run_python_grade")
 
 
 def find_sandbox() -> Callable[..., Any] | None:
