@@ -118,8 +118,8 @@ def run_response(result: GraderResult, grader: Any, seconds: float) -> dict[str,
         flags.add(_CODE_FLAGS.get(result.code, "other_error"))
     errors: dict[str, Any] = {flag: flag in flags for flag in ERROR_FLAGS}
     errors.update(_DETAIL_FIELDS)
-    if "model_grader_server_error" in flags:
-        errors["model_grader_server_error_details"] = meta.get("server_error_details") or result.reason
+    if "model_grader_server_error" in flags and isinstance(result, GraderError):
+        errors["model_grader_server_error_details"] = result.error
     sub_rewards = meta.get("sub_rewards", {})
     name = grader.get("name", "") if isinstance(grader, dict) else ""
     extension: dict[str, Any] = {"reason": result.reason}

@@ -64,8 +64,7 @@ class MultiNode:
         if failed:
             flags = tuple(dict.fromkeys(f for sub in failed.values() for f in sub.errors))
             message = "; ".join(f"{key}: {sub.message}" for key, sub in failed.items())
-            details = {k: v for sub in failed.values() for k, v in sub.details.items() if k == "server_error_details"}
-            return Outcome(None, flags, message, details=details, usage=usage, sampled_model=sampled, sub=subs)
+            return Outcome(None, flags, message, usage=usage, sampled_model=sampled, sub=subs)
         values = {key: sub.score for key, sub in subs.items()}
         try:
             score = self.config.formula.evaluate(values)  # type: ignore[arg-type]

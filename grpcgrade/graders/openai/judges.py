@@ -108,7 +108,7 @@ class ModelJudgeNode:
         except ChatRefusal as exc:
             return Outcome.fail("model_grader_refusal_error", str(exc))
         except ChatError as exc:
-            return Outcome.fail("model_grader_server_error", str(exc), server_error_details=str(exc))
+            return Outcome.fail("model_grader_server_error", str(exc))
         usage: dict[str, dict[str, int]] = {}
         add_usage(usage, self.config.model, reply.usage)
         sampled = self.model.config.model

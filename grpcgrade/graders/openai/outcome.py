@@ -54,9 +54,9 @@ class Outcome:
     sub: dict[str, Outcome] = field(default_factory=dict)
 
     @classmethod
-    def fail(cls, flag: str, message: str, **details: Any) -> Outcome:
+    def fail(cls, flag: str, message: str) -> Outcome:
         assert flag in ERROR_FLAGS, flag
-        return cls(None, (flag,), message, details=details)
+        return cls(None, (flag,), message)
 
     @property
     def ok(self) -> bool:
