@@ -673,3 +673,9 @@ def test_the_filled_messages_of_a_model_grader_are_bounded_together(configured):
     assert isinstance(result, GraderError) and result.metadata["errors"] == ["other_error"]
     assert "filled messages are over the limit" in result.error
     assert configured.requests(marker) == []  # refused before any call
+
+
+def test_unclosed_braces_are_literal_text_even_in_a_hostile_template():
+    hostile = "{{" * 90_000  # a regex scan from every "{{" to the end would take quadratic time here
+    assert grade(check(hostile, hostile)).score == 1.0
+    assert grade(check("{{ item.a }} and {{ unclosed", "x and {{ unclosed"), a="x").score == 1.0

@@ -23,7 +23,6 @@ NAMESPACES = ("item", "sample")
 #: The variables of the `sample` namespace grpcgrade fills (see Namespaces).
 SAMPLE_VARIABLES = ("output_text", "output_json", "output_tools", "choices")
 
-_PLACEHOLDER = re.compile(r"\{\{(.*?)\}\}", re.DOTALL)
 _STEP = re.compile(r"""\.([^.\[\]\s]+)|\[\s*(\d+)\s*\]|\[\s*"((?:[^"\\]|\\.)*)"\s*\]|\[\s*'([^']*)'\s*\]""")
 _ROOT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -139,13 +138,15 @@ class Template:
 
 
 def compile_template(source: str) -> Template:
+    """Split `source` at its `{{ ... }}`; an unclosed `{{` is literal text. One pass (str.find, no regex
+    backtracking), so a hostile template costs time in proportion to its length."""
     parts: list[str | Variable] = []
     pos = 0
-    for match in _PLACEHOLDER.finditer(source):
-        if match.start() > pos:
-            parts.append(source[pos : match.start()])
-        parts.append(parse_variable(match.group(1)))
-        pos = match.end()
+    while (start := source.find("{{", pos)) >= 0 and (end := source.find("}}", start + 2)) >= 0:
+        if start > pos:
+            parts.append(source[pos:start])
+        parts.append(parse_variable(source[start + 2 : end]))
+        pos = end + 2
     if pos < len(source) or not parts:
         parts.append(source[pos:])
     return Template(source, tuple(parts))
