@@ -25,7 +25,7 @@ from grpcgrade.core.engine import Engine
 from grpcgrade.core.registry import get_registry
 from grpcgrade.grader import GraderError, GraderScore
 from grpcgrade.graders.openai.formula import MAX_DEPTH, MAX_FORMULA_CHARS, FormulaError, UnknownVariable, parse
-from grpcgrade.graders.openai.grader import AsyncOpenAIGrader, OpenAIGrader, openai_grader
+from grpcgrade.graders.openai.grader import AsyncOpenAIGrader, OpenAIGrader, namespaces, openai_grader
 from grpcgrade.graders.openai.schema import GraderConfigError
 from grpcgrade.graders.openai.templating import MAX_RENDERED_CHARS
 from grpcgrade.llm import models
@@ -679,3 +679,18 @@ def test_unclosed_braces_are_literal_text_even_in_a_hostile_template():
     hostile = "{{" * 90_000  # a regex scan from every "{{" to the end would take quadratic time here
     assert grade(check(hostile, hostile)).score == 1.0
     assert grade(check("{{ item.a }} and {{ unclosed", "x and {{ unclosed"), a="x").score == 1.0
+
+
+def test_the_whole_sample_namespace_as_a_python_grader_would_receive_it():
+    ns = namespaces({"response": '{"a": 1}', "tool_calls": TOOLS, "query": "q", "extra_key": [1]})
+    assert ns.item == {"query": "q", "extra_key": [1], "tool_calls": TOOLS}
+    message = {"role": "assistant", "content": '{"a": 1}', "tool_calls": TOOLS}
+    assert ns.sample() == {
+        "output_text": '{"a": 1}',
+        "output_json": {"a": 1},
+        "output_tools": TOOLS,
+        "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls"}],
+    }
+    plain = namespaces({"response": "not json"}).sample()
+    assert plain["output_json"] is None and plain["output_tools"] == []
+    assert plain["choices"][0]["finish_reason"] == "stop" and "tool_calls" not in plain["choices"][0]["message"]

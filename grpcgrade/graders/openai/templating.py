@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -119,10 +119,6 @@ class Template:
     source: str
     parts: tuple[str | Variable, ...]
 
-    @property
-    def variables(self) -> list[Variable]:
-        return [p for p in self.parts if isinstance(p, Variable)]
-
     def render(self, ns: Namespaces) -> str:
         if len(self.parts) == 1 and isinstance(self.parts[0], str):
             return self.parts[0]
@@ -211,7 +207,3 @@ class Namespaces:
             except SampleNotJson:
                 out["output_json"] = None
         return out
-
-
-def variables_of(templates: Sequence[Template]) -> list[Variable]:
-    return [v for t in templates for v in t.variables]
