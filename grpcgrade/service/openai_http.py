@@ -121,7 +121,7 @@ def run_response(result: GraderResult, grader: Any, seconds: float) -> dict[str,
     if "model_grader_server_error" in flags and isinstance(result, GraderError):
         errors["model_grader_server_error_details"] = result.error
     sub_rewards = meta.get("sub_rewards", {})
-    name = grader.get("name", "") if isinstance(grader, dict) else ""
+    config = grader if isinstance(grader, dict) else {}
     extension: dict[str, Any] = {"reason": result.reason}
     if isinstance(result, GraderError):
         extension["error"] = {"code": result.code, "message": result.error}
@@ -130,8 +130,8 @@ def run_response(result: GraderResult, grader: Any, seconds: float) -> dict[str,
         "sub_rewards": sub_rewards,
         "model_grader_token_usage_per_model": meta.get("model_grader_token_usage_per_model", {}),
         "metadata": {
-            "name": meta.get("name", name),
-            "type": meta.get("type", grader.get("type", "") if isinstance(grader, dict) else ""),
+            "name": meta.get("name", config.get("name", "")),
+            "type": meta.get("type", config.get("type", "")),
             "errors": errors,
             "execution_time": seconds,
             "scores": sub_rewards,
@@ -177,7 +177,8 @@ def openai_graders_app(engine: Engine, *, tokens: Sequence[str] = (), limits: Li
                 raise _config_error(exc) from None
         except BadRequest as exc:
             return exc.response()
-        kwargs = {"response": sample, ITEM_KWARG: body.get("item") if body.get("item") is not None else {}}
+        item = body.get("item")
+        kwargs = {"response": sample, ITEM_KWARG: {} if item is None else item}
         start = time.perf_counter()
         graded = await engine.grade_chunk(jobs, [(0, kwargs)])
         result = graded.columns[0][0]
