@@ -6,33 +6,43 @@ The public API a grader author needs is importable from here; see docs/plugins.m
 from importlib.metadata import PackageNotFoundError, version
 
 from .core.errors import ErrorCode
-from .grader import (
-    BaseGrader,
-    FunctionGrader,
-    GraderError,
-    GraderMode,
-    GraderRank,
-    GraderScore,
-    InvalidParams,
-)
-from .hookspecs import hookimpl
-from .llm import ChatMessage, LanguageEnum, LLMGrader, PromptTemplate
 
 try:
     __version__ = version("grpcgrade")
 except PackageNotFoundError:  # running from a source tree that was never installed
     __version__ = "0.0.0"
 
-_CLIENT_NAMES = ("GradingClient", "AsyncGradingClient", "reward_function")
+#: Public names and the module each lives in, imported on first use: the clients import grpc, the grader
+#: API pluggy and httpx, and a trainer with only the client installed (`pip install grpcgrade`) has neither
+#: the server's dependencies nor a need for them.
+_LAZY = {
+    "GradingClient": "client",
+    "AsyncGradingClient": "client",
+    "reward_function": "integrations.trl",
+    "BaseGrader": "grader",
+    "FunctionGrader": "grader",
+    "GraderError": "grader",
+    "GraderMode": "grader",
+    "GraderRank": "grader",
+    "GraderScore": "grader",
+    "InvalidParams": "grader",
+    "hookimpl": "hookspecs",
+    "ChatMessage": "llm",
+    "LanguageEnum": "llm",
+    "LLMGrader": "llm",
+    "PromptTemplate": "llm",
+}
 
 
 def __getattr__(name: str) -> object:
-    """The clients import grpc; graders and worker processes do not pay for that unless they ask."""
-    if name in _CLIENT_NAMES:
-        from . import client
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'grpcgrade' has no attribute {name!r}")
+    from importlib import import_module
 
-        return getattr(client, name)
-    raise AttributeError(f"module 'grpcgrade' has no attribute {name!r}")
+    value = getattr(import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
 
 
 __all__ = [

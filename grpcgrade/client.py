@@ -1,4 +1,5 @@
-"""Python clients: `GradingClient` (blocking), `AsyncGradingClient` (asyncio) and `reward_function` (TRL).
+"""Python clients: `GradingClient` (blocking), `AsyncGradingClient` (asyncio, with `Coalescer` for callers
+that grade sample by sample), and `reward_function` (TRL; see grpcgrade.integrations.trl).
 
 Every call carries a deadline. UNAVAILABLE (and a draining server's CANCELLED) is retried by gRPC's own
 retry policy (service config), and with several addresses or a `dns:///` name the channel balances
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -41,6 +41,11 @@ SERVICE_CONFIG = {
         }
     ],
 }
+
+#: How long a coalescer waits for more samples after the first one of a batch (seconds).
+DEFAULT_LINGER = 0.005
+#: The most samples one coalesced BatchEvaluate carries; a full batch leaves at once.
+DEFAULT_MAX_BATCH = 1024
 
 Target = str | Sequence[str]
 Graders = Iterable[str | Mapping[str, Any] | pb.GraderSpec] | None
@@ -210,6 +215,20 @@ class GradingClient(_Base):
     def list_graders(self, *, timeout: float | None = None) -> pb.ListGradersResponse:
         return self.stub.ListGraders(pb.ListGradersRequest(), timeout=timeout or self.timeout, metadata=self._metadata)
 
+    def wait_ready(self, timeout: float) -> None:
+        """Block until the channel is connected; ConnectionError naming the target after `timeout` seconds."""
+        try:
+            grpc.channel_ready_future(self.channel).result(timeout=timeout)
+        except grpc.FutureTimeoutError:
+            raise ConnectionError(f"no grpcgrade server reachable at {self.target} within {timeout:g} s") from None
+
+    def check(self, graders: Graders = None, reward: str = "", *, timeout: float | None = None) -> None:
+        """Ask the server to resolve `graders` or `reward` without grading anything (a BatchEvaluate of no
+        samples): an unknown name or bad params raise grpc.RpcError (NOT_FOUND, INVALID_ARGUMENT) now."""
+        request = self._batch_request([], list(graders or []), reward, 0.0, pb.RESULT_VIEW_SCORES)
+        for _ in self.stub.BatchEvaluate(request, timeout=timeout or self.timeout, metadata=self._metadata):
+            pass
+
 
 class AsyncGradingClient(_Base):
     """An asyncio client; create it inside the running event loop."""
@@ -230,6 +249,13 @@ class AsyncGradingClient(_Base):
 
     async def close(self) -> None:
         await self.channel.close()
+
+    async def wait_ready(self, timeout: float) -> None:
+        """Wait until the channel is connected; ConnectionError naming the target after `timeout` seconds."""
+        try:
+            await asyncio.wait_for(self.channel.channel_ready(), timeout)
+        except TimeoutError:
+            raise ConnectionError(f"no grpcgrade server reachable at {self.target} within {timeout:g} s") from None
 
     async def evaluate(
         self,
@@ -278,47 +304,93 @@ class AsyncGradingClient(_Base):
             pb.ListGradersRequest(), timeout=timeout or self.timeout, metadata=self._metadata
         )
 
+    def coalescer(
+        self,
+        graders: Graders = None,
+        reward: str = "",
+        *,
+        linger: float = DEFAULT_LINGER,
+        max_batch: int = DEFAULT_MAX_BATCH,
+        grader_timeout: float = 0.0,
+        view: int = pb.RESULT_VIEW_SCORES,
+    ) -> Coalescer:
+        """One-sample calls that arrive together leave as one BatchEvaluate (see `Coalescer`)."""
+        return Coalescer(self, list(graders or []), reward, linger, max_batch, grader_timeout, view)
 
-def _text(completion: Any) -> str:
-    """TRL passes plain strings, or conversations: a list of {"role", "content"} messages."""
-    if isinstance(completion, str):
-        return completion
-    if isinstance(completion, list) and completion and isinstance(completion[-1], Mapping):
-        return str(completion[-1].get("content", ""))
-    return str(completion)
 
-
-def reward_function(
-    target: Target, graders: Graders = None, reward: str = "", **client_options: Any
-) -> Callable[..., list[float | None]]:
-    """A TRL-style reward function `reward(prompts, completions, **columns) -> list[float | None]`.
-
-    Dataset columns arrive as keyword lists: `reference`, `answer` or `ground_truth` becomes the sample's
-    reference, every other column goes into `extra`. A sample whose graders failed gets None, which TRL
-    treats as a missing reward instead of a wrong one.
+class Coalescer:
+    """`await coalescer.evaluate(sample)` from many tasks at once: the samples that arrive within `linger`
+    seconds of the first (at most `max_batch`) go to the server as one BatchEvaluate, and each caller gets
+    its own sample's result. A trainer's reward loop that calls once per sample (veRL's) then costs a few
+    batch calls per step instead of thousands of unary ones. If the batch call fails, every caller of that
+    batch gets the error; nothing is answered twice or dropped.
     """
-    client = GradingClient(target, **client_options)
-    graders = list(graders or [])
 
-    def score(prompts: Sequence[Any], completions: Sequence[Any], **columns: Any) -> list[float | None]:
-        samples = []
-        for i, (prompt, completion) in enumerate(zip(prompts, completions, strict=True)):
-            row = {k: v[i] for k, v in columns.items() if isinstance(v, Sequence) and not isinstance(v, str)}
-            reference = next((row.pop(k) for k in ("reference", "answer", "ground_truth") if k in row), "")
-            extra = {k: v for k, v in row.items() if _json_safe(v)}
-            samples.append(
-                {"query": _text(prompt), "response": _text(completion), "reference": str(reference), "extra": extra}
+    def __init__(
+        self,
+        client: AsyncGradingClient,
+        graders: list[Any],
+        reward: str,
+        linger: float = DEFAULT_LINGER,
+        max_batch: int = DEFAULT_MAX_BATCH,
+        grader_timeout: float = 0.0,
+        view: int = pb.RESULT_VIEW_SCORES,
+    ) -> None:
+        if max_batch < 1 or linger < 0:
+            raise ValueError("max_batch must be >= 1 and linger >= 0")
+        self.client = client
+        self.graders = graders
+        self.reward = reward
+        self.linger = linger
+        self.max_batch = max_batch
+        self.grader_timeout = grader_timeout
+        self.view = view
+        self._pending: list[tuple[Any, asyncio.Future[pb.EvaluateResponse]]] = []
+        self._timer: asyncio.TimerHandle | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        #: BatchEvaluate calls made so far (for logs and tests).
+        self.batches = 0
+
+    async def evaluate(self, sample: Mapping[str, Any] | pb.Sample) -> pb.EvaluateResponse:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[pb.EvaluateResponse] = loop.create_future()
+        self._pending.append((sample, future))
+        if len(self._pending) >= self.max_batch:
+            self._flush()
+        elif self._timer is None:
+            self._timer = loop.call_later(self.linger, self._flush)
+        return await future
+
+    def _flush(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        batch, self._pending = self._pending, []
+        if batch:
+            task = asyncio.get_running_loop().create_task(self._send(batch))
+            self._tasks.add(task)  # held until done: the loop keeps only weak references to tasks
+            task.add_done_callback(self._tasks.discard)
+
+    async def _send(self, batch: list[tuple[Any, asyncio.Future[pb.EvaluateResponse]]]) -> None:
+        self.batches += 1
+        try:
+            results = await self.client.batch_evaluate(
+                [s for s, _ in batch], self.graders, self.reward, grader_timeout=self.grader_timeout, view=self.view
             )
-        results = client.batch_evaluate(samples, graders, reward, view=pb.RESULT_VIEW_SCORES)
-        return [r.reward if r.HasField("reward") and math.isfinite(r.reward) else None for r in results]
+        except BaseException as exc:
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(exc)
+            if not isinstance(exc, Exception):
+                raise
+            return
+        for (_, future), result in zip(batch, results, strict=True):
+            if not future.done():
+                future.set_result(result)
 
-    score.__name__ = f"grpcgrade_{reward or '_'.join(g if isinstance(g, str) else g['name'] for g in graders)}"
-    return score
 
+def reward_function(*args: Any, **kwargs: Any) -> Callable[..., list[float | None]]:
+    """TRL's reward function; see `grpcgrade.integrations.trl.reward_function` (kept here for old imports)."""
+    from .integrations.trl import reward_function as make
 
-def _json_safe(value: Any) -> bool:
-    try:
-        json.dumps(value)
-    except (TypeError, ValueError):
-        return False
-    return True
+    return make(*args, **kwargs)

@@ -62,10 +62,12 @@ def test_list_graders_names_plugins_versions_and_params(client):
     assert sorted(plugins["testplugin"].graders) == [
         "attentive",
         "count_word",
+        "id_number",
         "longest_first",
         "misbehave",
         "shout",
         "sleepy",
+        "tool_call_names",
     ]
     assert [r.name for r in listing.rewards] == ["gsm8k"]
 

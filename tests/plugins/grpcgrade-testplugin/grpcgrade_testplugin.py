@@ -33,6 +33,17 @@ async def attentive(response: str) -> float:
     return 1.0
 
 
+def tool_call_names(tool_calls: list | None = None, expected: str = "") -> float:
+    """1.0 when the sample's `extra.tool_calls` name exactly the functions in `expected` (comma-separated)."""
+    names = [call["function"]["name"] for call in tool_calls or []]
+    return float(",".join(names) == expected)
+
+
+def id_number(sample_id: str = "") -> float:
+    """The sample's id read as a number: shows which id reached the grader."""
+    return float(sample_id)
+
+
 @hookimpl
 def register_graders(register):
     register(Shout, name="shout")
@@ -41,6 +52,8 @@ def register_graders(register):
     register(Sleepy, name="sleepy")
     register(Misbehave, name="misbehave")
     register(FunctionGrader.wrap(attentive), name="attentive")
+    register(FunctionGrader.wrap(tool_call_names), name="tool_call_names")
+    register(FunctionGrader.wrap(id_number), name="id_number")
 
 
 class Sleepy(BaseGrader):

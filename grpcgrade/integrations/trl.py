@@ -1,0 +1,396 @@
+"""TRL reward functions backed by a grpcgrade server, shaped after TRL's own call.
+
+TRL's GRPOTrainer and RLOOTrainer (`trl/trainer/grpo_trainer.py` and `rloo_trainer.py`, `_calculate_rewards`,
+TRL 1.16) call every reward function as
+
+    reward_func(prompts=..., completions=..., completion_ids=..., **columns,
+                trainer_state=..., log_extra=..., log_metric=..., [environments=...])
+
+where `columns` holds every dataset column but `prompt`/`completion`/`completion_ids`, one value per
+completion. An `async def` reward function is awaited (all of them together, on TRL's own event loop); a
+None in the returned list becomes NaN, which TRL leaves out of the group's baseline (a masked sample).
+
+How a call becomes samples (documented for users in docs/trainers.md):
+
+- `query` is the prompt's text (the last user message of a conversational prompt); `response` the
+  completion's (see `completion_text`).
+- Columns map to sample fields by `DEFAULT_COLUMNS`, overridden by `columns=`: the first of `reference`,
+  `answer`, `ground_truth`, `solution` present becomes `reference`, `id` becomes the sample's id, `context`
+  its context. A column mapped to None is dropped.
+- `completion_tokens` is derived from `completion_ids` (their count); the ids themselves never travel.
+- Every other column travels in `extra`, since any grader may read it, unless it cannot reach a grader:
+  its name is a sample field or a name for one (a grader gets those from the sample itself), or a name TRL
+  passes for its own use, or its value is not JSON. Those are dropped, never an error, so an unrelated
+  column cannot fail a sample. `extra_columns=[...]` narrows `extra` to the columns the graders read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import grpc
+
+from grpcgrade.client import AsyncGradingClient, GradingClient, Graders, Target
+from grpcgrade.core.samples import INPUT_FIELDS, SAMPLE_FIELDS
+from grpcgrade.v1 import grading_pb2 as pb
+
+#: Keyword arguments TRL passes for the reward function's own use; never sample data.
+TRL_KWARGS = frozenset({"trainer_state", "log_extra", "log_metric", "environments", "completion_ids"})
+#: Dataset column -> sample field, unless `columns=` says otherwise. For `reference` the first present wins.
+DEFAULT_COLUMNS: dict[str, str] = {
+    "reference": "reference",
+    "answer": "reference",
+    "ground_truth": "reference",
+    "solution": "reference",
+    "id": "id",
+    "context": "context",
+}
+#: What a column may be mapped to.
+COLUMN_TARGETS = frozenset({"id", "query", "reference", "context"})
+#: Where a conversational completion's reasoning goes back in (the think format TRL's parser took it from).
+THINK = "<think>\n{reasoning}\n</think>\n{content}"
+#: Metric and column names reported through TRL's `log_metric` / `log_extra`.
+LOG_PREFIX = "grpcgrade"
+
+
+def _content_text(content: Any) -> str:
+    """A message's content: a string, None (a tool-call turn: no text), or a list of content blocks, whose
+    text blocks are joined (images and other blocks carry no text)."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for block in content:
+            if isinstance(block, str):
+                parts.append(block)
+            elif isinstance(block, Mapping) and isinstance(block.get("text"), str):
+                parts.append(block["text"])
+        return "".join(parts)
+    return str(content)
+
+
+def prompt_text(prompt: Any) -> str:
+    """A standard prompt as it is; a conversational one as its last user message."""
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list):
+        users = [m for m in prompt if isinstance(m, Mapping) and m.get("role") == "user"]
+        if users:
+            return _content_text(users[-1].get("content"))
+        return _content_text(prompt[-1].get("content")) if prompt and isinstance(prompt[-1], Mapping) else ""
+    return str(prompt)
+
+
+def completion_text(completion: Any) -> tuple[str, list[Any]]:
+    """The completion's response text and its tool calls.
+
+    A conversational completion is a list of messages (TRL's tool loop appends tool results and further
+    assistant turns). The response is the last assistant message's text; when that message carries
+    `reasoning_content` (or `thinking`), which TRL's `parse_response` splits out of `<think>...</think>`,
+    it is put back as `<think>\\n{reasoning}\\n</think>\\n{content}` so think-format graders see what the
+    model wrote. The tool calls of every assistant message, in order, become `extra.tool_calls`.
+    """
+    if isinstance(completion, str):
+        return completion, []
+    if not isinstance(completion, list):
+        return str(completion), []
+    assistant = [m for m in completion if isinstance(m, Mapping) and m.get("role", "assistant") == "assistant"]
+    tool_calls = [call for m in assistant for call in (m.get("tool_calls") or [])]
+    if not assistant:
+        return "", tool_calls
+    last = assistant[-1]
+    content = _content_text(last.get("content"))
+    reasoning = last.get("reasoning_content") or last.get("thinking")
+    if isinstance(reasoning, str) and reasoning.strip() and "<think>" not in content:
+        content = THINK.format(reasoning=reasoning.strip(), content=content)
+    return content, tool_calls
+
+
+def _json_value(value: Any) -> Any:
+    """`value` as JSON data (tuples become lists), or raise when it has no JSON form."""
+    return json.loads(json.dumps(value, allow_nan=False))
+
+
+class SampleBuilder:
+    """TRL's keyword arguments -> grpcgrade sample dicts, by the rules in the module docstring."""
+
+    def __init__(self, columns: Mapping[str, str | None] | None = None, extra_columns: Sequence[str] | None = None):
+        mapping: dict[str, str | None] = dict(DEFAULT_COLUMNS)
+        for column, target in (columns or {}).items():
+            if target is not None and target not in COLUMN_TARGETS:
+                raise ValueError(
+                    f"columns: {column!r} -> {target!r}: a column maps to one of "
+                    f"{', '.join(sorted(COLUMN_TARGETS))}, or None to drop it"
+                )
+            mapping[column] = target
+        self.mapping = mapping
+        self.explicit = dict(columns or {})
+        self.extra_columns = None if extra_columns is None else frozenset(extra_columns)
+
+    def _plan(self, names: Sequence[str]) -> tuple[dict[str, str], list[str]]:
+        """Which present column fills which field (explicit mappings first), and which go to `extra`."""
+        fields: dict[str, str] = {}
+        ordered = [n for n in self.explicit if n in names] + [n for n in self.mapping if n in names]
+        for name in ordered:
+            target = self.mapping.get(name)
+            if target is not None and target not in fields:
+                fields[target] = name
+        used = set(fields.values()) | {n for n in names if n in self.mapping}
+        extra = [
+            n
+            for n in names
+            if n not in used
+            and n not in TRL_KWARGS
+            and n not in INPUT_FIELDS
+            and n not in SAMPLE_FIELDS
+            and (self.extra_columns is None or n in self.extra_columns)
+        ]
+        return fields, extra
+
+    def samples(self, prompts: Sequence[Any], completions: Sequence[Any], kwargs: Mapping[str, Any]) -> list[dict]:
+        n = len(completions)
+        if len(prompts) != n:
+            raise ValueError(f"{len(prompts)} prompts but {n} completions")
+        columns = {
+            k: v
+            for k, v in kwargs.items()
+            if k not in TRL_KWARGS and isinstance(v, Sequence) and not isinstance(v, str) and len(v) == n
+        }
+        fields, extra_names = self._plan(list(columns))
+        ids = kwargs.get("completion_ids")
+        want_tokens = ids is not None and "completion_tokens" not in columns
+        want_tokens = want_tokens and (self.extra_columns is None or "completion_tokens" in self.extra_columns)
+        out = []
+        for i in range(n):
+            response, tool_calls = completion_text(completions[i])
+            sample: dict[str, Any] = {"query": prompt_text(prompts[i]), "response": response}
+            for field, column in fields.items():
+                value = columns[column][i]
+                sample[field] = "" if value is None else prompt_text(value) if field == "query" else str(value)
+            extra: dict[str, Any] = {}
+            for name in extra_names:
+                try:
+                    extra[name] = _json_value(columns[name][i])
+                except (TypeError, ValueError):
+                    continue  # no JSON form: no grader could read it
+            if want_tokens:
+                extra["completion_tokens"] = len(ids[i])
+            if tool_calls and "tool_calls" not in extra:
+                try:
+                    extra["tool_calls"] = _json_value(tool_calls)
+                except (TypeError, ValueError):
+                    extra["tool_calls"] = json.loads(json.dumps(tool_calls, default=str))
+            sample["extra"] = extra
+            out.append(sample)
+        return out
+
+
+def _reward(result: pb.EvaluateResponse) -> float | None:
+    return result.reward if result.HasField("reward") and math.isfinite(result.reward) else None
+
+
+def _scores(results: Sequence[pb.EvaluateResponse], key: str) -> list[float | None]:
+    """One grader's score per sample, None where it failed (or ranked instead of scoring)."""
+    out: list[float | None] = []
+    for result in results:
+        found = next((r for r in result.results if r.key == key), None)
+        ok = found is not None and not found.HasField("error") and not found.rank
+        out.append(found.score if ok else None)
+    return out
+
+
+def report(results: Sequence[pb.EvaluateResponse], kwargs: Mapping[str, Any]) -> None:
+    """Per-grader mean scores and the count of masked samples through TRL's `log_metric`, and each grader's
+    score per completion through `log_extra` (columns of TRL's completions table)."""
+    log_metric, log_extra = kwargs.get("log_metric"), kwargs.get("log_extra")
+    if not results:
+        return
+    keys = [r.key for r in results[0].results]
+    if callable(log_metric):
+        log_metric(f"{LOG_PREFIX}/masked", float(sum(_reward(r) is None for r in results)))
+    for key in keys:
+        scores = _scores(results, key)
+        ok = [s for s in scores if s is not None]
+        if callable(log_metric) and ok:
+            log_metric(f"{LOG_PREFIX}/{key}", sum(ok) / len(ok))
+        if callable(log_extra):
+            log_extra(f"{LOG_PREFIX}/{key}", scores)
+
+
+def _name(graders: Sequence[Any], reward: str) -> str:
+    if reward:
+        return f"grpcgrade_{reward}"
+    names = [g if isinstance(g, str) else g.name if isinstance(g, pb.GraderSpec) else g["name"] for g in graders]
+    return "grpcgrade_" + "_".join(names)
+
+
+def validate(
+    target: Target, graders: Sequence[Any], reward: str, wait_for_ready: float | None, client_options: dict[str, Any]
+) -> pb.ListGradersResponse:
+    """At construction: the server answers (waiting up to `wait_for_ready` seconds for it), and resolves the
+    reward or graders (unknown name, bad params). Raises ConnectionError or ValueError saying which."""
+    if bool(reward) == bool(graders):
+        raise ValueError("give either `reward` (a reward configured on the server) or `graders`, not both")
+    with GradingClient(target, **client_options) as client:
+        if wait_for_ready:
+            client.wait_ready(wait_for_ready)
+        try:
+            client.check(graders, reward)
+            return client.list_graders()
+        except grpc.RpcError as exc:
+            if exc.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT):
+                raise ValueError(f"grpcgrade server at {client.target}: {exc.details()}") from None
+            if exc.code() == grpc.StatusCode.UNAVAILABLE:
+                raise ConnectionError(f"no grpcgrade server reachable at {client.target}: {exc.details()}") from None
+            raise
+
+
+class _Config:
+    """What every TRL reward function of this module shares: the request and how samples are built."""
+
+    def __init__(
+        self,
+        target: Target,
+        graders: Graders,
+        reward: str,
+        columns: Mapping[str, str | None] | None,
+        extra_columns: Sequence[str] | None,
+        check: bool,
+        wait_for_ready: float | None,
+        client_options: dict[str, Any],
+    ) -> None:
+        self.target = target
+        self.graders = list(graders or [])
+        self.reward = reward
+        self.builder = SampleBuilder(columns, extra_columns)
+        self.client_options = client_options
+        self.catalog = validate(target, self.graders, reward, wait_for_ready, client_options) if check else None
+
+    def keys(self) -> list[str]:
+        """The result keys of the graders, in order (needs the catalog for a configured reward)."""
+        if self.reward:
+            catalog = self.catalog or validate(self.target, [], self.reward, None, self.client_options)
+            info = next(r for r in catalog.rewards if r.name == self.reward)
+            return [g.key or g.name for g in info.graders]
+        out = []
+        for g in self.graders:
+            if isinstance(g, str):
+                out.append(g)
+            elif isinstance(g, pb.GraderSpec):
+                out.append(g.key or g.name)
+            else:
+                out.append(g.get("key") or g["name"])
+        return out
+
+
+def reward_function(
+    target: Target,
+    graders: Graders = None,
+    reward: str = "",
+    *,
+    columns: Mapping[str, str | None] | None = None,
+    extra_columns: Sequence[str] | None = None,
+    check: bool = True,
+    wait_for_ready: float | None = 30.0,
+    **client_options: Any,
+) -> Callable[..., list[float | None]]:
+    """A TRL reward function: `reward` (configured on the server) or `graders` (names, dicts or GraderSpec)
+    for every completion, None where a grader failed (TRL masks it).
+
+    Built only after the server has answered and accepted the reward or graders (`check=False` skips
+    that; `wait_for_ready` seconds to wait for a server that is still starting).
+    """
+    config = _Config(target, graders, reward, columns, extra_columns, check, wait_for_ready, client_options)
+    client: GradingClient | None = None
+
+    def score(prompts: Sequence[Any], completions: Sequence[Any], **kwargs: Any) -> list[float | None]:
+        nonlocal client
+        if client is None:  # made on first use: a trainer may copy the function to other processes first
+            client = GradingClient(config.target, **config.client_options)
+        samples = config.builder.samples(prompts, completions, kwargs)
+        results = client.batch_evaluate(samples, config.graders, config.reward, view=pb.RESULT_VIEW_SCORES)
+        report(results, kwargs)
+        return [_reward(r) for r in results]
+
+    score.__name__ = _name(config.graders, reward)
+    return score
+
+
+def async_reward_function(
+    target: Target,
+    graders: Graders = None,
+    reward: str = "",
+    *,
+    columns: Mapping[str, str | None] | None = None,
+    extra_columns: Sequence[str] | None = None,
+    check: bool = True,
+    wait_for_ready: float | None = 30.0,
+    **client_options: Any,
+) -> Callable[..., Any]:
+    """`reward_function` as an `async def`: TRL awaits async reward functions together on its own event
+    loop, so a slow grader does not hold up the other reward functions. One client per event loop."""
+    config = _Config(target, graders, reward, columns, extra_columns, check, wait_for_ready, client_options)
+    clients: dict[asyncio.AbstractEventLoop, AsyncGradingClient] = {}
+
+    async def score(prompts: Sequence[Any], completions: Sequence[Any], **kwargs: Any) -> list[float | None]:
+        loop = asyncio.get_running_loop()
+        client = clients.get(loop)
+        if client is None:
+            client = clients[loop] = AsyncGradingClient(config.target, **config.client_options)
+        samples = config.builder.samples(prompts, completions, kwargs)
+        results = await client.batch_evaluate(samples, config.graders, config.reward, view=pb.RESULT_VIEW_SCORES)
+        report(results, kwargs)
+        return [_reward(r) for r in results]
+
+    score.__name__ = _name(config.graders, reward)
+    return score
+
+
+def reward_functions(
+    target: Target,
+    graders: Graders = None,
+    reward: str = "",
+    *,
+    columns: Mapping[str, str | None] | None = None,
+    extra_columns: Sequence[str] | None = None,
+    check: bool = True,
+    wait_for_ready: float | None = 30.0,
+    **client_options: Any,
+) -> list[Callable[..., list[float | None]]]:
+    """One TRL reward function per grader (named `grpcgrade_<key>`), all answered by one server call per
+    batch: TRL then logs each grader's reward and weighs them by its `reward_weights`.
+
+    TRL calls its reward functions one after another with the same `prompts` and `completions` lists; the
+    first call grades the batch and the others read its results.
+    """
+    config = _Config(target, graders, reward, columns, extra_columns, check, wait_for_ready, client_options)
+    keys = config.keys()
+    client: GradingClient | None = None
+    last: tuple[Any, Any, list[pb.EvaluateResponse]] | None = None  # holds the lists: their ids stay unique
+
+    def results_for(prompts: Sequence[Any], completions: Sequence[Any], kwargs: dict[str, Any]) -> list:
+        nonlocal client, last
+        if last is not None and last[0] is prompts and last[1] is completions:
+            return last[2]
+        if client is None:
+            client = GradingClient(config.target, **config.client_options)
+        samples = config.builder.samples(prompts, completions, kwargs)
+        results = client.batch_evaluate(samples, config.graders, config.reward, view=pb.RESULT_VIEW_SCORES)
+        report(results, kwargs)
+        last = (prompts, completions, results)
+        return results
+
+    def make(key: str) -> Callable[..., list[float | None]]:
+        def score(prompts: Sequence[Any], completions: Sequence[Any], **kwargs: Any) -> list[float | None]:
+            return _scores(results_for(prompts, completions, kwargs), key)
+
+        score.__name__ = f"grpcgrade_{key}"
+        return score
+
+    return [make(key) for key in keys]
