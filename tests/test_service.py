@@ -69,7 +69,7 @@ def test_list_graders_names_plugins_versions_and_params(client):
         "sleepy",
         "tool_call_names",
     ]
-    assert [r.name for r in listing.rewards] == ["gsm8k"]
+    assert [r.name for r in listing.rewards] == ["flaky", "gsm8k"]
 
 
 def test_evaluate_with_a_plugin_grader(client):

@@ -28,15 +28,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import grpc
 
 from grpcgrade.client import AsyncGradingClient, GradingClient, Graders, Target
-from grpcgrade.core.samples import INPUT_FIELDS, SAMPLE_FIELDS
 from grpcgrade.v1 import grading_pb2 as pb
+
+from .common import RESERVED, json_value, reward_of, score_of, usable_extra
 
 #: Keyword arguments TRL passes for the reward function's own use; never sample data.
 TRL_KWARGS = frozenset({"trainer_state", "log_extra", "log_metric", "environments", "completion_ids"})
@@ -112,11 +112,6 @@ def completion_text(completion: Any) -> tuple[str, list[Any]]:
     return content, tool_calls
 
 
-def _json_value(value: Any) -> Any:
-    """`value` as JSON data (tuples become lists), or raise when it has no JSON form."""
-    return json.loads(json.dumps(value, allow_nan=False))
-
-
 class SampleBuilder:
     """TRL's keyword arguments -> grpcgrade sample dicts, by the rules in the module docstring."""
 
@@ -147,8 +142,7 @@ class SampleBuilder:
             for n in names
             if n not in used
             and n not in TRL_KWARGS
-            and n not in INPUT_FIELDS
-            and n not in SAMPLE_FIELDS
+            and n not in RESERVED
             and (self.extra_columns is None or n in self.extra_columns)
         ]
         return fields, extra
@@ -173,17 +167,12 @@ class SampleBuilder:
             for field, column in fields.items():
                 value = columns[column][i]
                 sample[field] = "" if value is None else prompt_text(value) if field == "query" else str(value)
-            extra: dict[str, Any] = {}
-            for name in extra_names:
-                try:
-                    extra[name] = _json_value(columns[name][i])
-                except (TypeError, ValueError):
-                    continue  # no JSON form: no grader could read it
+            extra = usable_extra((name, columns[name][i]) for name in extra_names)
             if want_tokens:
                 extra["completion_tokens"] = len(ids[i])
             if tool_calls and "tool_calls" not in extra:
                 try:
-                    extra["tool_calls"] = _json_value(tool_calls)
+                    extra["tool_calls"] = json_value(tool_calls)
                 except (TypeError, ValueError):
                     extra["tool_calls"] = json.loads(json.dumps(tool_calls, default=str))
             sample["extra"] = extra
@@ -191,18 +180,8 @@ class SampleBuilder:
         return out
 
 
-def _reward(result: pb.EvaluateResponse) -> float | None:
-    return result.reward if result.HasField("reward") and math.isfinite(result.reward) else None
-
-
 def _scores(results: Sequence[pb.EvaluateResponse], key: str) -> list[float | None]:
-    """One grader's score per sample, None where it failed (or ranked instead of scoring)."""
-    out: list[float | None] = []
-    for result in results:
-        found = next((r for r in result.results if r.key == key), None)
-        ok = found is not None and not found.HasField("error") and not found.rank
-        out.append(found.score if ok else None)
-    return out
+    return [score_of(r, key) for r in results]
 
 
 def report(results: Sequence[pb.EvaluateResponse], kwargs: Mapping[str, Any]) -> None:
@@ -213,7 +192,7 @@ def report(results: Sequence[pb.EvaluateResponse], kwargs: Mapping[str, Any]) ->
         return
     keys = [r.key for r in results[0].results]
     if callable(log_metric):
-        log_metric(f"{LOG_PREFIX}/masked", float(sum(_reward(r) is None for r in results)))
+        log_metric(f"{LOG_PREFIX}/masked", float(sum(reward_of(r) is None for r in results)))
     for key in keys:
         scores = _scores(results, key)
         ok = [s for s in scores if s is not None]
@@ -316,7 +295,7 @@ def reward_function(
         samples = config.builder.samples(prompts, completions, kwargs)
         results = client.batch_evaluate(samples, config.graders, config.reward, view=pb.RESULT_VIEW_SCORES)
         report(results, kwargs)
-        return [_reward(r) for r in results]
+        return [reward_of(r) for r in results]
 
     score.__name__ = _name(config.graders, reward)
     return score
@@ -346,7 +325,7 @@ def async_reward_function(
         samples = config.builder.samples(prompts, completions, kwargs)
         results = await client.batch_evaluate(samples, config.graders, config.reward, view=pb.RESULT_VIEW_SCORES)
         report(results, kwargs)
-        return [_reward(r) for r in results]
+        return [reward_of(r) for r in results]
 
     score.__name__ = _name(config.graders, reward)
     return score

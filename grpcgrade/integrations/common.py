@@ -1,0 +1,46 @@
+"""What every trainer integration needs: which values can travel in a sample's `extra`, and how a result
+becomes a reward or a mask."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from grpcgrade.core.samples import INPUT_FIELDS, SAMPLE_FIELDS
+from grpcgrade.v1 import grading_pb2 as pb
+
+#: Names a grader gets from the sample itself; a trainer's column or field of that name never goes to `extra`.
+RESERVED = frozenset(INPUT_FIELDS) | frozenset(SAMPLE_FIELDS)
+
+
+def json_value(value: Any) -> Any:
+    """`value` as JSON data (tuples become lists), or TypeError/ValueError when it has no JSON form."""
+    return json.loads(json.dumps(value, allow_nan=False))
+
+
+def usable_extra(items: Iterable[tuple[str, Any]], skip: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """The items that can reach a grader through `extra`: not a sample field's name, not in `skip`, and with
+    a JSON form. The rest are dropped, never an error: an unrelated value must not fail a sample."""
+    out = {}
+    for name, value in items:
+        if name in RESERVED or name in skip:
+            continue
+        try:
+            out[name] = json_value(value)
+        except (TypeError, ValueError):
+            continue
+    return out
+
+
+def reward_of(result: pb.EvaluateResponse) -> float | None:
+    """The sample's reward, None when a grader failed (the sample is to be masked)."""
+    return result.reward if result.HasField("reward") and math.isfinite(result.reward) else None
+
+
+def score_of(result: pb.EvaluateResponse, key: str) -> float | None:
+    """One grader's score, None where it failed (or ranked instead of scoring)."""
+    found = next((r for r in result.results if r.key == key), None)
+    ok = found is not None and not found.HasField("error") and not found.rank
+    return found.score if ok else None

@@ -1,0 +1,174 @@
+"""veRL's custom reward function, graded by a grpcgrade server.
+
+veRL loads `custom_reward_function.path` / `.name` and merges `custom_reward_function.reward_kwargs` into
+every call (`verl/trainer/ppo/reward.py`, `get_custom_reward_fn` and `_call_with_kwargs[_async]`, veRL 0.9).
+Its reward loop (`verl/experimental/reward_loop/reward_manager/naive.py`, `run_single`) then calls it once
+per sample, all samples of a step concurrently:
+
+    await compute_score(data_source=..., solution_str=..., ground_truth=..., extra_info=..., **reward_kwargs)
+
+(an `async def` is awaited on the loop; a plain function runs in the loop's thread pool). A dict result
+gives `score` as the reward and every key to `reward_extra_info`, one list per key, so every sample's dict
+has the same keys here: `score`, `grpcgrade/failed` (1.0 when the sample's graders failed: its `score` is
+then `failure_score`, not a grade) and `grpcgrade/<key>` per grader of the configured rewards (NaN where it
+failed). The per-sample calls of a step reach the server as a few BatchEvaluate calls: `Coalescer`.
+
+`compute_score` is the async form (veRL's reward loop); `compute_score_sync` the blocking one, for the
+legacy managers that call the function directly (`verl/workers/reward_manager/naive.py`, `prime.py`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from grpcgrade.client import DEFAULT_LINGER, DEFAULT_MAX_BATCH, AsyncGradingClient, Coalescer
+from grpcgrade.v1 import grading_pb2 as pb
+
+from .common import reward_of, score_of, usable_extra
+
+#: The key of the failure flag in the returned dict (and so in veRL's reward_extra_info).
+FAILED_KEY = "grpcgrade/failed"
+#: Prefix of the per-grader keys.
+GRADER_PREFIX = "grpcgrade/"
+#: `extra_info` keys that name the sample (its id) rather than grade it.
+ID_KEYS = ("index", "id")
+
+
+class _Connection:
+    """One event loop's client for one target, its coalescers (one per reward) and the reward's labels."""
+
+    def __init__(self, target: str, token: str | None, timeout: float, linger: float, max_batch: int) -> None:
+        self.client = AsyncGradingClient(target, token=token, timeout=timeout)
+        self.linger, self.max_batch = linger, max_batch
+        self.coalescers: dict[str, Coalescer] = {}
+        self.labels: dict[str, list[str]] | None = None
+        self._catalog_lock = asyncio.Lock()
+
+    def coalescer(self, reward: str) -> Coalescer:
+        c = self.coalescers.get(reward)
+        if c is None:
+            c = self.coalescers[reward] = self.client.coalescer(
+                reward=reward, linger=self.linger, max_batch=self.max_batch, view=pb.RESULT_VIEW_SCORES
+            )
+        return c
+
+    async def keys(self, rewards: list[str]) -> list[str]:
+        """Every grader key of the rewards this configuration can pick, in a stable order."""
+        async with self._catalog_lock:
+            if self.labels is None:
+                catalog = await self.client.list_graders()
+                self.labels = {r.name: [g.key or g.name for g in r.graders] for r in catalog.rewards}
+        missing = [r for r in rewards if r not in self.labels]
+        if missing:
+            raise ValueError(f"grpcgrade: the server at {self.client.target} has no reward {missing[0]!r}")
+        return list(dict.fromkeys(k for r in rewards for k in self.labels[r]))
+
+
+_connections: dict[tuple[Any, ...], _Connection] = {}
+
+
+def _connection(target: str, token: str | None, timeout: float, linger: float, max_batch: int) -> _Connection:
+    key = (asyncio.get_running_loop(), target, token, timeout, linger, max_batch)
+    conn = _connections.get(key)
+    if conn is None:
+        conn = _connections[key] = _Connection(target, token, timeout, linger, max_batch)
+    return conn
+
+
+def _pick(data_source: str, reward: str | None, rewards: Mapping[str, str] | None) -> tuple[str, list[str]]:
+    """The reward for this sample, and every reward the configuration can pick (for the dict's keys)."""
+    if bool(reward) == bool(rewards):
+        raise ValueError("grpcgrade: set exactly one of reward_kwargs.reward or reward_kwargs.rewards")
+    if reward:
+        return reward, [reward]
+    assert rewards is not None
+    if data_source not in rewards:
+        raise ValueError(f"grpcgrade: reward_kwargs.rewards names no reward for data_source {data_source!r}")
+    return rewards[data_source], list(dict.fromkeys(rewards.values()))
+
+
+def _text(value: Any) -> str:
+    if value is None:
+        return ""
+    return value if isinstance(value, str) else json.dumps(value, default=str)
+
+
+def sample_of(solution_str: str, ground_truth: Any, extra_info: Mapping[str, Any] | None) -> dict[str, Any]:
+    """veRL's call as a sample: the solution is the response, the ground truth the reference, the
+    `extra_info` item `question` (or `query`, `prompt`) the query and `index` (or `id`) the id; every other
+    JSON-valued item of `extra_info` goes to `extra` (see `usable_extra`)."""
+    info = dict(extra_info or {})
+    query = next((info[k] for k in ("question", "query", "prompt") if isinstance(info.get(k), str)), "")
+    sample_id = next((info[k] for k in ID_KEYS if info.get(k) is not None), "")
+    return {
+        "id": str(sample_id),
+        "query": query,
+        "response": solution_str,
+        "reference": _text(ground_truth),
+        "extra": usable_extra(info.items(), frozenset(("question", "prompt", *ID_KEYS))),
+    }
+
+
+async def compute_score(
+    data_source: str,
+    solution_str: str,
+    ground_truth: Any = None,
+    extra_info: Mapping[str, Any] | None = None,
+    *,
+    target: str = "127.0.0.1:50051",
+    reward: str | None = None,
+    rewards: Mapping[str, str] | None = None,
+    timeout: float = 60.0,
+    failure_score: float = 0.0,
+    token: str | None = None,
+    linger: float = DEFAULT_LINGER,
+    max_batch: int = DEFAULT_MAX_BATCH,
+    **kwargs: Any,
+) -> dict[str, float]:
+    """veRL's reward-loop call for one sample (see the module docstring); `target`, `reward` or `rewards`,
+    `timeout`... come from `custom_reward_function.reward_kwargs`. Other keyword arguments veRL adds
+    (`reward_router_address`, ...) are ignored. A call that fails as a whole (server unreachable, unknown
+    reward) raises: a step must not train on rewards nobody computed."""
+    chosen, every = _pick(data_source, reward, rewards)
+    conn = _connection(target, token, timeout, linger, max_batch)
+    keys = await conn.keys(every)
+    result = await conn.coalescer(chosen).evaluate(sample_of(solution_str, ground_truth, extra_info))
+    value = reward_of(result)
+    out = {"score": failure_score if value is None else value, FAILED_KEY: float(value is None)}
+    for key in keys:
+        score = score_of(result, key)
+        out[GRADER_PREFIX + key] = math.nan if score is None else score
+    return out
+
+
+class _LoopThread:
+    """An event loop in a daemon thread, so blocking callers from many threads share one coalescer."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, name="grpcgrade-verl", daemon=True).start()
+
+
+_loop_thread: _LoopThread | None = None
+_loop_lock = threading.Lock()
+
+
+def compute_score_sync(
+    data_source: str, solution_str: str, ground_truth: Any = None, extra_info: Mapping[str, Any] | None = None, **kw: Any
+) -> dict[str, float]:
+    """`compute_score` for callers that block (veRL's legacy reward managers, or a thread pool): calls from
+    many threads at once are still coalesced, on one background event loop."""
+    global _loop_thread
+    with _loop_lock:
+        if _loop_thread is None:
+            _loop_thread = _LoopThread()
+        loop = _loop_thread.loop
+    future = asyncio.run_coroutine_threadsafe(
+        compute_score(data_source, solution_str, ground_truth, extra_info, **kw), loop
+    )
+    return future.result()

@@ -1,0 +1,119 @@
+"""veRL's custom reward function, called the way veRL 0.9 calls it, against a real server.
+
+`verl_wrap` is veRL's `get_custom_reward_fn` (verl/trainer/ppo/reward.py): reward_kwargs merged into every
+call, taking precedence. `reward_loop` is the reward loop's `run_single` (verl/experimental/reward_loop/
+reward_manager/naive.py): one awaited call per sample, a step's samples concurrently, and the dict result
+split into the reward and reward_extra_info.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import math
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+
+import pytest
+
+from grpcgrade.integrations.verl import compute_score, compute_score_sync
+
+
+def _call_with_kwargs(raw_fn, extra_kwargs, *args, **kwargs):
+    return raw_fn(*args, **{**kwargs, **extra_kwargs})
+
+
+async def _call_with_kwargs_async(raw_fn, extra_kwargs, *args, **kwargs):
+    return await raw_fn(*args, **{**kwargs, **extra_kwargs})
+
+
+def verl_wrap(raw_fn, reward_kwargs):
+    if not inspect.iscoroutinefunction(raw_fn):
+        return partial(_call_with_kwargs, raw_fn, reward_kwargs)
+    return partial(_call_with_kwargs_async, raw_fn, reward_kwargs)
+
+
+def reward_loop(fn, items):
+    """[(data_source, solution_str, ground_truth, extra_info)] -> (rewards, reward_extra_info)."""
+
+    async def run_single(data_source, solution_str, ground_truth, extra_info):
+        loop = asyncio.get_running_loop()
+        extra_info = {**extra_info, "num_turns": None, "rollout_reward_scores": {}}
+        kwargs = dict(data_source=data_source, solution_str=solution_str, ground_truth=ground_truth)
+        if inspect.iscoroutinefunction(fn):
+            return await fn(**kwargs, extra_info=extra_info)
+        return await loop.run_in_executor(None, lambda: fn(**kwargs, extra_info=extra_info))
+
+    async def step():
+        return await asyncio.gather(*(run_single(*item) for item in items))
+
+    results = asyncio.run(step())
+    extra = defaultdict(list)
+    for result in results:
+        for key, value in result.items():
+            extra[key].append(value)
+    return [r["score"] for r in results], extra
+
+
+def batch_calls(server) -> float:
+    return server.metric("grpc_server_started_total", grpc_method="BatchEvaluate")
+
+
+def test_reward_loop_calls_are_coalesced_into_batch_calls(server):
+    fn = verl_wrap(compute_score, {"target": server.target, "reward": "gsm8k", "max_batch": 256})
+    items = [
+        ("gsm8k", f"<think>\nr\n</think>\n{72 if i % 2 else 71}", "#### 72", {"index": i, "completion_tokens": 10})
+        for i in range(600)
+    ]
+    before = batch_calls(server)
+    rewards, extra = reward_loop(fn, items)
+    calls = batch_calls(server) - before
+    assert 3 <= calls <= 10  # 600 samples, at most 256 per batch; never one call per sample
+    assert rewards == [pytest.approx(1.0 if i % 2 else 0.5) for i in range(600)]
+    assert extra["grpcgrade/failed"] == [0.0] * 600
+    assert extra["grpcgrade/math_exact"] == [float(i % 2) for i in range(600)]
+    assert set(extra) == {
+        "score",
+        "grpcgrade/failed",
+        "grpcgrade/math_exact",
+        "grpcgrade/number_only",
+        "grpcgrade/think_format",
+        "grpcgrade/completion_length_cap",
+    }
+
+
+def test_a_failed_sample_is_flagged_not_a_silent_zero(server):
+    fn = verl_wrap(
+        compute_score,
+        {"target": server.target, "rewards": {"math": "gsm8k", "shouting": "flaky"}, "failure_score": -1.0},
+    )
+    items = [
+        ("shouting", "HI", "hi", {}),
+        ("shouting", "nan", "x", {}),  # misbehave returns NaN: an INVALID_RESULT, the reward absent
+        ("math", "<think>\nr\n</think>\n72", "#### 72", {"completion_tokens": 3}),
+    ]
+    rewards, extra = reward_loop(fn, items)
+    assert rewards == [1.0, -1.0, pytest.approx(1.0)]
+    assert extra["grpcgrade/failed"] == [0.0, 1.0, 0.0]
+    assert math.isnan(extra["grpcgrade/misbehave"][1]) and extra["grpcgrade/shout"][1] == 0.0
+    assert math.isnan(extra["grpcgrade/shout"][2])  # not a grader of gsm8k: same keys for every sample
+    assert all(len(v) == 3 for v in extra.values())
+
+
+def test_sync_form_from_many_threads_is_coalesced_too(server):
+    fn = verl_wrap(compute_score_sync, {"target": server.target, "reward": "flaky", "linger": 0.05})
+    before = batch_calls(server)
+    with ThreadPoolExecutor(16) as pool:
+        results = list(pool.map(lambda i: fn("d", "OK" if i % 2 else "ok", "ok", {"index": i}), range(64)))
+    assert [r["score"] for r in results] == [1.0 if i % 2 else 0.5 for i in range(64)]
+    assert batch_calls(server) - before < 64 / 4
+
+
+def test_configuration_errors_are_raised(server):
+    with pytest.raises(ValueError, match="exactly one"):
+        reward_loop(verl_wrap(compute_score, {"target": server.target}), [("d", "x", "y", {})])
+    with pytest.raises(ValueError, match="no reward for data_source 'other'"):
+        reward_loop(verl_wrap(compute_score, {"target": server.target, "rewards": {"d": "flaky"}}), [("other", "", "", {})])
+    with pytest.raises(ValueError, match="no reward 'nope'"):
+        reward_loop(verl_wrap(compute_score, {"target": server.target, "reward": "nope"}), [("d", "x", "y", {})])
