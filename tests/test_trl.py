@@ -60,7 +60,8 @@ def trl_rewards(funcs, inputs, prompts, completions, completion_ids, log=None, e
 
         async def run_all():
             async def one(i, func):
-                out = await func(prompts=prompts, completions=completions, completion_ids=completion_ids, **reward_kwargs)
+                kw = dict(prompts=prompts, completions=completions, completion_ids=completion_ids)
+                out = await func(**kw, **reward_kwargs)
                 return i, [r if r is not None else math.nan for r in out]
 
             return await asyncio.gather(*(one(i, f) for i, f in pending))
@@ -75,7 +76,8 @@ def trl_rewards(funcs, inputs, prompts, completions, completion_ids, log=None, e
 
 
 def same(a: list[float], b: list[float]) -> bool:
-    return len(a) == len(b) and all((math.isnan(x) and math.isnan(y)) or x == pytest.approx(y) for x, y in zip(a, b))
+    pairs = zip(a, b, strict=True)
+    return len(a) == len(b) and all((math.isnan(x) and math.isnan(y)) or x == pytest.approx(y) for x, y in pairs)
 
 
 GSM8K = ("<think>\nreasoning\n</think>\n72", "<think>\nreasoning\n</think>\n71")

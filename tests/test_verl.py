@@ -114,6 +114,7 @@ def test_configuration_errors_are_raised(server):
     with pytest.raises(ValueError, match="exactly one"):
         reward_loop(verl_wrap(compute_score, {"target": server.target}), [("d", "x", "y", {})])
     with pytest.raises(ValueError, match="no reward for data_source 'other'"):
-        reward_loop(verl_wrap(compute_score, {"target": server.target, "rewards": {"d": "flaky"}}), [("other", "", "", {})])
+        fn = verl_wrap(compute_score, {"target": server.target, "rewards": {"d": "flaky"}})
+        reward_loop(fn, [("other", "", "", {})])
     with pytest.raises(ValueError, match="no reward 'nope'"):
         reward_loop(verl_wrap(compute_score, {"target": server.target, "reward": "nope"}), [("d", "x", "y", {})])

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any
 
 from grpcgrade.core.samples import INPUT_FIELDS, SAMPLE_FIELDS

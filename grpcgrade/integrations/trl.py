@@ -33,7 +33,7 @@ from typing import Any
 
 import grpc
 
-from grpcgrade.client import AsyncGradingClient, GradingClient, Graders, Target
+from grpcgrade.client import AsyncGradingClient, Graders, GradingClient, Target
 from grpcgrade.v1 import grading_pb2 as pb
 
 from .common import RESERVED, json_value, reward_of, score_of, usable_extra

@@ -159,7 +159,11 @@ _loop_lock = threading.Lock()
 
 
 def compute_score_sync(
-    data_source: str, solution_str: str, ground_truth: Any = None, extra_info: Mapping[str, Any] | None = None, **kw: Any
+    data_source: str,
+    solution_str: str,
+    ground_truth: Any = None,
+    extra_info: Mapping[str, Any] | None = None,
+    **kw: Any,
 ) -> dict[str, float]:
     """`compute_score` for callers that block (veRL's legacy reward managers, or a thread pool): calls from
     many threads at once are still coalesced, on one background event loop."""
