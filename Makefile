@@ -3,13 +3,18 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# The oldest grpcio and protobuf the client supports (pyproject's lower bounds), with the grpcio-tools that
+# generates grpcgrade/v1: `make proto` uses it, and the tests import the client in it.
+OLDEST := .venv-oldest
+OLDEST_STAMP := $(OLDEST)/.installed
+OLDEST_PINS := grpcio-tools==1.62.3 grpcio==1.62.3 protobuf==4.21.6
 
 .PHONY: serve test proto lint bench clean
 
 $(STAMP): pyproject.toml plugins/*/pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]' $(foreach p,$(wildcard plugins/*/),-e $(p))
+	$(BIN)/pip install --quiet -e '.[server,test]' $(foreach p,$(wildcard plugins/*/),-e $(p))
 	touch $(STAMP)
 
 serve: $(STAMP)
@@ -18,8 +23,13 @@ serve: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
-proto: $(STAMP)
-	$(BIN)/python -m grpc_tools.protoc -I proto --python_out=. --pyi_out=. --grpc_python_out=. proto/grpcgrade/v1/grading.proto
+$(OLDEST_STAMP): Makefile
+	test -d $(OLDEST) || $(PY) -m venv $(OLDEST)
+	$(OLDEST)/bin/pip install --quiet $(OLDEST_PINS)
+	touch $(OLDEST_STAMP)
+
+proto: $(OLDEST_STAMP)
+	$(OLDEST)/bin/python -m grpc_tools.protoc -I proto --python_out=. --pyi_out=. --grpc_python_out=. proto/grpcgrade/v1/grading.proto
 
 lint: $(STAMP)
 	$(BIN)/ruff check grpcgrade tests plugins scripts
@@ -29,4 +39,4 @@ bench: $(STAMP)
 	$(BIN)/grpcgrade bench
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(OLDEST) build *.egg-info

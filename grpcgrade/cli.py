@@ -44,7 +44,14 @@ def setup_logging(level: str, fmt: str) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from grpcgrade.service.server import ServeOptions, serve
+    try:
+        from grpcgrade.service.server import ServeOptions, serve
+    except ModuleNotFoundError as exc:  # `pip install grpcgrade` is the client only
+        print(
+            f"grpcgrade serve: {exc.name} is missing; the server needs: pip install 'grpcgrade[server]'",
+            file=sys.stderr,
+        )
+        return 2
 
     opts = ServeOptions(
         host=args.host,
@@ -58,6 +65,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         grader_timeout_seconds=args.grader_timeout,
         auth_token_file=args.auth_token_file,
         tls_cert=args.tls_cert,
+        http_host=args.http_host,
+        http_port=args.http_port,
         tls_key=args.tls_key,
         tls_client_ca=args.tls_client_ca,
     )
@@ -232,6 +241,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--grace", type=float, default=25.0, help="seconds in-flight calls may finish after SIGTERM")
     p.add_argument("--grader-timeout", type=float, default=None, help="per-grader, per-sample time limit")
     p.add_argument("--auth-token-file", help="file of accepted bearer tokens, one per line")
+    p.add_argument("--http-host", default="127.0.0.1")
+    p.add_argument(
+        "--http-port", type=int, default=None, help="HTTP/JSON face for OpenRLHF's remote reward (default: off)"
+    )
     p.add_argument("--tls-cert")
     p.add_argument("--tls-key")
     p.add_argument("--tls-client-ca", help="require client certificates signed by this CA (mutual TLS)")

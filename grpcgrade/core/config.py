@@ -2,6 +2,8 @@
 
 ```yaml
 grader_timeout_seconds: 30
+default_reward: gsm8k     # what the HTTP face's POST /get_reward grades with (see docs/trainers.md)
+http: {failure_reward: 0.0, strip_suffixes: ["<|im_end|>", "<|endoftext|>"]}
 limits: {max_samples_per_batch: 100000, max_field_chars: 1000000, max_message_bytes: 67108864}
 rewards:
   gsm8k:
@@ -16,6 +18,7 @@ rewards:
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +32,32 @@ from .rewards import Reward, SpecData
 from .samples import Limits
 
 
+#: Special tokens the HTTP face strips from the end of a response (OpenRLHF decodes its query with
+#: `skip_special_tokens=False`, so the end-of-turn or end-of-text token is still there): the end tokens of
+#: the common chat templates (ChatML/Qwen, Llama 3, Llama 2/Mistral, Gemma, Phi-3, DeepSeek, gpt-oss).
+DEFAULT_STRIP_SUFFIXES = (
+    "<|im_end|>",
+    "<|endoftext|>",
+    "<|eot_id|>",
+    "<|end_of_text|>",
+    "</s>",
+    "<end_of_turn>",
+    "<eos>",
+    "<|end|>",
+    "<｜end▁of▁sentence｜>",
+    "<|return|>",
+)
+
+
+@dataclass(frozen=True)
+class HttpConfig:
+    """The HTTP/JSON face (`--http-port`): what a failed sample's reward is, and which trailing special
+    tokens are not part of a response."""
+
+    failure_reward: float = 0.0
+    strip_suffixes: tuple[str, ...] = DEFAULT_STRIP_SUFFIXES
+
+
 @dataclass
 class ServerConfig:
     rewards: dict[str, Reward] = field(default_factory=dict)
@@ -38,6 +67,9 @@ class ServerConfig:
     server_only_graders: dict[str, Any] = field(default_factory=dict)
     #: The chat models LLM graders may name (`models:`); see grpcgrade.llm.models.
     models: dict[str, ModelConfig] = field(default_factory=dict)
+    #: The reward of the HTTP face's `POST /get_reward`; "" when there is none.
+    default_reward: str = ""
+    http: HttpConfig = field(default_factory=HttpConfig)
 
 
 def parse_spec(raw: Any, where: str) -> SpecData:
@@ -61,7 +93,7 @@ def parse_spec(raw: Any, where: str) -> SpecData:
 def parse_config(data: dict[str, Any], source: str = "config") -> ServerConfig:
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: the top level must be a mapping")
-    unknown = set(data) - {"rewards", "limits", "grader_timeout_seconds", "models"}
+    unknown = set(data) - {"rewards", "limits", "grader_timeout_seconds", "models", "default_reward", "http"}
     if unknown:
         raise ConfigError(f"{source}: unknown key {sorted(unknown)[0]!r}")
     limit_names = {f.name for f in dataclasses.fields(Limits)}
@@ -80,12 +112,39 @@ def parse_config(data: dict[str, Any], source: str = "config") -> ServerConfig:
         models = parse_models(data.get("models"))
     except ValueError as exc:
         raise ConfigError(f"{source}: models: {exc}") from exc
+    default_reward = str(data.get("default_reward") or "")
+    if default_reward and default_reward not in rewards:
+        raise ConfigError(f"{source}: default_reward {default_reward!r} is not one of the rewards")
     return ServerConfig(
+        default_reward=default_reward,
+        http=parse_http(data.get("http"), source),
         rewards=rewards,
         limits=Limits(**{k: int(v) for k, v in raw_limits.items()}),
         grader_timeout_seconds=float(data.get("grader_timeout_seconds", 30.0)),
         models=models,
     )
+
+
+def parse_http(raw: Any, source: str) -> HttpConfig:
+    if raw is None:
+        return HttpConfig()
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: http must be a mapping")
+    unknown = set(raw) - {"failure_reward", "strip_suffixes"}
+    if unknown:
+        raise ConfigError(
+            f"{source}: http: unknown key {sorted(unknown)[0]!r} (allowed: failure_reward, strip_suffixes)"
+        )
+    suffixes = raw.get("strip_suffixes", DEFAULT_STRIP_SUFFIXES)
+    if not isinstance(suffixes, list | tuple) or not all(isinstance(x, str) and x for x in suffixes):
+        raise ConfigError(f"{source}: http: strip_suffixes must be a list of non-empty strings")
+    try:
+        failure = float(raw.get("failure_reward", 0.0))
+    except (TypeError, ValueError):
+        raise ConfigError(f"{source}: http: failure_reward must be a number") from None
+    if not math.isfinite(failure):
+        raise ConfigError(f"{source}: http: failure_reward must be finite")
+    return HttpConfig(failure_reward=failure, strip_suffixes=tuple(suffixes))
 
 
 def load_config(path: str | Path) -> ServerConfig:

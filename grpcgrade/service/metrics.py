@@ -90,6 +90,12 @@ class Metrics:
         self.batch_samples = Histogram(
             "grpcgrade_batch_samples", "Samples per BatchEvaluate call.", buckets=BATCH_BUCKETS, registry=r
         )
+        self.http_requests = Counter(
+            "grpcgrade_http_requests",
+            "Requests to the HTTP face, per method and status.",
+            ["method", "code"],
+            registry=r,
+        )
         self.in_flight = Gauge("grpcgrade_samples_in_flight", "Samples accepted and not yet answered.", registry=r)
         self.workers = Gauge("grpcgrade_workers_alive", "Worker processes alive.", registry=r)
         self.worker_restarts = Gauge(

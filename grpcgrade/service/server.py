@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
+from aiohttp import web
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
@@ -24,6 +25,7 @@ from grpcgrade.core.workers import WorkerPool
 from grpcgrade.llm.models import configure as configure_models
 from grpcgrade.v1 import grading_pb2 as pb
 
+from .http import build_http_app
 from .interceptors import AuthInterceptor, DecodeGuardInterceptor, ObservingInterceptor
 from .metrics import Metrics
 from .servicer import GradingServicer, add_to_server
@@ -80,6 +82,8 @@ class ServeOptions:
     tls_cert: str | None = None
     tls_key: str | None = None
     tls_client_ca: str | None = None
+    http_host: str = "127.0.0.1"
+    http_port: int | None = None  # None: no HTTP face; 0: a free port (see Service.http_port)
     extra_options: list[tuple[str, int]] = field(default_factory=list)
 
 
@@ -129,6 +133,10 @@ class Service:
     metrics: Metrics | None
     pool: WorkerPool | None
     tls: bool
+    http_app: web.Application | None = None
+    http_runner: web.AppRunner | None = None
+    #: The HTTP face's bound port once started (None without one).
+    http_port: int | None = None
 
     async def start(self) -> None:
         if self.metrics is not None:
@@ -138,6 +146,8 @@ class Service:
                 self.metrics.watch_workers(pool.alive, lambda: pool.restarts)
             self.metrics.serve(self.options.metrics_host, self.options.metrics_port)
         await self.server.start()
+        if self.http_app is not None:
+            await self._start_http(self.http_app)
         for name in ("", SERVICE_NAME):
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         log.info(
@@ -150,12 +160,23 @@ class Service:
             ", TLS" if self.tls else "",
             f", metrics on {self.options.metrics_host}:{self.options.metrics_port}" if self.metrics else "",
         )
+        if self.http_port is not None:
+            log.info("HTTP face on %s:%d", self.options.http_host, self.http_port)
+
+    async def _start_http(self, app: web.Application) -> None:
+        self.http_runner = web.AppRunner(app, access_log=None, shutdown_timeout=self.options.grace_seconds)
+        await self.http_runner.setup()
+        site = web.TCPSite(self.http_runner, self.options.http_host, self.options.http_port or 0, reuse_port=False)
+        await site.start()
+        self.http_port = self.http_runner.addresses[0][1]
 
     async def stop(self) -> None:
         """Drain: NOT_SERVING, refuse new calls, finish in-flight ones for up to the grace period."""
         grace = self.options.grace_seconds
         log.info("draining: NOT_SERVING, finishing in-flight calls for up to %.0f s", grace)
         await self.health.enter_graceful_shutdown()
+        if self.http_runner is not None:
+            await self.http_runner.cleanup()  # stops accepting, lets in-flight requests finish
         await self.server.stop(grace)
         if self.pool is not None:
             self.pool.close()
@@ -215,7 +236,23 @@ def build_server(opts: ServeOptions) -> Service:
     address = f"{opts.host}:{opts.port}"
     creds = _credentials(opts)
     port = server.add_secure_port(address, creds) if creds else server.add_insecure_port(address)
-    return Service(opts, server, port, health_servicer, engine, registry, config, metrics, pool, creds is not None)
+    service = Service(opts, server, port, health_servicer, engine, registry, config, metrics, pool, creds is not None)
+    if opts.http_port is not None:
+        service.http_app = build_http_app(
+            engine,
+            config.limits,
+            config.http,
+            config.default_reward,
+            tokens=tokens,
+            metrics=metrics,
+            subapps=_subapps(),
+        )
+    return service
+
+
+def _subapps() -> dict[str, web.Application]:
+    """Further applications of the HTTP face, by mount prefix (none yet)."""
+    return {}
 
 
 async def serve(opts: ServeOptions) -> int:

@@ -1,0 +1,124 @@
+"""The HTTP/JSON face, called exactly as OpenRLHF 0.11 calls a remote reward model.
+
+`openrlhf_post` is `SingleTurnAgentExecutor._fetch_rewards_via_http` (openrlhf/utils/agent.py): a fresh
+aiohttp session per request with a 180 s total timeout, `session.post(url, json=payload)` and no headers,
+`raise_for_status()`, then `response.json()`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+import pytest
+
+from conftest import free_port, start_server
+
+CONFIG = """
+default_reward: gsm8k
+http: {failure_reward: -1.0}
+rewards:
+  gsm8k:
+    graders:
+      - {name: math_exact, weight: 2}
+      - {name: number_only}
+  flaky:
+    graders: [{name: misbehave, params: {heavy: false}}]
+"""
+TOKEN = "s3cret-token"
+TEMPLATE = "<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n"
+
+
+@pytest.fixture(scope="module")
+def http_server(tmp_path_factory, plugin_env):
+    tmp = tmp_path_factory.mktemp("http")
+    (tmp / "config.yaml").write_text(CONFIG)
+    (tmp / "tokens").write_text(TOKEN + "\n")
+    port = free_port()
+    args = ["--workers", "0", "--config", "config.yaml", "--auth-token-file", "tokens", "--http-port", str(port)]
+    srv = start_server(tmp, *args, env=plugin_env)
+    srv.http = f"http://127.0.0.1:{port}"  # type: ignore[attr-defined]
+    yield srv
+    srv.stop()
+
+
+async def openrlhf_post(url: str, data: dict) -> dict:
+    timeout = aiohttp.ClientTimeout(total=180)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        async with session.post(url, json=data) as response:
+            response.raise_for_status()
+            return await response.json()
+
+
+def post(url: str, data: dict) -> dict:
+    return asyncio.run(openrlhf_post(url, data))
+
+
+def authed(base: str, path: str) -> str:
+    return base.replace("http://", f"http://trainer:{TOKEN}@") + path
+
+
+def test_openrlhf_request_gets_rewards_scores_and_extra_logs(http_server):
+    prompt = TEMPLATE.format(q="What is 8*9?")
+    queries = [
+        prompt + "<think>\nr\n</think>\n72<|im_end|>",
+        prompt + "<think>\nr\n</think>\n71<|im_end|><|endoftext|>",
+    ]
+    body = {"query": queries, "prompts": [prompt, prompt], "labels": ["#### 72", "#### 72"]}
+    default = post(authed(http_server.http, "/get_reward"), body)
+    named = post(authed(http_server.http, "/rewards/gsm8k/get_reward"), body)
+    # math_exact (x2) passes for 72 only; number_only passes for both once <|im_end|> is stripped.
+    assert default["rewards"] == [pytest.approx(1.0), pytest.approx(1 / 3)]
+    assert default == named
+    assert default["scores"] == default["rewards"]
+    assert default["extra_logs"] == {"grpcgrade_failed": [0.0, 0.0]}
+
+
+def test_a_failed_sample_gets_the_failure_reward_and_a_flag(http_server):
+    body = {"query": ["p-ok", "p-nan", "x-ok"], "prompts": ["p-", "p-", "p-"], "labels": ["", "", ""]}
+    reply = post(authed(http_server.http, "/rewards/flaky/get_reward"), body)
+    # "nan": the grader's result is not a score; "x-ok" does not start with its prompt.
+    assert reply["rewards"] == [1.0, -1.0, -1.0]
+    assert reply["extra_logs"]["grpcgrade_failed"] == [0.0, 1.0, 1.0]
+
+
+def test_bearer_header_also_authenticates(http_server):
+    async def go(headers):
+        async with aiohttp.ClientSession() as session:
+            body = {"query": ["ok"]}
+            async with session.post(http_server.http + "/rewards/flaky/get_reward", json=body, headers=headers) as r:
+                return r.status, await r.text()
+
+    assert asyncio.run(go({"Authorization": f"Bearer {TOKEN}"}))[0] == 200
+    status, text = asyncio.run(go({}))
+    assert status == 401 and "token" in text
+    assert asyncio.run(go({"Authorization": "Bearer wrong"}))[0] == 401
+    bad_password = http_server.http.replace("http://", "http://trainer:nope@") + "/get_reward"
+    with pytest.raises(aiohttp.ClientResponseError) as err:
+        post(bad_password, {"query": ["x"]})
+    assert err.value.status == 401
+
+
+def test_bad_requests_are_named(http_server):
+    async def go(path, **kw):
+        async with aiohttp.ClientSession() as session:
+            async with session.post(authed(http_server.http, path), **kw) as r:
+                return r.status, await r.text()
+
+    assert asyncio.run(go("/rewards/gsm9k/get_reward", json={"query": []})) == (
+        404,
+        "unknown reward 'gsm9k'; did you mean 'gsm8k'?",
+    )
+    status, text = asyncio.run(go("/get_reward", json={"query": ["a"], "prompts": ["a", "b"]}))
+    assert status == 400 and "`prompts` has 2 items but `query` has 1" in text
+    status, text = asyncio.run(go("/get_reward", data=b"{not json"))
+    assert status == 400 and "not JSON" in text
+    status, text = asyncio.run(go("/get_reward", json={"prompts": []}))
+    assert status == 400 and "`query` is required" in text
+
+
+def test_http_requests_are_counted_in_the_shared_metrics(http_server):
+    before = http_server.metric("grpcgrade_http_requests_total", code="200")
+    post(authed(http_server.http, "/get_reward"), {"query": ["1"], "labels": ["1"]})
+    assert http_server.metric("grpcgrade_http_requests_total", code="200") == before + 1
+    assert http_server.metric("grpcgrade_evaluations_total", grader="number_only") >= 1
