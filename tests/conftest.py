@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +17,14 @@ __all__ = ["ServerProcess", "free_port", "health_status", "start_server"]
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 TEST_PLUGINS = Path(__file__).resolve().parent / "plugins"
+
+
+@pytest.fixture(scope="session")
+def oldest_python() -> Path:
+    """The Makefile's venv of the oldest grpcio/protobuf the client supports, with the grpcio-tools that
+    generates the stubs; made once (`make .venv-oldest/.installed`, a few MB from PyPI) and kept."""
+    subprocess.run(["make", "--no-print-directory", "-C", str(ROOT), ".venv-oldest/.installed"], check=True)
+    return ROOT / ".venv-oldest" / "bin" / "python"
 
 
 @pytest.fixture(scope="session")

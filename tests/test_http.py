@@ -11,7 +11,6 @@ import asyncio
 
 import aiohttp
 import pytest
-
 from conftest import free_port, start_server
 
 CONFIG = """
@@ -44,10 +43,9 @@ def http_server(tmp_path_factory, plugin_env):
 
 async def openrlhf_post(url: str, data: dict) -> dict:
     timeout = aiohttp.ClientTimeout(total=180)
-    async with aiohttp.ClientSession(timeout=timeout) as session:
-        async with session.post(url, json=data) as response:
-            response.raise_for_status()
-            return await response.json()
+    async with aiohttp.ClientSession(timeout=timeout) as session, session.post(url, json=data) as response:
+        response.raise_for_status()
+        return await response.json()
 
 
 def post(url: str, data: dict) -> dict:
@@ -101,9 +99,8 @@ def test_bearer_header_also_authenticates(http_server):
 
 def test_bad_requests_are_named(http_server):
     async def go(path, **kw):
-        async with aiohttp.ClientSession() as session:
-            async with session.post(authed(http_server.http, path), **kw) as r:
-                return r.status, await r.text()
+        async with aiohttp.ClientSession() as session, session.post(authed(http_server.http, path), **kw) as r:
+            return r.status, await r.text()
 
     assert asyncio.run(go("/rewards/gsm9k/get_reward", json={"query": []})) == (
         404,

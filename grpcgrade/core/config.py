@@ -31,7 +31,6 @@ from .errors import ConfigError
 from .rewards import Reward, SpecData
 from .samples import Limits
 
-
 #: Special tokens the HTTP face strips from the end of a response (OpenRLHF decodes its query with
 #: `skip_special_tokens=False`, so the end-of-turn or end-of-text token is still there): the end tokens of
 #: the common chat templates (ChatML/Qwen, Llama 3, Llama 2/Mistral, Gemma, Phi-3, DeepSeek, gpt-oss).

@@ -3,8 +3,7 @@ from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Iterable as _Iterable, Mapping as _Mapping
-from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Mapping, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -56,7 +55,7 @@ class GraderSpec(_message.Message):
     key: str
     weight: float
     gate: bool
-    def __init__(self, name: _Optional[str] = ..., params: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., key: _Optional[str] = ..., weight: _Optional[float] = ..., gate: _Optional[bool] = ...) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., params: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., key: _Optional[str] = ..., weight: _Optional[float] = ..., gate: bool = ...) -> None: ...
 
 class EvaluateRequest(_message.Message):
     __slots__ = ("graders", "sample", "reward", "grader_timeout_seconds", "view")
@@ -152,7 +151,7 @@ class ParamInfo(_message.Message):
     type: str
     default: _struct_pb2.Value
     required: bool
-    def __init__(self, name: _Optional[str] = ..., type: _Optional[str] = ..., default: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., required: _Optional[bool] = ...) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., type: _Optional[str] = ..., default: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., required: bool = ...) -> None: ...
 
 class GraderInfo(_message.Message):
     __slots__ = ("name", "aliases", "mode", "description", "plugin", "distribution", "version", "params")

@@ -1,0 +1,62 @@
+"""The client as a trainer installs it: `pip install grpcgrade` pulls grpcio and protobuf only, and the
+client works under the lowest versions pyproject.toml admits.
+
+The lowest versions run in the Makefile's `.venv-oldest` (grpcio 1.62.3, protobuf 4.21.6, no grpcgrade
+dependency at all) with the source tree on PYTHONPATH; the integrations grade against the suite's server.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import tomllib
+from pathlib import Path
+
+from conftest import ROOT
+
+CLIENT_CODE = """
+import sys
+import google.protobuf, grpc
+from grpcgrade import GradingClient, reward_function
+from grpcgrade.integrations.verl import compute_score_sync
+
+target = sys.argv[1]
+with GradingClient(target) as client:
+    reply = client.evaluate({"response": "HI", "reference": "hi"}, ["shout"])
+    assert reply.results[0].score == 1.0, reply
+reward = reward_function(target, reward="gsm8k")
+got = reward(prompts=["q"], completions=["<think>\\nr\\n</think>\\n72"], completion_ids=[[1, 2]], answer=["#### 72"])
+assert got == [1.0], got
+assert compute_score_sync("d", "HI", "hi", {}, target=target, reward="flaky")["score"] == 1.0
+server_only = ("pluggy", "yaml", "prometheus_client", "httpx", "aiohttp", "sacrebleu", "nltk", "lxml", "re2")
+loaded = [m for m in server_only if m in sys.modules]
+assert not loaded, loaded
+print(grpc.__version__, google.protobuf.__version__)
+"""
+
+
+def lower_bound(requirement: str) -> str:
+    return re.search(r">=([\w.]+)", requirement).group(1)
+
+
+def test_the_client_install_depends_on_grpcio_and_protobuf_only():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    names = sorted(re.match(r"[\w-]+", r).group() for r in project["dependencies"])
+    assert names == ["grpcio", "protobuf"]
+    assert "pluggy>=1.5,<2" in project["optional-dependencies"]["server"]
+
+
+def test_the_client_works_under_the_lowest_supported_grpcio_and_protobuf(server, oldest_python: Path):
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    lows = {re.match(r"[\w-]+", r).group(): lower_bound(r) for r in project["dependencies"]}
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    done = subprocess.run(
+        [str(oldest_python), "-c", CLIENT_CODE, server.target],
+        env={**env, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == [lows["grpcio"], lows["protobuf"]]
