@@ -45,7 +45,7 @@ version = "0.1.0"
 description = "grpcgrade plugin: the $name grader"
 readme = "README.md"
 requires-python = ">=3.11"
-dependencies = ["grpcgrade"]
+dependencies = ["grpcgrade[server]"]  # the grader API (pluggy) and the server that loads it
 
 [project.optional-dependencies]
 test = ["pytest"]

@@ -27,9 +27,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from grpcgrade.client import DEFAULT_LINGER, DEFAULT_MAX_BATCH, AsyncGradingClient, Coalescer
+from grpcgrade.integrations.common import reward_of, score_of, usable_extra  # absolute: veRL may load this file by path
 from grpcgrade.v1 import grading_pb2 as pb
-
-from .common import reward_of, score_of, usable_extra
 
 #: The key of the failure flag in the returned dict (and so in veRL's reward_extra_info).
 FAILED_KEY = "grpcgrade/failed"
@@ -135,11 +134,11 @@ async def compute_score(
     (`reward_router_address`, ...) are ignored. A call that fails as a whole (server unreachable, unknown
     reward) raises: a step must not train on rewards nobody computed."""
     chosen, every = _pick(data_source, reward, rewards)
-    conn = _connection(target, token, timeout, linger, max_batch)
+    conn = _connection(str(target), token, float(timeout), float(linger), int(max_batch))
     keys = await conn.keys(every)
     result = await conn.coalescer(chosen).evaluate(sample_of(solution_str, ground_truth, extra_info))
     value = reward_of(result)
-    out = {"score": failure_score if value is None else value, FAILED_KEY: float(value is None)}
+    out = {"score": float(failure_score) if value is None else value, FAILED_KEY: float(value is None)}
     for key in keys:
         score = score_of(result, key)
         out[GRADER_PREFIX + key] = math.nan if score is None else score

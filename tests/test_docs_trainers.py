@@ -1,0 +1,117 @@
+"""docs/trainers.md, run: its Python blocks against a real server, its veRL command line loaded and called
+the way veRL loads and calls a custom reward function, its OpenRLHF command line served and posted to the
+way OpenRLHF posts."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import importlib.util
+import inspect
+import re
+import shlex
+from functools import partial
+
+import yaml
+from conftest import ROOT, free_port, start_server
+
+PAGE = ROOT / "docs" / "trainers.md"
+DOC_TARGET = "127.0.0.1:50051"
+
+
+def blocks(language: str) -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)```", PAGE.read_text(), flags=re.S)
+
+
+def commands(block: str) -> list[list[str]]:
+    return [shlex.split(line) for line in block.replace("\\\n", " ").splitlines() if line.strip()]
+
+
+def test_python_examples_run(server):
+    namespace: dict = {}
+    for code in blocks("python"):
+        exec(compile(code.replace(DOC_TARGET, server.target), str(PAGE), "exec"), namespace)  # noqa: S102
+
+
+def test_the_configuration_example_is_the_suites_reward(tmp_path):
+    from grpcgrade.core.config import parse_config
+
+    (example,) = blocks("yaml")
+    doc = parse_config(yaml.safe_load(example))
+    suite = parse_config(yaml.safe_load((ROOT / "tests" / "fixtures" / "server-config.yaml").read_text()))
+    assert doc.default_reward == "gsm8k_text"
+    assert doc.rewards["gsm8k_text"].specs == doc.rewards["gsm8k"].specs[:3]
+    assert doc.rewards["gsm8k"].specs == suite.rewards["gsm8k"].specs  # the suite's server runs what the page shows
+
+
+def load_extern_object(module_path: str, object_name: str):
+    """veRL's verl/utils/import_utils.py: `pkg://` imports a module, anything else is a file."""
+    if module_path.startswith("pkg://"):
+        module = importlib.import_module(module_path[len("pkg://") :].replace("/", "."))
+    else:
+        spec = importlib.util.spec_from_file_location(f"custom_module_{hash(module_path)}", module_path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    return getattr(module, object_name)
+
+
+async def _call_with_kwargs_async(raw_fn, extra_kwargs, *args, **kwargs):
+    return await raw_fn(*args, **{**kwargs, **extra_kwargs})
+
+
+def test_verl_command_line(server):
+    (veRL,) = [b for b in blocks("bash") if "verl.trainer.main_ppo" in b]
+    (argv,) = commands(veRL)
+    overrides = dict(a.lstrip("+").split("=", 1) for a in argv if "=" in a)
+    prefix = "reward.custom_reward_function."
+    raw_fn = load_extern_object(overrides[prefix + "path"], overrides[prefix + "name"])
+    kwargs_prefix = prefix + "reward_kwargs."
+    reward_kwargs = {k[len(kwargs_prefix) :]: v for k, v in overrides.items() if k.startswith(kwargs_prefix)}
+    reward_kwargs = {k: yaml.safe_load(v) for k, v in reward_kwargs.items()}  # Hydra types values as YAML does
+    reward_kwargs["target"] = server.target
+    assert inspect.iscoroutinefunction(raw_fn)
+    fn = partial(_call_with_kwargs_async, raw_fn, reward_kwargs)
+
+    async def step():
+        good = "<think>\nr\n</think>\n72"
+        info = {"index": 0, "completion_tokens": 5}
+        return await asyncio.gather(fn(data_source="gsm8k", solution_str=good, ground_truth="#### 72", extra_info=info))
+
+    (result,) = asyncio.run(step())
+    assert result["score"] == 1.0 and result["grpcgrade/failed"] == 0.0
+
+    # The file path the page tells older veRL versions to print works the same way.
+    import grpcgrade.integrations.verl as module
+
+    assert load_extern_object(module.__file__, "compute_score").__name__ == "compute_score"
+
+
+def test_openrlhf_command_lines(tmp_path, plugin_env):
+    import aiohttp
+
+    (block,) = [b for b in blocks("bash") if "openrlhf" in b]
+    serve, train = commands(block)
+    assert serve[:2] == ["grpcgrade", "serve"]
+    (config,) = blocks("yaml")
+    (tmp_path / "rewards.yaml").write_text(config)
+    (tmp_path / "tokens").write_text("TOKEN-from-the-test\n")
+    port = free_port()
+    args = serve[2:]
+    args[args.index("--http-port") + 1] = str(port)
+    srv = start_server(tmp_path, *args, "--workers", "0", env=plugin_env)
+    try:
+        url = train[train.index("--reward.remote_url") + 1]
+        url = url.replace("TOKEN", "TOKEN-from-the-test").replace("127.0.0.1:8000", f"127.0.0.1:{port}")
+        prompt = "<|im_start|>user\n8*9?<|im_end|>\n<|im_start|>assistant\n"
+        payload = {"query": [prompt + "<think>\nr\n</think>\n72<|im_end|>"], "prompts": [prompt], "labels": ["#### 72"]}
+
+        async def post():  # openrlhf/utils/agent.py, _fetch_rewards_via_http
+            timeout = aiohttp.ClientTimeout(total=180)
+            async with aiohttp.ClientSession(timeout=timeout) as session, session.post(url, json=payload) as response:
+                response.raise_for_status()
+                return await response.json()
+
+        reply = asyncio.run(post())
+    finally:
+        srv.stop()
+    assert reply == {"rewards": [1.0], "scores": [1.0], "extra_logs": {"grpcgrade_failed": [0.0]}}
