@@ -245,14 +245,9 @@ def build_server(opts: ServeOptions) -> Service:
             config.default_reward,
             tokens=tokens,
             metrics=metrics,
-            subapps=_subapps(),
+            subapps={},  # further HTTP applications (OpenAI's grader endpoints...) mount here, by prefix
         )
     return service
-
-
-def _subapps() -> dict[str, web.Application]:
-    """Further applications of the HTTP face, by mount prefix (none yet)."""
-    return {}
 
 
 async def serve(opts: ServeOptions) -> int:
