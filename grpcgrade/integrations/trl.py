@@ -238,11 +238,12 @@ class _Config:
         target: Target,
         graders: Graders,
         reward: str,
-        columns: Mapping[str, str | None] | None,
-        extra_columns: Sequence[str] | None,
-        check: bool,
-        wait_for_ready: float | None,
-        client_options: dict[str, Any],
+        *,
+        columns: Mapping[str, str | None] | None = None,
+        extra_columns: Sequence[str] | None = None,
+        check: bool = True,
+        wait_for_ready: float | None = 30.0,
+        **client_options: Any,
     ) -> None:
         self.target = target
         self.graders = list(graders or [])
@@ -272,20 +273,17 @@ def reward_function(
     target: Target,
     graders: Graders = None,
     reward: str = "",
-    *,
-    columns: Mapping[str, str | None] | None = None,
-    extra_columns: Sequence[str] | None = None,
-    check: bool = True,
-    wait_for_ready: float | None = 30.0,
-    **client_options: Any,
+    **options: Any,
 ) -> Callable[..., list[float | None]]:
     """A TRL reward function: `reward` (configured on the server) or `graders` (names, dicts or GraderSpec)
     for every completion, None where a grader failed (TRL masks it).
 
-    Built only after the server has answered and accepted the reward or graders (`check=False` skips
-    that; `wait_for_ready` seconds to wait for a server that is still starting).
+    Options: `columns` ({column: sample field or None}) and `extra_columns` (the only columns sent in
+    `extra`), see the module docstring; `check=True` builds the function only after the server has answered
+    and accepted the reward or graders, waiting `wait_for_ready` seconds (default 30) for a server that is
+    still starting; anything else (`token`, `timeout`, `chunk_size`...) goes to the client.
     """
-    config = _Config(target, graders, reward, columns, extra_columns, check, wait_for_ready, client_options)
+    config = _Config(target, graders, reward, **options)
     client: GradingClient | None = None
 
     def score(prompts: Sequence[Any], completions: Sequence[Any], **kwargs: Any) -> list[float | None]:
@@ -305,16 +303,11 @@ def async_reward_function(
     target: Target,
     graders: Graders = None,
     reward: str = "",
-    *,
-    columns: Mapping[str, str | None] | None = None,
-    extra_columns: Sequence[str] | None = None,
-    check: bool = True,
-    wait_for_ready: float | None = 30.0,
-    **client_options: Any,
+    **options: Any,
 ) -> Callable[..., Any]:
     """`reward_function` as an `async def`: TRL awaits async reward functions together on its own event
     loop, so a slow grader does not hold up the other reward functions. One client per event loop."""
-    config = _Config(target, graders, reward, columns, extra_columns, check, wait_for_ready, client_options)
+    config = _Config(target, graders, reward, **options)
     clients: dict[asyncio.AbstractEventLoop, AsyncGradingClient] = {}
 
     async def score(prompts: Sequence[Any], completions: Sequence[Any], **kwargs: Any) -> list[float | None]:
@@ -335,12 +328,7 @@ def reward_functions(
     target: Target,
     graders: Graders = None,
     reward: str = "",
-    *,
-    columns: Mapping[str, str | None] | None = None,
-    extra_columns: Sequence[str] | None = None,
-    check: bool = True,
-    wait_for_ready: float | None = 30.0,
-    **client_options: Any,
+    **options: Any,
 ) -> list[Callable[..., list[float | None]]]:
     """One TRL reward function per grader (named `grpcgrade_<key>`), all answered by one server call per
     batch: TRL then logs each grader's reward and weighs them by its `reward_weights`.
@@ -348,7 +336,7 @@ def reward_functions(
     TRL calls its reward functions one after another with the same `prompts` and `completions` lists; the
     first call grades the batch and the others read its results.
     """
-    config = _Config(target, graders, reward, columns, extra_columns, check, wait_for_ready, client_options)
+    config = _Config(target, graders, reward, **options)
     keys = config.keys()
     client: GradingClient | None = None
     last: tuple[Any, Any, list[pb.EvaluateResponse]] | None = None  # holds the lists: their ids stay unique
