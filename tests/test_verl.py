@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import json
 import math
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
+import grpc
 import pytest
 
+from grpcgrade.client import AsyncGradingClient
 from grpcgrade.integrations.verl import compute_score, compute_score_sync
 
 
@@ -118,3 +121,17 @@ def test_configuration_errors_are_raised(server):
         reward_loop(fn, [("other", "", "", {})])
     with pytest.raises(ValueError, match="no reward 'nope'"):
         reward_loop(verl_wrap(compute_score, {"target": server.target, "reward": "nope"}), [("d", "x", "y", {})])
+
+
+def test_coalescer_answers_each_caller_and_a_failed_call_reaches_all_of_its_callers(server):
+    async def go(graders, n):
+        async with AsyncGradingClient(server.target) as client:
+            coalescer = client.coalescer(graders, max_batch=4)
+            calls = (coalescer.evaluate({"response": json.dumps(i)}) for i in range(n))
+            return await asyncio.gather(*calls, return_exceptions=True), coalescer.batches
+
+    results, batches = asyncio.run(go(["json_validator"], 10))
+    assert batches == 3 and [r.results[0].score for r in results] == [1.0] * 10  # 4 + 4 + 2
+    results, batches = asyncio.run(go(["no_such_grader"], 5))
+    assert batches == 2
+    assert all(isinstance(r, grpc.RpcError) and r.code() == grpc.StatusCode.NOT_FOUND for r in results)

@@ -34,6 +34,14 @@ def usable_extra(items: Iterable[tuple[str, Any]], skip: frozenset[str] = frozen
     return out
 
 
+def as_text(value: Any) -> str:
+    """A field's text: strings as they are, None as no text, anything else (a numeric answer, a list of
+    accepted answers) as JSON, so a grader parsing it reads what the dataset held."""
+    if value is None:
+        return ""
+    return value if isinstance(value, str) else json.dumps(value, default=str)
+
+
 def reward_of(result: pb.EvaluateResponse) -> float | None:
     """The sample's reward, None when a grader failed (the sample is to be masked)."""
     return result.reward if result.HasField("reward") and math.isfinite(result.reward) else None

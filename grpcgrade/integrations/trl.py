@@ -36,7 +36,7 @@ import grpc
 from grpcgrade.client import AsyncGradingClient, Graders, GradingClient, Target
 from grpcgrade.v1 import grading_pb2 as pb
 
-from .common import RESERVED, json_value, reward_of, score_of, usable_extra
+from .common import RESERVED, as_text, json_value, reward_of, score_of, usable_extra
 
 #: Keyword arguments TRL passes for the reward function's own use; never sample data.
 TRL_KWARGS = frozenset({"trainer_state", "log_extra", "log_metric", "environments", "completion_ids"})
@@ -166,7 +166,7 @@ class SampleBuilder:
             sample: dict[str, Any] = {"query": prompt_text(prompts[i]), "response": response}
             for field, column in fields.items():
                 value = columns[column][i]
-                sample[field] = "" if value is None else prompt_text(value) if field == "query" else str(value)
+                sample[field] = prompt_text(value) if field == "query" and value is not None else as_text(value)
             extra = usable_extra((name, columns[name][i]) for name in extra_names)
             if want_tokens:
                 extra["completion_tokens"] = len(ids[i])

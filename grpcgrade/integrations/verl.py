@@ -20,14 +20,18 @@ legacy managers that call the function directly (`verl/workers/reward_manager/na
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import threading
 from collections.abc import Mapping
 from typing import Any
 
 from grpcgrade.client import DEFAULT_LINGER, DEFAULT_MAX_BATCH, AsyncGradingClient, Coalescer
-from grpcgrade.integrations.common import reward_of, score_of, usable_extra  # absolute: veRL may load this file by path
+from grpcgrade.integrations.common import (  # absolute: veRL may load this file by path
+    as_text,
+    reward_of,
+    score_of,
+    usable_extra,
+)
 from grpcgrade.v1 import grading_pb2 as pb
 
 #: The key of the failure flag in the returned dict (and so in veRL's reward_extra_info).
@@ -91,12 +95,6 @@ def _pick(data_source: str, reward: str | None, rewards: Mapping[str, str] | Non
     return rewards[data_source], list(dict.fromkeys(rewards.values()))
 
 
-def _text(value: Any) -> str:
-    if value is None:
-        return ""
-    return value if isinstance(value, str) else json.dumps(value, default=str)
-
-
 def sample_of(solution_str: str, ground_truth: Any, extra_info: Mapping[str, Any] | None) -> dict[str, Any]:
     """veRL's call as a sample: the solution is the response, the ground truth the reference, the
     `extra_info` item `question` (or `query`, `prompt`) the query and `index` (or `id`) the id; every other
@@ -108,7 +106,7 @@ def sample_of(solution_str: str, ground_truth: Any, extra_info: Mapping[str, Any
         "id": str(sample_id),
         "query": query,
         "response": solution_str,
-        "reference": _text(ground_truth),
+        "reference": as_text(ground_truth),
         "extra": usable_extra(info.items(), frozenset(("question", "prompt", *ID_KEYS))),
     }
 
