@@ -119,3 +119,21 @@ def test_http_requests_are_counted_in_the_shared_metrics(http_server):
     post(authed(http_server.http, "/get_reward"), {"query": ["1"], "labels": ["1"]})
     assert http_server.metric("grpcgrade_http_requests_total", code="200") == before + 1
     assert http_server.metric("grpcgrade_evaluations_total", grader="number_only") >= 1
+
+
+def test_openai_grader_endpoints_are_mounted_on_the_same_port(http_server):
+    from grpcgrade.service.openai_http import MOUNT_PATH
+
+    grader = {"type": "string_check", "name": "exact", "input": "{{ sample.output_text }}", "reference": "x"}
+    grader["operation"] = "eq"
+
+    async def go(headers):
+        async with aiohttp.ClientSession() as session:
+            url = f"{http_server.http}{MOUNT_PATH}/validate"
+            async with session.post(url, json={"grader": grader}, headers=headers) as r:
+                return r.status, await r.json()
+
+    status, body = asyncio.run(go({"Authorization": f"Bearer {TOKEN}"}))
+    assert status == 200 and body == {"grader": grader}
+    status, body = asyncio.run(go({}))
+    assert status == 401 and body["error"]["code"] == "invalid_api_key"  # OpenAI's error object, its own auth

@@ -19,7 +19,8 @@ POSTs `{"query": [...], "prompts": [...], "labels": [...]}` with aiohttp and no 
 
 aiohttp.web serves it (well kept, asyncio-native, and the client OpenRLHF itself uses), in the server
 process and on its event loop: the same engine, limits, grader metrics and tokens as the gRPC service.
-`build_http_app(..., subapps={prefix: app})` mounts further aiohttp applications under their prefixes.
+`build_http_app(..., subapps={prefix: app})` mounts further aiohttp applications under their prefixes: the
+server mounts OpenAI's grader endpoints (`service.openai_http`, docs/openai-graders.md) at their MOUNT_PATH.
 """
 
 from __future__ import annotations
@@ -87,13 +88,24 @@ def _strings(body: dict[str, Any], key: str, n: int | None) -> list[str] | None:
 class RewardHandler:
     """Grades one OpenRLHF request with the engine, as the gRPC servicer would."""
 
-    def __init__(self, engine: Engine, limits: Limits, http: HttpConfig, default_reward: str) -> None:
+    def __init__(
+        self, engine: Engine, limits: Limits, http: HttpConfig, default_reward: str, tokens: Sequence[str]
+    ) -> None:
         self.engine = engine
         self.limits = limits
         self.http = http
         self.default_reward = default_reward
+        self.secrets = [t.encode() for t in tokens if t]
+
+    def _check_auth(self, request: web.Request) -> None:
+        if self.secrets and not _authorized(request, self.secrets):
+            raise web.HTTPUnauthorized(
+                text="missing or invalid token (Authorization: Bearer TOKEN, or the URL's password)",
+                headers={"WWW-Authenticate": 'Basic realm="grpcgrade"'},
+            )
 
     async def default(self, request: web.Request) -> web.Response:
+        self._check_auth(request)
         if not self.default_reward:
             raise web.HTTPNotFound(
                 text="no default_reward in the server's configuration; POST to /rewards/NAME/get_reward instead"
@@ -101,6 +113,7 @@ class RewardHandler:
         return await self.grade(request, self.default_reward)
 
     async def named(self, request: web.Request) -> web.Response:
+        self._check_auth(request)
         return await self.grade(request, request.match_info["name"])
 
     async def grade(self, request: web.Request, reward: str) -> web.Response:
@@ -166,19 +179,14 @@ def build_http_app(
     metrics: Metrics | None = None,
     subapps: Mapping[str, web.Application] | None = None,
 ) -> web.Application:
-    """The HTTP face's application; `subapps` ({"/prefix/": app}) are mounted beside the reward routes and
-    share the auth and request counting."""
-    secrets = [t.encode() for t in tokens if t]
+    """The HTTP face's application; `subapps` ({"/prefix": app}) are mounted beside the reward routes and
+    share the request counting. Each checks the same `tokens` itself (answering in its own protocol's
+    error format), so build them with the tokens too."""
 
     @web.middleware
-    async def guard(request: web.Request, handler: Any) -> web.StreamResponse:
+    async def counted(request: web.Request, handler: Any) -> web.StreamResponse:
         status = 500
         try:
-            if secrets and not _authorized(request, secrets):
-                raise web.HTTPUnauthorized(
-                    text="missing or invalid token (Authorization: Bearer TOKEN, or the URL's password)",
-                    headers={"WWW-Authenticate": 'Basic realm="grpcgrade"'},
-                )
             response = await handler(request)
             status = response.status
             return response
@@ -189,8 +197,8 @@ def build_http_app(
             if metrics is not None:
                 metrics.http_requests.labels(request.method, str(status)).inc()
 
-    app = web.Application(middlewares=[guard], client_max_size=limits.max_message_bytes)
-    handler = RewardHandler(engine, limits, http, default_reward)
+    app = web.Application(middlewares=[counted], client_max_size=limits.max_message_bytes)
+    handler = RewardHandler(engine, limits, http, default_reward, tokens)
     app.router.add_post("/get_reward", handler.default)
     app.router.add_post("/rewards/{name}/get_reward", handler.named)
     for prefix, sub in (subapps or {}).items():

@@ -28,6 +28,7 @@ from grpcgrade.v1 import grading_pb2 as pb
 from .http import build_http_app
 from .interceptors import AuthInterceptor, DecodeGuardInterceptor, ObservingInterceptor
 from .metrics import Metrics
+from .openai_http import MOUNT_PATH, openai_graders_app
 from .servicer import GradingServicer, add_to_server
 
 log = logging.getLogger("grpcgrade.service.server")
@@ -245,7 +246,7 @@ def build_server(opts: ServeOptions) -> Service:
             config.default_reward,
             tokens=tokens,
             metrics=metrics,
-            subapps={},  # further HTTP applications (OpenAI's grader endpoints...) mount here, by prefix
+            subapps={MOUNT_PATH: openai_graders_app(engine, tokens=tokens, limits=config.limits)},
         )
     return service
 
