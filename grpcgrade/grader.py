@@ -91,6 +91,10 @@ class BaseGrader:
         self.description = description
         self.kwargs = kwargs
 
+    def warm_up(self) -> None:
+        """Import and load what the first sample would (dictionaries, libraries): called once per process
+        before the server says SERVING, so no request pays a cold start. Optional."""
+
     def evaluate(self, **kwargs: Any) -> GraderResult:
         raise NotImplementedError(f"{type(self).__name__} implements neither evaluate nor aevaluate")
 

@@ -114,12 +114,15 @@ def parse_config(data: dict[str, Any], source: str = "config") -> ServerConfig:
     default_reward = str(data.get("default_reward") or "")
     if default_reward and default_reward not in rewards:
         raise ConfigError(f"{source}: default_reward {default_reward!r} is not one of the rewards")
+    timeout = data.get("grader_timeout_seconds", 30.0)
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < math.inf:
+        raise ConfigError(f"{source}: grader_timeout_seconds must be a positive number of seconds, got {timeout!r}")
     return ServerConfig(
         default_reward=default_reward,
         http=parse_http(data.get("http"), source),
         rewards=rewards,
         limits=Limits(**{k: int(v) for k, v in raw_limits.items()}),
-        grader_timeout_seconds=float(data.get("grader_timeout_seconds", 30.0)),
+        grader_timeout_seconds=float(timeout),
         models=models,
     )
 

@@ -1,10 +1,12 @@
 """The grading engine: grader specs resolved once per call, samples graded chunk by chunk.
 
 Where work runs, in the words used throughout (code, tests, docs):
-- **inline**: in the server process. Cheap synchronous graders run inline (a process hop would cost more
-  than the work); async graders (LLM judges, remote HTTP) always do, on the event loop.
-- **in a worker**: in the worker pool. A heavy synchronous grader runs in a worker, one chunk per grader,
-  even when the call's other graders do not.
+- **inline**: in the server process. Async graders (LLM judges, remote HTTP) always run inline, on the
+  event loop; synchronous graders only when there are no workers (`--workers 0`) or the server's own
+  configuration keeps them there (server-only graders). A synchronous grader on the loop would stall
+  every call, health checks included, for as long as a request can make it run.
+- **in a worker**: in the worker pool. Every other synchronous grader runs in a worker, one chunk per
+  grader, beside the call's async graders; a unary call's graders go to one worker together.
 - **whole chunks**: when every grader of a batch can run in a worker, whole chunks go there as the
   service's serialized samples and come back as its serialized response (see `service.wire`), so cheap
   graders use every core too.
@@ -17,6 +19,7 @@ so a slow reader slows the grading instead of growing a queue.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -29,7 +32,7 @@ from .grading import GraderStats, grade_async, grade_chunk_sync, grade_sync, inp
 from .registry import Registry
 from .rewards import Reward, SpecData, check_weights, rewards
 from .samples import SampleProblem, select_all
-from .workers import Work, WorkerPool, grader_work
+from .workers import Work, WorkerPool, chunk_work, grader_work
 
 T = TypeVar("T")
 
@@ -85,8 +88,9 @@ class Job:
 
     @property
     def in_worker(self) -> bool:
-        """Graded in a worker even when the call's other graders are not: worth a process hop per chunk."""
-        return self.worker_capable and self.grader.heavy
+        """Graded in a worker even when the call's other graders are not: nothing a request can make slow
+        runs on the event loop (a hop costs ~0.2 ms; a stalled loop costs every call)."""
+        return self.worker_capable
 
 
 class Engine:
@@ -127,9 +131,16 @@ class Engine:
             jobs.append(Job(spec, grader, inputs_of(grader), capable))
         return jobs
 
-    def timeout(self, requested: float) -> float | None:
-        """A call's per-sample time limit: its own, else the server's."""
-        return requested or self.grader_timeout
+    def timeout(self, requested: float | None) -> float | None:
+        """A call's per-sample time limit: its own, else the server's; a call may lower the server's limit,
+        never raise it (a larger value is capped to it). Raises for a negative, NaN or infinite value."""
+        if requested is None or requested == 0:
+            return self.grader_timeout
+        if not math.isfinite(requested) or requested < 0:
+            raise InvalidParams(
+                "grader_timeout_seconds", f"must be a positive number of seconds (0: the server's), got {requested!r}"
+            )
+        return min(requested, self.grader_timeout) if self.grader_timeout else requested
 
     def chunk_size(self, jobs: list[Job], requested: int = 0) -> int:
         """Samples per chunk (and per streamed response): the request's, else by the graders' cost."""
@@ -170,10 +181,14 @@ class Engine:
 
     async def grade_chunk(self, jobs: list[Job], chunk: Chunk, timeout: float | None = None) -> GradedChunk:
         """One chunk, each grader where it runs; inline synchronous graders one after the other."""
-        timeout = self.timeout(timeout or 0.0)
+        timeout = self.timeout(timeout)
         indices = [index for index, _ in chunk]
         kwargs = [kw for _, kw in chunk]
-        if all(job.grader.is_sync and not job.in_worker for job in jobs):
+        if self.pool is not None and self.whole_chunks(jobs):
+            specs = [(self.registry.entry(job.spec.name).name, job.spec.params) for job in jobs]
+            columns, stats = await self.pool.run(chunk_work(specs, kwargs, timeout))
+            self._observe(stats)
+        elif all(job.grader.is_sync and not job.in_worker for job in jobs):
             columns, stats = grade_chunk_sync([job.grader for job in jobs], kwargs, timeout)
             self._observe(stats)
         else:
@@ -189,7 +204,7 @@ class Engine:
     ) -> AsyncIterator[GradedChunk | WholeChunk]:
         """Grade a batch chunk after chunk, the engine choosing the path; each chunk is yielded as it
         finishes (not necessarily in order), as a `GradedChunk`, or a `WholeChunk` from a worker."""
-        timeout = self.timeout(timeout or 0.0)
+        timeout = self.timeout(timeout)
         starts = range(0, batch.size, size)
         steps: Iterator[Awaitable[GradedChunk | WholeChunk]]
         if batch.whole is not None and self.pool is not None and self.whole_chunks(jobs):

@@ -12,6 +12,9 @@ from __future__ import annotations
 import difflib
 from enum import StrEnum
 
+MAX_NAME_CHARS = 100  # a name a request chose, as an error message repeats it
+MAX_DETAIL_CHARS = 500  # an error message built from request values never grows past this
+
 
 class ErrorCode(StrEnum):
     """Why a sample has no score from a grader. The reward of such a sample is absent (masked)."""
@@ -26,14 +29,24 @@ class ErrorCode(StrEnum):
     TIMEOUT = "TIMEOUT"
     #: The worker process grading the sample died twice; the sample is reported, never dropped.
     WORKER_LOST = "WORKER_LOST"
+    #: The call was cancelled (or passed its deadline) before this sample was graded; nobody reads it.
+    CANCELLED = "CANCELLED"
 
 
 class InvalidParams(ValueError):
     """A construction parameter is wrong. The request is refused with INVALID_ARGUMENT naming `param`."""
 
     def __init__(self, param: str, message: str) -> None:
+        if len(param) > MAX_NAME_CHARS:
+            param = param[:MAX_NAME_CHARS] + "..."
+        if len(message) > MAX_DETAIL_CHARS:
+            message = f"{message[:MAX_DETAIL_CHARS]}... (cut)"
         super().__init__(f"parameter {param!r}: {message}")
         self.param = param
+
+
+def _cut(name: str) -> str:
+    return name if len(name) <= MAX_NAME_CHARS else name[:MAX_NAME_CHARS] + "..."
 
 
 def _did_you_mean(name: str, known: list[str]) -> str:
@@ -45,7 +58,7 @@ class UnknownGrader(LookupError):
     """No installed plugin or configuration registered this grader name (NOT_FOUND)."""
 
     def __init__(self, name: str, known: list[str]) -> None:
-        super().__init__(f"unknown grader {name!r}{_did_you_mean(name, known)}")
+        super().__init__(f"unknown grader {_cut(name)!r}{_did_you_mean(name, known)}")
         self.name = name
         self.suggestions = difflib.get_close_matches(name, known, n=3, cutoff=0.5)
 
@@ -54,7 +67,7 @@ class UnknownReward(LookupError):
     """The server configuration defines no reward of this name (NOT_FOUND)."""
 
     def __init__(self, name: str, known: list[str]) -> None:
-        super().__init__(f"unknown reward {name!r}{_did_you_mean(name, known)}")
+        super().__init__(f"unknown reward {_cut(name)!r}{_did_you_mean(name, known)}")
         self.name = name
 
 
@@ -66,5 +79,13 @@ class SampleProblem(ValueError):
     """This sample cannot be graded at all; every grader reports it as INVALID_SAMPLE."""
 
 
-class GraderTimeout(Exception):
-    """Raised inside a grader whose sample ran past the time limit."""
+class GraderTimeout(BaseException):
+    """Raised inside a grader whose sample ran past the time limit.
+
+    A `BaseException`, like `KeyboardInterrupt`: a grader's own `except Exception` (a fallback score, a
+    retry) must not turn the timeout into a score; only the grading loop catches it.
+    """
+
+
+class GraderCancelled(BaseException):
+    """Raised inside a grader whose call was cancelled or ran past its deadline: nobody waits for the result."""

@@ -14,7 +14,7 @@ import signal
 import threading
 import time
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 from grpcgrade.grader import (
@@ -28,7 +28,7 @@ from grpcgrade.grader import (
     is_finite_score,
 )
 
-from .errors import ErrorCode, GraderTimeout, SampleProblem
+from .errors import ErrorCode, GraderCancelled, GraderTimeout, SampleProblem
 from .samples import select_all
 
 
@@ -39,6 +39,12 @@ class GraderStats(NamedTuple):
     ok: int
     errors: int
     seconds: float
+
+
+def join_stats(parts: Sequence[Sequence[GraderStats]]) -> list[GraderStats]:
+    """Each grader's stats summed over the parts of a chunk that was graded piece by piece."""
+    per_grader = zip(*parts, strict=True)
+    return [GraderStats(g[0].grader, *(sum(s[i] for s in g) for i in (1, 2, 3))) for g in per_grader]
 
 
 _inputs: weakref.WeakKeyDictionary[BaseGrader, Inputs] = weakref.WeakKeyDictionary()
@@ -69,36 +75,57 @@ def with_problems(name: str, chunk: list[Any], results: list[GraderResult]) -> l
 
 
 class _Watch:
-    """The chunk being timed: when its current sample started and how long a sample may take."""
+    """The sample being timed: when it started, how long it may take, and whether its call still wants it.
+
+    `fired` makes the alarm raise at most once per sample: a second tick cannot land in the grading loop's
+    own `except` block (where nothing would catch it) while the first timeout is being recorded.
+    """
 
     active = False
+    fired = False
     start = 0.0
-    limit = 0.0
+    limit = float("inf")
+    cancelled: Callable[[], bool] | None = None  # set in a worker while it grades a call's chunk
 
 
 def _on_alarm(signum: int, frame: Any) -> None:
-    if _Watch.active and time.perf_counter() - _Watch.start >= _Watch.limit:
+    if not _Watch.active or _Watch.fired:
+        return
+    if time.perf_counter() - _Watch.start >= _Watch.limit:
+        _Watch.fired = True
         raise GraderTimeout
+    if _Watch.cancelled is not None and _Watch.cancelled():
+        _Watch.fired = True
+        raise GraderCancelled
+
+
+ALARM_MAX_INTERVAL = 0.1  # how late a cancellation reaches a sample that is running Python code
 
 
 @contextlib.contextmanager
 def _alarm(seconds: float | None) -> Iterator[bool]:
-    """A periodic SIGALRM for a whole chunk; it raises only in a sample that has run past `seconds`, at most
-    10% late. The handler is installed once per process and the timer armed per chunk: two cheap syscalls
-    per chunk, nothing per sample. Off the main thread there is no limit."""
-    if not seconds or threading.current_thread() is not threading.main_thread():
+    """A periodic SIGALRM for a whole chunk; it raises only in a sample that has run past `seconds` (at most
+    10% late) or whose call was cancelled. The handler is installed once per process and the timer armed
+    per chunk: two cheap syscalls per chunk, nothing per sample. Off the main thread there is no limit."""
+    watching = bool(seconds) or _Watch.cancelled is not None
+    if not watching or threading.current_thread() is not threading.main_thread():
         yield False
         return
     if signal.getsignal(signal.SIGALRM) is not _on_alarm:  # first chunk, or a grader swapped it out
         signal.signal(signal.SIGALRM, _on_alarm)
-    _Watch.limit, _Watch.start, _Watch.active = seconds, time.perf_counter(), True
-    interval = max(seconds / 10, 0.005)
+    _Watch.limit = seconds or float("inf")
+    interval = min(max((seconds or 1.0) / 10, 0.005), ALARM_MAX_INTERVAL)
     signal.setitimer(signal.ITIMER_REAL, interval, interval)
     try:
         yield True
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         _Watch.active = False
+
+
+def _check_cancelled() -> None:
+    if _Watch.cancelled is not None and _Watch.cancelled():
+        raise GraderCancelled
 
 
 def check_result(grader: BaseGrader, result: Any, kwargs: dict[str, Any]) -> GraderResult:
@@ -134,15 +161,28 @@ def error_from(grader: BaseGrader, exc: BaseException, timeout: float | None) ->
 
 
 def grade_sync(grader: BaseGrader, batch: list[dict[str, Any]], timeout: float | None) -> list[GraderResult]:
-    """Grade a chunk with a synchronous grader; one result per sample, in order."""
+    """Grade a chunk with a synchronous grader; one result per sample, in order.
+
+    The timer is live only while `evaluate` runs (`_Watch.active`), and raises at most once per sample, so a
+    timeout always lands inside the `try` that records it. A cancelled call's chunk stops with
+    `GraderCancelled` (between samples, or inside one at the next tick): its results would be thrown away.
+    """
     out: list[GraderResult] = []
     evaluate = grader.evaluate
     with _alarm(timeout):
         for kwargs in batch:
+            _check_cancelled()
             try:
-                _Watch.start = time.perf_counter()
-                out.append(check_result(grader, evaluate(**kwargs), kwargs))
-            except Exception as exc:  # GraderTimeout included: it is an Exception
+                _Watch.start, _Watch.fired = time.perf_counter(), False
+                _Watch.active = True
+                try:
+                    result = evaluate(**kwargs)
+                finally:
+                    _Watch.active = False
+                out.append(check_result(grader, result, kwargs))
+            except GraderTimeout as exc:
+                out.append(error_from(grader, exc, timeout))
+            except Exception as exc:
                 out.append(error_from(grader, exc, timeout))
     return out
 

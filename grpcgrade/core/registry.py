@@ -22,12 +22,16 @@ from typing import Any
 from grpcgrade.grader import BaseGrader, FunctionGrader, GraderMode
 
 from .errors import InvalidParams, UnknownGrader
+from .params import MAX_PARAMS_BYTES, check_number, shown, unannotated
 from .plugins import LoadedPlugin, PluginInfo, load_plugins, make_manager
 from .samples import INPUT_FIELDS
 
 log = logging.getLogger(__name__)
 
 _MISSING = object()
+#: The built-grader cache's budget, counted in the bytes of the params the graders were built from (a
+#: grader holds about that much: its params, and what it compiled from them).
+CACHE_BYTES = 32 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -64,6 +68,7 @@ def _signature_source(factory: Callable[..., Any]) -> tuple[Callable[..., Any], 
 
 
 def _type_name(hint: Any) -> str:
+    hint = unannotated(hint)
     if hint is inspect.Parameter.empty:
         return "any"
     return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
@@ -81,7 +86,7 @@ def describe_params(factory: Callable[..., Any]) -> tuple[list[ParamInfo], bool,
     source, skip = _signature_source(factory)
     try:
         sig = inspect.signature(source)
-        hints = typing.get_type_hints(source)
+        hints = typing.get_type_hints(source, include_extras=True)
     except (TypeError, ValueError, NameError):
         return [], True, {}
     params, open_params = [], False
@@ -100,6 +105,7 @@ def describe_params(factory: Callable[..., Any]) -> tuple[list[ParamInfo], bool,
 
 
 def _base_types(hint: Any) -> set[type]:
+    hint = unannotated(hint)
     origin = typing.get_origin(hint)
     if origin in (typing.Union, types.UnionType):
         return set().union(*(_base_types(a) for a in typing.get_args(hint)))
@@ -107,11 +113,18 @@ def _base_types(hint: Any) -> set[type]:
 
 
 def coerce_value(param: str, value: Any, hint: Any) -> Any:
-    """JSON (protobuf Struct) has one number type; give each param the Python type its factory declares."""
+    """JSON (protobuf Struct) has one number type; give each param the Python type its factory declares,
+    within its range (see `params`)."""
+    value = _typed(param, value, hint)
+    check_number(param, value, hint)
+    return value
+
+
+def _typed(param: str, value: Any, hint: Any) -> Any:
     wanted = _base_types(hint) if hint is not None else set()
     if isinstance(value, float) and int in wanted and float not in wanted:
         if not value.is_integer():
-            raise InvalidParams(param, f"must be an integer, got {value!r}")
+            raise InvalidParams(param, f"must be an integer, got {shown(value)}")
         return int(value)
     if isinstance(value, list) and tuple in wanted and list not in wanted:
         return tuple(value)
@@ -119,19 +132,23 @@ def coerce_value(param: str, value: Any, hint: Any) -> Any:
         return int(value)
     if wanted and not isinstance(value, tuple(wanted)) and not (float in wanted and isinstance(value, int)):
         names = " or ".join(sorted("null" if t is type(None) else t.__name__ for t in wanted))
-        raise InvalidParams(param, f"must be {names}, got {type(value).__name__} {value!r}")
+        raise InvalidParams(param, f"must be {names}, got {type(value).__name__} {shown(value)}")
     return value
 
 
 class Registry:
     """Everything the plugins registered, plus a cache of built graders."""
 
-    def __init__(self, loaded: list[LoadedPlugin], pm: Any, cache_size: int = 1024) -> None:
+    def __init__(
+        self, loaded: list[LoadedPlugin], pm: Any, cache_size: int = 1024, cache_bytes: int = CACHE_BYTES
+    ) -> None:
         self.plugins = [lp.info for lp in loaded]
         self._entries: dict[str, GraderEntry] = {}
         self._canonical: dict[str, str] = {}
         self._cache: OrderedDict[tuple[str, str], BaseGrader] = OrderedDict()
         self._cache_size = cache_size
+        self._cache_bytes = cache_bytes
+        self._held = 0  # the cache's keys' bytes: the params each cached grader was built from
         self._lock = threading.Lock()
         by_name = {lp.info.name: lp.info for lp in loaded if lp.module is not None}
         for impl in pm.hook.register_graders.get_hookimpls():  # registration order: built-ins first
@@ -218,6 +235,12 @@ class Registry:
         entry = self.entry(name)
         params = params or {}
         key = (entry.name, json.dumps(params, sort_keys=True, default=str))
+        if len(key[1]) > MAX_PARAMS_BYTES:
+            raise InvalidParams(
+                "params",
+                f"the params of grader {entry.name!r} take {len(key[1])} bytes as JSON, over the limit "
+                f"of {MAX_PARAMS_BYTES}",
+            )
         with self._lock:
             grader = self._cache.get(key)
             if grader is not None:
@@ -236,9 +259,12 @@ class Registry:
         if entry.mode_given:
             grader.mode = entry.mode
         with self._lock:
+            if key not in self._cache:
+                self._held += len(key[1])
             self._cache[key] = grader
-            while len(self._cache) > self._cache_size:
-                self._cache.popitem(last=False)
+            while len(self._cache) > self._cache_size or self._held > self._cache_bytes:
+                (_, old), _ = self._cache.popitem(last=False)
+                self._held -= len(old)
         return grader
 
 

@@ -1,8 +1,8 @@
 """Rewards: graders combined into one number per sample.
 
 reward = prod(gate scores) * sum(w_i * s_i) / sum(w_i) over the non-gate pointwise graders. When any
-grader of the combination failed on the sample there is no reward: a trainer masks the sample instead of
-learning from a wrong number.
+grader of the combination failed on the sample, or the combination is not a finite number, there is no
+reward: a trainer masks the sample instead of learning from a wrong number.
 """
 
 from __future__ import annotations
@@ -76,7 +76,10 @@ def combine(specs: list[SpecData], results: list[GraderResult]) -> float | None:
     if not scored:
         return None
     mean = total / weights if weights > 0 else 1.0
-    return gate * mean
+    reward = gate * mean
+    # Finite scores and weights can still overflow (weights of 1e308 sum to inf, inf / inf is NaN): such a
+    # number would poison a trainer's batch statistics, so the sample has no reward, as for a failed grader.
+    return reward if math.isfinite(reward) else None
 
 
 def rewards(specs: list[SpecData], columns: list[list[GraderResult]]) -> list[float | None]:

@@ -7,7 +7,12 @@ them. Workers are spawned, not forked, because gRPC objects must not cross a for
 Faults: a worker that dies (killed, out of memory) breaks the pool; it is replaced and the chunks that
 were in flight are retried once, then reported as WORKER_LOST errors, never dropped. A worker stuck in C
 code past the chunk's watchdog is killed the same way, and the chunk is retried sample by sample so
-only the sample that hangs gets a TIMEOUT.
+only the sample that hangs gets a TIMEOUT. The other calls' chunks that the killed pool held (queued, or
+running beside the stuck one) are not theirs to lose: they run again, whole, in the new pool.
+
+Cancellation: each chunk in a worker has a slot in a shared array of flags. When its call is cancelled
+or passes its deadline, the server raises the flag and the worker stops the chunk at the next sample, or
+within `ALARM_MAX_INTERVAL` inside one (see `grading`), so abandoned work does not hold a worker.
 """
 
 from __future__ import annotations
@@ -26,14 +31,26 @@ from typing import Any
 
 from grpcgrade.grader import GraderError, GraderResult
 
-from .grading import grade_sync
+from . import grading
+from .errors import GraderCancelled
+from .grading import GraderStats, grade_chunk_sync, grade_sync, join_stats
 
 log = logging.getLogger(__name__)
 
 WATCHDOG_GRACE_SECONDS = 2.0  # pickling and a busy queue; the per-sample limit itself is enforced in the worker
+CANCEL_SLOTS = 4096  # chunks in a worker at once that can be cancelled; past that, a chunk runs to its end
+MAX_REQUEUES = 3  # times a chunk runs again because another call's stuck sample took its pool down
+
+_flags: Any = None  # the shared cancel flags, in a worker
 
 
-def _init_worker(log_level: int, log_formatter: logging.Formatter | None) -> None:
+class _Requeue(Exception):
+    """The chunk was lost with a pool the watchdog killed for another chunk's sake: run it again, whole."""
+
+
+def _init_worker(log_level: int, log_formatter: logging.Formatter | None, flags: Any = None) -> None:
+    global _flags
+    _flags = flags
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server decides when workers stop
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     # A spawned process starts with logging unset: log as the server does (--log-format json: JSON lines).
@@ -42,11 +59,33 @@ def _init_worker(log_level: int, log_formatter: logging.Formatter | None) -> Non
     logging.basicConfig(level=log_level, handlers=[handler], force=True)
     from .registry import get_registry
 
-    get_registry()
+    warm(get_registry())
+
+
+def warm(registry: Any) -> None:
+    """Every grader that builds with its default params, built and warmed up (`BaseGrader.warm_up`) in this
+    process: the first request then pays no import or dictionary load."""
+    for entry in registry.entries:
+        try:
+            registry.build(entry.name, {}).warm_up()
+        except Exception as exc:  # a grader that needs params, or cannot warm: its first sample pays
+            log.debug("not warmed: grader %s: %s", entry.name, exc)
 
 
 def _ping() -> int:
     return os.getpid()
+
+
+def _call(slot: int, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+    """`fn(*args)` in a worker, stopped early (GraderCancelled) once the server raises the chunk's flag."""
+    flags = _flags
+    if slot < 0 or flags is None:
+        return fn(*args)
+    grading._Watch.cancelled = lambda: flags[slot] != 0
+    try:
+        return fn(*args)
+    finally:
+        grading._Watch.cancelled = None
 
 
 def _run(
@@ -58,6 +97,15 @@ def _run(
     start = time.perf_counter()
     results = grade_sync(grader, batch, timeout)
     return results, time.perf_counter() - start
+
+
+def _run_chunk(
+    specs: list[tuple[str, dict[str, Any]]], chunk: list[Any], timeout: float | None
+) -> tuple[list[list[GraderResult]], list[GraderStats]]:
+    from .registry import get_registry
+
+    registry = get_registry()
+    return grade_chunk_sync([registry.build(name, params) for name, params in specs], chunk, timeout)
 
 
 @dataclass(frozen=True)
@@ -91,6 +139,30 @@ def grader_work(name: str, params: dict[str, Any], batch: list[dict[str, Any]], 
     )
 
 
+def chunk_work(specs: list[tuple[str, dict[str, Any]]], chunk: list[Any], timeout: float | None) -> Work:
+    """Every grader of a call over a chunk of keyword arguments (or `SampleProblem`s), in one worker:
+    `(columns, [GraderStats])` back, as `grade_chunk_sync` gives them."""
+
+    def failed(code: str, message: str) -> tuple[list[list[GraderResult]], list[GraderStats]]:
+        columns = [[GraderError(name, message, code=code)] for name, _ in specs]
+        return columns, [GraderStats(name, 0, 1, 0.0) for name, _ in specs]
+
+    def join(parts: list[tuple[list[list[GraderResult]], list[GraderStats]]]) -> Any:
+        columns = [[r for cols, _ in parts for r in cols[j]] for j in range(len(specs))]
+        stats = join_stats([st for _, st in parts])
+        return columns, stats
+
+    return Work(
+        _run_chunk,
+        (specs, chunk, timeout),
+        len(chunk),
+        timeout,
+        lambda: [chunk_work(specs, [kw], timeout) for kw in chunk],
+        failed,
+        join,
+    )
+
+
 class WorkerPool:
     """A process pool that replaces itself when a worker dies or hangs."""
 
@@ -98,6 +170,10 @@ class WorkerPool:
         self.size = size
         self.restarts = 0
         self._started: dict[int, list[Future[int]]] = {}  # per executor: one ping per worker
+        self._killed: set[int] = set()  # executors the watchdog killed: their other chunks are innocent
+        context = multiprocessing.get_context("spawn")
+        self._flags = context.RawArray("b", CANCEL_SLOTS)
+        self._free = list(range(CANCEL_SLOTS))
         self._executor = self._new()
 
     def _new(self) -> ProcessPoolExecutor:
@@ -107,11 +183,16 @@ class WorkerPool:
             max_workers=self.size,
             mp_context=multiprocessing.get_context("spawn"),
             initializer=_init_worker,
-            initargs=(root.getEffectiveLevel(), formatter),
+            initargs=(root.getEffectiveLevel(), formatter, self._flags),
         )
         # Start every worker now, not on the first heavy request; the pings also say when they are up.
         self._started[id(executor)] = [executor.submit(_ping) for _ in range(self.size)]
         return executor
+
+    async def ready(self) -> None:
+        """Returns once every worker has started, loaded the plugins and warmed the graders."""
+        for ping in self._started.get(id(self._executor), ()):
+            await asyncio.wrap_future(ping)
 
     def alive(self) -> int:
         processes = getattr(self._executor, "_processes", None) or {}
@@ -124,24 +205,34 @@ class WorkerPool:
             self._executor = self._new()
         self._started.pop(id(broken), None)
         if kill:
+            self._killed.add(id(broken))
             for p in list((getattr(broken, "_processes", None) or {}).values()):
                 p.kill()
         broken.shutdown(wait=False, cancel_futures=True)
 
     async def run(self, work: Work) -> Any:
         """`work.fn(*work.args)` in a worker; a sample that kills or hangs workers gets `failed`, alone."""
-        for _attempt in range(2):
+        attempts = requeues = 0
+        while attempts < 2:
             executor = self._executor
             try:
                 return await self._submit(executor, work)
+            except _Requeue:
+                requeues += 1
+                if requeues > MAX_REQUEUES:
+                    attempts += 1
             except TimeoutError:
                 self._replace(executor, kill=True)
                 if work.size == 1:
                     return work.failed("TIMEOUT", f"grader ran past its time limit of {work.timeout:g} s")
                 return await self._one_by_one(work)
             except (BrokenProcessPool, RuntimeError) as exc:
+                if id(executor) in self._killed and requeues < MAX_REQUEUES:
+                    requeues += 1  # the watchdog killed this pool for another chunk: not this one's fault
+                    continue
                 log.warning("worker lost while grading %d samples: %s", work.size, exc)
                 self._replace(executor, kill=False)
+                attempts += 1
                 if work.size > 1:  # find the sample that kills workers; the others still get results
                     return await self._one_by_one(work)
         return work.failed("WORKER_LOST", "the worker process grading this sample died twice")
@@ -150,11 +241,32 @@ class WorkerPool:
         """One at a time, so the sample that kills or hangs a worker takes no other sample with it."""
         return work.join([await self.run(part) for part in work.split()])
 
+    def _slot(self) -> int:
+        if not self._free:
+            return -1
+        slot = self._free.pop()
+        self._flags[slot] = 0
+        return slot
+
+    def _release(self, slot: int) -> Callable[[Future[Any]], None]:
+        def release(_: Future[Any]) -> None:
+            self._free.append(slot)  # list.append is atomic: this runs on the executor's thread
+
+        return release
+
     async def _submit(self, executor: ProcessPoolExecutor, work: Work) -> Any:
         """Run one chunk; the watchdog starts when a worker takes the chunk, not while it waits its turn."""
         for ping in self._started.get(id(executor), ()):  # a worker still importing is not a hung grader
             await asyncio.wrap_future(ping)
-        future = executor.submit(work.fn, *work.args)
+        slot = self._slot()
+        try:
+            future = executor.submit(_call, slot, work.fn, work.args)
+        except BaseException:
+            if slot >= 0:
+                self._free.append(slot)
+            raise
+        if slot >= 0:
+            future.add_done_callback(self._release(slot))
         waiter = asyncio.wrap_future(future)
         try:
             while not future.running():
@@ -164,8 +276,15 @@ class WorkerPool:
             watchdog = work.timeout * work.size + WATCHDOG_GRACE_SECONDS if work.timeout else None
             return await asyncio.wait_for(asyncio.shield(waiter), watchdog)
         except asyncio.CancelledError:
-            waiter.cancel()  # the caller went away: drop the chunk if no worker has started it
+            task = asyncio.current_task()
+            if future.cancelled() and task is not None and not task.cancelling():
+                raise _Requeue from None  # the pool was replaced under it (`_replace` cancels what it held)
+            if slot >= 0:
+                self._flags[slot] = 1  # the caller went away: the worker stops this chunk
+            waiter.cancel()  # and no worker starts it if none has
             raise
+        except GraderCancelled:
+            raise _Requeue from None  # cannot happen unless the flag was raised for a slot reused: run it again
 
     def close(self, patience: float = 3.0) -> None:
         """At exit, after the drain: workers get `patience` seconds to finish what they hold (nobody waits

@@ -43,6 +43,11 @@ def sample_kwargs(sample: pb.Sample, limits: Limits) -> dict[str, Any] | SampleP
         if sample.ByteSize() > limits.max_field_chars:
             check_fields(fields, limits)
         if sample.HasField("extra"):
+            size = sample.extra.ByteSize()  # `extra` is grader input too: one more field under the same limit
+            if size > limits.max_field_chars:
+                raise SampleProblem(
+                    f"field 'extra' takes {size} bytes, over the limit max_field_chars={limits.max_field_chars}"
+                )
             add_extra(fields, struct_to_dict(sample.extra))
     except SampleProblem as exc:
         return exc

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hmac
 import inspect
 import logging
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -96,30 +97,64 @@ def _metadata(context: grpc.aio.ServicerContext, key: str) -> str:
     return ""
 
 
-class AuthInterceptor(_Wrapping):
-    """Calls must carry `authorization: Bearer <token>`; compared in constant time, never logged."""
+def _refused(request: bytes) -> None:
+    """The request deserializer of a refused call: the bytes are dropped unread."""
+    return None
+
+
+class AuthInterceptor(grpc.aio.ServerInterceptor):
+    """Calls must carry `authorization: Bearer <token>`; compared in constant time, never logged.
+
+    The token is checked on the call's metadata, before the request message is parsed: a refused call's
+    body is dropped unread (its deserializer ignores it), so a stranger cannot make the server parse, or
+    hold, anything.
+    """
 
     def __init__(self, tokens: list[str]) -> None:
-        super().__init__()
         self._tokens = [t.encode() for t in tokens if t]
+        self._refusals: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
 
-    def _allowed(self, context: grpc.aio.ServicerContext) -> bool:
-        header = _metadata(context, "authorization")
+    def _allowed(self, metadata: Any) -> bool:
+        header = ""
+        for k, v in metadata or ():
+            if k == "authorization":
+                header = v if isinstance(v, str) else v.decode(errors="replace")
+                break
         scheme, _, token = header.partition(" ")
         if scheme.lower() != "bearer":
             return False
         presented = token.strip().encode()
         return any(hmac.compare_digest(presented, t) for t in self._tokens)
 
-    def _intercept(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
-        if method.lstrip("/").startswith(OPEN_SERVICES):
+    async def intercept_service(self, continuation: Any, details: grpc.HandlerCallDetails) -> Any:
+        handler = await continuation(details)
+        if handler is None or details.method.lstrip("/").startswith(OPEN_SERVICES):
             return handler
+        if self._allowed(details.invocation_metadata):
+            return handler
+        cached = self._refusals.get(details.method)
+        if cached is not None and cached[0] is handler:
+            return cached[1]
+        refusal = _rewrap(handler, details.method, lambda behavior, kind, *_: _refuse(behavior), _refused)
+        self._refusals[details.method] = (handler, refusal)
+        return refusal
 
-        async def check(request: Any, context: grpc.aio.ServicerContext) -> None:
-            if not self._allowed(context):
-                await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or invalid bearer token")
 
-        return _rewrap(handler, method, lambda behavior, kind, *_: _checked_first(behavior, kind, check))
+def _refuse(behavior: Callable[..., Any]) -> Callable[..., Any]:
+    """A behavior of the same kind as `behavior` that answers UNAUTHENTICATED and does nothing else."""
+    message = "missing or invalid bearer token"
+    if inspect.isasyncgenfunction(behavior):
+
+        async def refuse_stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+            yield  # pragma: no cover - abort raises; the yield makes this an async generator
+
+        return refuse_stream
+
+    async def refuse(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+
+    return refuse
 
 
 class _Unparsable:
@@ -155,6 +190,14 @@ class DecodeGuardInterceptor(_Wrapping):
 
 
 DEADLINE_SKEW_SECONDS = 0.02
+MAX_REQUEST_ID_CHARS = 64
+_UNSAFE_IN_ID = re.compile(r"[^A-Za-z0-9._:/@+=-]")
+
+
+def _request_id(context: grpc.aio.ServicerContext) -> str:
+    """The caller's `x-request-id`, fit for a log line (safe characters only, capped), or a fresh one."""
+    given = _UNSAFE_IN_ID.sub("_", _metadata(context, "x-request-id")[:MAX_REQUEST_ID_CHARS])
+    return given or uuid.uuid4().hex[:16]
 
 
 def _code_of(context: grpc.aio.ServicerContext, exc: BaseException | None) -> str:
@@ -199,7 +242,7 @@ class ObservingInterceptor(_Wrapping):
         def begin(context: grpc.aio.ServicerContext) -> tuple[str, float]:
             if m is not None:
                 started.inc()
-            return _metadata(context, "x-request-id") or uuid.uuid4().hex[:16], time.perf_counter()
+            return _request_id(context), time.perf_counter()
 
         def finish(context: grpc.aio.ServicerContext, rid: str, t0: float, exc: BaseException | None) -> None:
             code = _code_of(context, exc)

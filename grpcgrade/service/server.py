@@ -21,7 +21,7 @@ from grpc_reflection.v1alpha import reflection
 from grpcgrade.core.config import ServerConfig, load_config
 from grpcgrade.core.engine import Engine
 from grpcgrade.core.registry import Registry, get_registry
-from grpcgrade.core.workers import WorkerPool
+from grpcgrade.core.workers import WorkerPool, warm
 from grpcgrade.llm.models import configure as configure_models
 from grpcgrade.v1 import grading_pb2 as pb
 
@@ -111,9 +111,11 @@ def _credentials(opts: ServeOptions) -> grpc.ServerCredentials | None:
 
 
 def _tokens(path: str | None) -> list[str]:
+    """The auth token file: one token a line; blank lines and lines starting with `#` are ignored."""
     if not path:
         return []
-    tokens = [line.strip() for line in Path(path).read_text().splitlines() if line.strip()]
+    lines = (line.strip() for line in Path(path).read_text().splitlines())
+    tokens = [line for line in lines if line and not line.startswith("#")]
     if not tokens:
         raise ValueError(f"{path}: no token in the auth token file")
     return tokens
@@ -146,7 +148,13 @@ class Service:
                 pool = self.pool
                 self.metrics.watch_workers(pool.alive, lambda: pool.restarts)
             self.metrics.serve(self.options.metrics_host, self.options.metrics_port)
+        for name in ("", SERVICE_NAME):  # grpc's health service starts out SERVING: not before we are
+            await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         await self.server.start()
+        if self.pool is not None:  # every worker up, plugins loaded, graders warmed
+            await self.pool.ready()
+        else:  # graders run here: warm them here (off the loop, which answers health meanwhile)
+            await asyncio.to_thread(warm, self.registry)
         if self.http_app is not None:
             await self._start_http(self.http_app)
         for name in ("", SERVICE_NAME):

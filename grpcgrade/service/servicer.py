@@ -31,6 +31,21 @@ def _serialize(message: Message) -> bytes:
     return message if isinstance(message, bytes) else message.SerializeToString()
 
 
+def _fitted(message: pb.BatchEvaluateResponse, limit: int) -> list[pb.BatchEvaluateResponse]:
+    """The message, or its items over several messages, each within the message size limit: long
+    reasons make a chunk's answer large, and a stream must not fail for it. A single item over the limit
+    goes as it is (gRPC then refuses the call: no smaller answer exists)."""
+    if message.ByteSize() <= limit or len(message.items) < 2:
+        return [message]
+    half = len(message.items) // 2
+    parts = []
+    for items in (message.items[:half], message.items[half:]):
+        part = pb.BatchEvaluateResponse()
+        part.items.extend(items)
+        parts.extend(_fitted(part, limit))
+    return parts
+
+
 def add_to_server(servicer: GradingServicer, server: grpc.aio.Server) -> None:
     """The generated `add_GradingServiceServicer_to_server`, but BatchEvaluate may yield bytes."""
     handlers = {
@@ -66,7 +81,11 @@ class GradingServicer(pb_grpc.GradingServiceServicer):
         if self.metrics is not None:
             self.metrics.in_flight.inc(delta)
 
-    async def _resolve(self, specs: list[pb.GraderSpec], reward: str, context: grpc.aio.ServicerContext) -> list[Job]:
+    async def _resolve(
+        self, request: pb.EvaluateRequest | pb.BatchEvaluateRequest, context: grpc.aio.ServicerContext
+    ) -> tuple[list[Job], float | None]:
+        """The call's graders and per-sample time limit; aborts the call for a bad request."""
+        specs = list(request.graders)
         if len(specs) > self.limits.max_graders_per_request:
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT,
@@ -74,7 +93,8 @@ class GradingServicer(pb_grpc.GradingServiceServicer):
                 f"max_graders_per_request={self.limits.max_graders_per_request}",
             )
         try:
-            return self.engine.resolve([spec_from_pb(s) for s in specs], reward)
+            jobs = self.engine.resolve([spec_from_pb(s) for s in specs], request.reward)
+            return jobs, self.engine.timeout(request.grader_timeout_seconds)
         except (UnknownGrader, UnknownReward) as exc:
             await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
         except InvalidParams as exc:
@@ -86,11 +106,11 @@ class GradingServicer(pb_grpc.GradingServiceServicer):
         return [(job.spec.label, job.grader.name) for job in jobs]
 
     async def Evaluate(self, request: pb.EvaluateRequest, context: grpc.aio.ServicerContext) -> pb.EvaluateResponse:
-        jobs = await self._resolve(list(request.graders), request.reward, context)
+        jobs, timeout = await self._resolve(request, context)
         chunk = [(0, sample_kwargs(request.sample, self.limits))]
         self._in_flight(1)
         try:
-            graded = await self.engine.grade_chunk(jobs, chunk, request.grader_timeout_seconds or None)
+            graded = await self.engine.grade_chunk(jobs, chunk, timeout)
         finally:
             self._in_flight(-1)
         response = pb.EvaluateResponse()
@@ -108,14 +128,14 @@ class GradingServicer(pb_grpc.GradingServiceServicer):
                 f"{n} samples in one batch, over the limit max_samples_per_batch="
                 f"{self.limits.max_samples_per_batch}; split the batch (the Python client does)",
             )
-        jobs = await self._resolve(list(request.graders), request.reward, context)
+        jobs, timeout = await self._resolve(request, context)
         size = self.engine.chunk_size(jobs, request.chunk_size)
         if self.metrics is not None:
             self.metrics.batch_samples.observe(n)
         unanswered = n
         self._in_flight(n)
         try:
-            async for message, count in self._graded(request, jobs, size):
+            async for message, count in self._graded(request, jobs, size, timeout):
                 # Answered once handed to gRPC: counted before the yield, which returns only when gRPC
                 # wants the next message, possibly after the client has read this one.
                 unanswered -= count
@@ -125,7 +145,7 @@ class GradingServicer(pb_grpc.GradingServiceServicer):
             self._in_flight(-unanswered)
 
     async def _graded(
-        self, request: pb.BatchEvaluateRequest, jobs: list[Job], size: int
+        self, request: pb.BatchEvaluateRequest, jobs: list[Job], size: int, timeout: float | None
     ) -> AsyncIterator[tuple[Message, int]]:
         """Response messages and how many samples each answers, in the order chunks finish."""
         samples, limits = request.samples, self.limits
@@ -140,14 +160,19 @@ class GradingServicer(pb_grpc.GradingServiceServicer):
             return wire_work(specs, labels, samples[a:b], a, full, limits, timeout)
 
         batch = Batch(len(samples), chunk, whole)
-        async for graded in self.engine.grade_batch(jobs, batch, size, request.grader_timeout_seconds):
+        limit = limits.max_message_bytes
+        async for graded in self.engine.grade_batch(jobs, batch, size, timeout):
             if isinstance(graded, WholeChunk):
-                yield graded.payload, graded.size
-                continue
-            message = pb.BatchEvaluateResponse()
-            ids = [samples[i].id for i in graded.indices]
-            fill_items(message.items, graded.indices, ids, labels, graded.columns, graded.rewards, full)
-            yield message, len(ids)
+                if len(graded.payload) <= limit:
+                    yield graded.payload, graded.size
+                    continue
+                message = pb.BatchEvaluateResponse.FromString(graded.payload)
+            else:
+                message = pb.BatchEvaluateResponse()
+                ids = [samples[i].id for i in graded.indices]
+                fill_items(message.items, graded.indices, ids, labels, graded.columns, graded.rewards, full)
+            for part in _fitted(message, limit):
+                yield part, len(part.items)
 
     async def ListGraders(
         self, request: pb.ListGradersRequest, context: grpc.aio.ServicerContext

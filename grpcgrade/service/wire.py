@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from grpcgrade.core.grading import GraderStats, grade_chunk_sync
+from grpcgrade.core.grading import GraderStats, grade_chunk_sync, join_stats
 from grpcgrade.core.registry import get_registry
 from grpcgrade.core.rewards import SpecData, rewards
 from grpcgrade.core.samples import Limits
@@ -66,6 +66,4 @@ def wire_work(
 
 def _join(parts: list[tuple[bytes, list[GraderStats]]]) -> tuple[bytes, list[GraderStats]]:
     """Serialized messages concatenate into their merge: the items of all parts, in order."""
-    per_grader = zip(*(stats for _, stats in parts), strict=True)  # each grader's stats over the parts
-    totals = [GraderStats(g[0].grader, *(sum(s[i] for s in g) for i in (1, 2, 3))) for g in per_grader]
-    return b"".join(data for data, _ in parts), totals
+    return b"".join(data for data, _ in parts), join_stats([stats for _, stats in parts])

@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from grpcgrade.core.errors import InvalidParams
+from grpcgrade.core.params import shown
 from grpcgrade.grader import BaseGrader, GraderMode, GraderScore
 
 from . import similarity_metrics as m
@@ -81,13 +82,13 @@ _MAX_CACHED_SCORERS = 32
 
 def _as_bool(value: Any) -> bool:
     if not isinstance(value, bool):
-        raise ValueError(f"must be true or false, got {value!r}")
+        raise ValueError(f"must be true or false, got {shown(value)}")
     return value
 
 
 def _as_number(value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"must be a finite number, got {value!r}")
+        raise ValueError(f"must be a finite number, got {shown(value)}")
     return float(value)
 
 
@@ -100,7 +101,7 @@ def _int_checker(minimum: int, maximum: int | None = None) -> Callable[[Any], in
         except ValueError:
             number = math.nan
         if not number.is_integer() or number < minimum or (maximum is not None and number > maximum):
-            raise ValueError(f"must be {allowed}, got {value!r}")
+            raise ValueError(f"must be {allowed}, got {shown(value)}")
         return int(number)
 
     return check
@@ -110,7 +111,7 @@ def _float_checker(minimum: float, maximum: float = math.inf) -> Callable[[Any],
     def check(value: Any) -> float:
         number = _as_number(value)
         if not minimum <= number <= maximum:
-            raise ValueError(f"must be a number from {minimum} to {maximum}, got {value!r}")
+            raise ValueError(f"must be a number from {minimum} to {maximum}, got {shown(value)}")
         return number
 
     return check
@@ -119,7 +120,7 @@ def _float_checker(minimum: float, maximum: float = math.inf) -> Callable[[Any],
 def _choice_checker(*options: str) -> Callable[[Any], str]:
     def check(value: Any) -> str:
         if value not in options:
-            raise ValueError(f"must be one of {', '.join(options)}; got {value!r}")
+            raise ValueError(f"must be one of {', '.join(options)}; got {shown(value)}")
         return value
 
     return check
@@ -127,33 +128,37 @@ def _choice_checker(*options: str) -> Callable[[Any], str]:
 
 def _as_sequence(value: Any, what: str) -> Sequence[Any]:
     if not isinstance(value, (list, tuple)) or not value:
-        raise ValueError(f"must be a non-empty list of {what}, got {value!r}")
+        raise ValueError(f"must be a non-empty list of {what}, got {shown(value)}")
     return value
 
 
 def _weights(value: Any) -> tuple[float, ...]:
     weights = tuple(_as_number(w) for w in _as_sequence(value, "n-gram weights"))
+    if len(weights) > MAX_ORDER:
+        raise ValueError(f"at most {MAX_ORDER} n-gram weights, got {len(weights)}")
     if any(w < 0 for w in weights) or sum(weights) <= 0:
-        raise ValueError(f"weights must be non-negative with a positive sum, got {value!r}")
+        raise ValueError(f"weights must be non-negative with a positive sum, got {shown(value)}")
     return weights
 
 
 def _ngram_range(value: Any) -> tuple[int, int]:
-    bounds = tuple(_int_checker(1)(v) for v in _as_sequence(value, "two n-gram sizes"))
+    bounds = tuple(_int_checker(1, MAX_ORDER)(v) for v in _as_sequence(value, "two n-gram sizes"))
     if len(bounds) != 2 or bounds[0] > bounds[1]:
-        raise ValueError(f"must be [min_n, max_n] with 1 <= min_n <= max_n, got {value!r}")
+        raise ValueError(f"must be [min_n, max_n] with 1 <= min_n <= max_n, got {shown(value)}")
     return bounds[0], bounds[1]
 
 
 def _rouge_types(value: Any) -> list[str]:
     types = list(_as_sequence(value, "ROUGE types"))
+    if len(types) > MAX_ORDER:
+        raise ValueError(f"at most {MAX_ORDER} ROUGE types, got {len(types)}")
     if not all(isinstance(t, str) and _ROUGE_TYPE.fullmatch(t) for t in types):
-        raise ValueError(f"must list types among rouge1..rouge9, rougeL, rougeLsum; got {value!r}")
+        raise ValueError(f"must list types among rouge1..rouge9, rougeL, rougeLsum; got {shown(value)}")
     return types
 
 
 def _max_features(value: Any) -> int | None:
-    return None if value is None else _int_checker(1)(value)
+    return None if value is None else _int_checker(1, 1_000_000)(value)
 
 
 def _tokenize(value: Any) -> str:
@@ -162,23 +167,26 @@ def _tokenize(value: Any) -> str:
     return _choice_checker("auto", *BLEU.TOKENIZERS)(value)
 
 
+# Upper bounds: each sizes per-sample work and memory (n-gram tables, sacrebleu's statistics), and the
+# published metrics use single digits (BLEU 4, chrF 6, ROUGE-N up to 9).
+MAX_ORDER = 20
 _CHECKERS: dict[str, Callable[[Any], Any]] = {
-    "max_ngram_order": _int_checker(1),
+    "max_ngram_order": _int_checker(1, MAX_ORDER),
     "smooth_method": _choice_checker("exp", "floor", "add-k", "none"),
     "effective_order": _as_bool,
     "tokenize": _tokenize,
     "weights": _weights,
     "smoothing_function": _int_checker(0, 7),
-    "min_len": _int_checker(1),
-    "max_len": _int_checker(1),
-    "char_order": _int_checker(1),
-    "beta": _float_checker(0.0),
+    "min_len": _int_checker(1, MAX_ORDER),
+    "max_len": _int_checker(1, MAX_ORDER),
+    "char_order": _int_checker(1, MAX_ORDER),
+    "beta": _float_checker(0.0, 1000.0),
     "alpha": _float_checker(0.0, 1.0),
     "gamma": _float_checker(0.0, 1.0),
     "rouge_types": _rouge_types,
     "use_stemmer": _as_bool,
     "score_key": _choice_checker(*_SCORE_COMPONENTS),
-    "n": _int_checker(1),
+    "n": _int_checker(1, MAX_ORDER),
     "score_type": _choice_checker(*_SCORE_COMPONENTS),
     "normalize": _as_bool,
     "method": _choice_checker(*m.FUZZY_METHODS),
@@ -259,6 +267,17 @@ class SimilarityGrader(BaseGrader):
             self._prepare(self._params, "", "")
         except ValueError as exc:
             raise InvalidParams("tokenize", str(exc)) from None
+
+    def warm_up(self) -> None:
+        """jieba's dictionary (about a second) and the metric libraries, loaded before the first request."""
+        import nltk.translate.bleu_score  # noqa: F401
+        import rapidfuzz.distance  # noqa: F401
+        import rouge_score.rouge_scorer  # noqa: F401
+        import sacrebleu.metrics  # noqa: F401
+
+        from .tokenize import initialize
+
+        initialize()
 
     def evaluate(self, response: str = "", reference_response: str = "", **kwargs: Any) -> GraderScore:
         params = self._resolve(kwargs)

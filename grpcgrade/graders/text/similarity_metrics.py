@@ -193,10 +193,51 @@ class _RougeTokenizer:
         return [_stem(t) for t in tokens] if self.use_stemmer else tokens
 
 
-def make_rouge(rouge_types: tuple[str, ...], use_stemmer: bool) -> Any:
-    from rouge_score.rouge_scorer import RougeScorer
+#: The largest dynamic-programming table rougeLsum may build (rouge_score keeps it whole, to backtrack).
+MAX_LCS_TABLE_CELLS = 4_000_000
 
-    return RougeScorer(list(rouge_types), use_stemmer=False, tokenizer=_RougeTokenizer(use_stemmer))
+
+def lcs_score(target: list[str], prediction: list[str]) -> Any:
+    """rouge_score's rougeL `Score` for two token lists, with the LCS length from rapidfuzz's bit-parallel
+    `LCSseq` (O(min(n, m)) memory) instead of rouge_score's full n x m table of Python ints."""
+    from rapidfuzz.distance import LCSseq
+    from rouge_score import scoring
+
+    if not target or not prediction:
+        return scoring.Score(precision=0, recall=0, fmeasure=0)
+    length = LCSseq.similarity(target, prediction)
+    precision, recall = length / len(prediction), length / len(target)
+    return scoring.Score(precision=precision, recall=recall, fmeasure=scoring.fmeasure(precision, recall))
+
+
+class _Rouge:
+    """rouge_score's RougeScorer, with rougeL computed in linear memory and rougeLsum's table bounded."""
+
+    def __init__(self, rouge_types: tuple[str, ...], use_stemmer: bool) -> None:
+        from rouge_score.rouge_scorer import RougeScorer
+
+        self.tokenizer = _RougeTokenizer(use_stemmer)
+        self.lcs = "rougeL" in rouge_types
+        self.summary = "rougeLsum" in rouge_types
+        others = [t for t in rouge_types if t != "rougeL"]
+        self.scorer = RougeScorer(others, use_stemmer=False, tokenizer=self.tokenizer) if others else None
+
+    def score(self, target: str, prediction: str) -> dict[str, Any]:
+        if self.summary:  # rouge_score's table grows with the product of the texts' lengths
+            cells = len(self.tokenizer.tokenize(target)) * len(self.tokenizer.tokenize(prediction))
+            if cells > MAX_LCS_TABLE_CELLS:
+                raise ValueError(
+                    f"rougeLsum would build a table of {cells} cells, over the limit of {MAX_LCS_TABLE_CELLS}; "
+                    "use rougeL, which has no such limit"
+                )
+        scores = self.scorer.score(target, prediction) if self.scorer is not None else {}
+        if self.lcs:
+            scores["rougeL"] = lcs_score(self.tokenizer.tokenize(target), self.tokenizer.tokenize(prediction))
+        return scores
+
+
+def make_rouge(rouge_types: tuple[str, ...], use_stemmer: bool) -> Any:
+    return _Rouge(rouge_types, use_stemmer)
 
 
 def rouge(

@@ -71,9 +71,26 @@ class Sleepy(BaseGrader):
         return GraderScore(self.name, 1.0)
 
 
+class SlowToDescribe(Exception):
+    """An error whose message takes `seconds` to build: recording it outlasts a short time limit."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.seconds = seconds
+
+    def __str__(self) -> str:
+        end = time.perf_counter() + self.seconds
+        while time.perf_counter() < end:
+            pass
+        return "slow to describe"
+
+
 class Misbehave(BaseGrader):
     """Misbehaves when the response says so: "hang" (a Python loop), "hang_in_c" (a sleep that the
-    time-limit signal cannot interrupt), "die" (the process is killed), "nan"; else scores 1.0."""
+    time-limit signal cannot interrupt), "die" (the process is killed), "nan", "slow_error" (raises at
+    once an error whose message takes 0.5 s to build), "swallow" (runs 2 s, catching every `Exception`
+    on the way, as a grader with a fallback score does), "long:N" (a reason of N characters);
+    else scores 1.0."""
 
     def __init__(self, heavy: bool = True) -> None:
         super().__init__()
@@ -90,4 +107,16 @@ class Misbehave(BaseGrader):
             os.kill(os.getpid(), signal.SIGKILL)
         if response == "nan":
             return GraderScore(self.name, float("nan"))
+        if response == "slow_error":
+            raise SlowToDescribe(0.5)
+        if response == "swallow":
+            end = time.perf_counter() + 2.0
+            while time.perf_counter() < end:
+                try:
+                    time.sleep(0.001)
+                except Exception:  # noqa: S112 - the point: a grader that swallows what it should not
+                    continue
+            return GraderScore(self.name, 0.0, "fallback score")
+        if response.startswith("long:"):
+            return GraderScore(self.name, 1.0, "long:" + "r" * int(response[5:]))
         return GraderScore(self.name, 1.0)

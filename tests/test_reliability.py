@@ -1,0 +1,313 @@
+"""Reliability against real servers: one call, hostile or merely unlucky, costs only its own samples.
+
+Each test stands for an item of the reliability review (issue 15): the event loop never grades, a killed
+worker loses no other call's chunks, a timeout is never a score and never escapes, params and time
+limits are bounded, a cancelled call stops its work, and oversized answers are split, not failed.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+from conftest import start_server
+from grpc_health.v1 import health_pb2
+
+from grpcgrade.service.convert import sample_to_pb, specs_to_pb
+from grpcgrade.testing import health_status
+from grpcgrade.v1 import grading_pb2 as pb
+from grpcgrade.v1 import grading_pb2_grpc as pb_grpc
+
+SERVING = health_pb2.HealthCheckResponse.SERVING
+FIELD_LIMIT = 100_000
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory, plugin_env):
+    tmp = tmp_path_factory.mktemp("reliability")
+    config = tmp / "limits.yaml"
+    config.write_text(f"limits: {{max_field_chars: {FIELD_LIMIT}, max_message_bytes: 200000}}\n")
+    server = start_server(tmp, "--workers", "2", "--grader-timeout", "2", "--config", str(config), env=plugin_env)
+    yield server
+    server.stop()
+
+
+def stub_of(channel: grpc.Channel) -> pb_grpc.GradingServiceStub:
+    return pb_grpc.GradingServiceStub(channel)
+
+
+def evaluate(target: str, sample: dict, graders: list, timeout: float = 60, **fields) -> pb.EvaluateResponse:
+    request = pb.EvaluateRequest(graders=specs_to_pb(graders), sample=sample_to_pb(sample), **fields)
+    with grpc.insecure_channel(target) as channel:
+        return stub_of(channel).Evaluate(request, timeout=timeout)
+
+
+def batch(target: str, samples: list[dict], graders: list, timeout: float = 60, **fields) -> list[pb.EvaluateResponse]:
+    """Every sample's result, in request order (each must come back exactly once)."""
+    request = pb.BatchEvaluateRequest(
+        graders=specs_to_pb(graders), samples=[sample_to_pb(s) for s in samples], **fields
+    )
+    with grpc.insecure_channel(target) as channel:
+        items = [item for message in stub_of(channel).BatchEvaluate(request, timeout=timeout) for item in message.items]
+    assert sorted(i.index for i in items) == list(range(len(samples)))
+    return [i.result for i in sorted(items, key=lambda i: i.index)]
+
+
+def outcome(result: pb.EvaluateResponse, j: int = 0) -> object:
+    r = result.results[j]
+    return r.error.code if r.HasField("error") else r.score
+
+
+def refusal(call) -> grpc.RpcError:
+    with pytest.raises(grpc.RpcError) as err:
+        call()
+    return err.value
+
+
+# -- 1. nothing a request supplies runs on the event loop ------------------------------------------------
+
+
+def test_health_answers_while_a_unary_call_grades_a_slow_sample(srv):
+    """A cheap grader's sample that hangs (here a Python loop, as a catastrophic regex would) runs in a
+    worker: the loop keeps answering health checks, which must reply within 1 s."""
+    slow = threading.Thread(
+        target=lambda: evaluate(srv.target, {"response": "hang"}, [{"name": "misbehave", "params": {"heavy": False}}])
+    )
+    slow.start()
+    try:
+        time.sleep(0.3)  # the hanging sample is being graded
+        answers = [health_status(srv.target, timeout=1.0) for _ in range(3)]
+    finally:
+        slow.join(30)
+    assert answers == [SERVING] * 3
+
+
+def test_extra_counts_against_the_field_limit(srv):
+    """`string_match contains_all` with a huge `extra.substrings`: the sample is refused, not graded."""
+    substrings = ["needle-" + "x" * 90] * (FIELD_LIMIT // 90)
+    graders = [{"name": "string_match", "params": {"algorithm": "contains_all"}}]
+    result = evaluate(srv.target, {"response": "haystack", "extra": {"substrings": substrings}}, graders)
+    assert outcome(result) == "INVALID_SAMPLE"
+    assert (
+        "'extra'" in result.results[0].error.message
+        and f"max_field_chars={FIELD_LIMIT}" in result.results[0].error.message
+    )
+    small = evaluate(srv.target, {"response": "a needle", "extra": {"substrings": ["needle"]}}, graders)
+    assert outcome(small) == 1.0
+
+
+# -- 2. a worker killed for one call's sample loses no other call's chunks --------------------------------
+
+
+def test_a_stuck_worker_killed_loses_no_other_calls_samples(srv):
+    others: list = []
+    errors: list = []
+
+    def other_call() -> None:
+        try:
+            others.extend(
+                batch(
+                    srv.target,
+                    [{"response": "x"}] * 240,
+                    [{"name": "sleepy", "params": {"seconds": 0.02}}],
+                    chunk_size=4,
+                )
+            )
+        except grpc.RpcError as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=other_call)
+    thread.start()
+    time.sleep(0.3)
+    stuck = batch(
+        srv.target, [{"response": r} for r in ("ok", "hang_in_c", "ok")], ["misbehave"], grader_timeout_seconds=0.5
+    )
+    thread.join(90)
+    assert [outcome(r) for r in stuck] == [1.0, "TIMEOUT", 1.0]
+    assert not errors, errors
+    assert [outcome(r) for r in others] == [1.0] * 240
+
+
+# -- 3. the time-limit signal never fires outside the sample it bounds -----------------------------------
+
+
+@pytest.mark.parametrize("heavy", [True, False], ids=["whole-chunks", "unary-path-graders"])
+def test_a_slow_error_report_does_not_become_a_timeout_escape(srv, heavy):
+    """The grader fails at once with an error whose message takes 0.5 s to build, under a 0.2 s limit: the
+    sample is GRADER_FAILED and the samples after it are graded (before, the next tick of the timer
+    fired inside the error handling and the whole call failed UNKNOWN)."""
+    samples = [{"response": r} for r in ("ok", "slow_error", "ok", "slow_error", "ok")]
+    graders = [{"name": "misbehave", "params": {"heavy": heavy}}]
+    results = batch(srv.target, samples, graders, grader_timeout_seconds=0.2)
+    assert [outcome(r) for r in results] == [1.0, "GRADER_FAILED", 1.0, "GRADER_FAILED", 1.0]
+
+
+# -- 4. memory per sample and per param is bounded -------------------------------------------------------
+
+
+def test_rougeL_of_long_texts_is_the_lcs_definition(srv):
+    """rougeL on 12,000-word texts: before, a 12k x 12k table of Python ints (gigabytes). The response is
+    the reference with every third word dropped, so by definition the LCS is the whole response."""
+    words = [f"w{i % 997}" for i in range(12_000)]
+    response = [w for i, w in enumerate(words) if i % 3]
+    sample = {"response": " ".join(response), "reference": " ".join(words)}
+    graders = [{"name": "similarity", "params": {"algorithm": "rougeL", "use_stemmer": False}}]
+    result = evaluate(srv.target, sample, graders)
+    precision, recall = 1.0, len(response) / len(words)
+    assert outcome(result) == pytest.approx(2 * precision * recall / (precision + recall))
+
+
+def test_rougeL_matches_the_rouge_score_library(srv):
+    from rouge_score.rouge_scorer import _score_lcs
+
+    from grpcgrade.graders.text.similarity_metrics import _RougeTokenizer
+
+    tokenizer = _RougeTokenizer(use_stemmer=True)
+    pairs = [
+        ("the cat sat on the mat today", "a cat was sitting on the mat"),
+        ("one two three four five six seven", "seven six five four three two one"),
+        ("grading rewards for training", "rewards graded while training models"),
+    ]
+    graders = [{"name": "similarity", "params": {"algorithm": "rougeL"}}]
+    for reference, response in pairs:
+        expected = _score_lcs(tokenizer.tokenize(reference), tokenizer.tokenize(response)).fmeasure
+        result = evaluate(srv.target, {"response": response, "reference": reference}, graders)
+        assert outcome(result) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"name": "similarity", "params": {"algorithm": "bleu", "max_ngram_order": 1e7}},
+        {"name": "similarity", "params": {"algorithm": "chrf", "char_order": 1000}},
+        {"name": "ngram_repetition_penalty", "params": {"n": 10_000_000}},
+        {"name": "number_accuracy", "params": {"tolerance": 1e300}},
+    ],
+    ids=["max_ngram_order", "char_order", "default-int-range", "default-float-range"],
+)
+def test_numeric_params_outside_their_range_are_invalid_argument(srv, spec):
+    err = refusal(lambda: evaluate(srv.target, {"response": "a b c", "reference": "a b c"}, [spec]))
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    (param,) = (k for k in spec["params"] if k != "algorithm")
+    assert param in err.details()
+
+
+# -- 5. a cancelled call's work stops in the workers -----------------------------------------------------
+
+
+def children(pid: int) -> list[int]:
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                out.append(int(entry.name))
+    return out
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_a_call_past_its_deadline_stops_its_running_chunks(srv):
+    """Two 1.5 s samples, one per worker, and a 0.5 s deadline: the workers stop within a moment of it."""
+    graders = [{"name": "sleepy", "params": {"seconds": 1.5}}]
+    err = refusal(lambda: batch(srv.target, [{"response": "x"}] * 2, graders, timeout=0.5, chunk_size=1))
+    assert err.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    time.sleep(0.4)  # the cancellation reaches the workers (the flag, then the next 0.1 s tick)
+    workers = children(srv.proc.pid)
+    busy = [cpu_seconds(p) for p in workers]
+    time.sleep(0.5)
+    assert workers and max(cpu_seconds(p) - b for p, b in zip(workers, busy, strict=True)) < 0.1
+
+
+# -- 6. a timeout is never a score -----------------------------------------------------------------------
+
+
+def test_a_grader_that_catches_exception_still_times_out(srv):
+    """The grader's own `except Exception` (a fallback score) does not turn the time limit into a score."""
+    results = batch(
+        srv.target, [{"response": "swallow"}, {"response": "ok"}], ["misbehave"], grader_timeout_seconds=0.3
+    )
+    assert [outcome(r) for r in results] == ["TIMEOUT", 1.0]
+    assert not results[0].HasField("reward")
+
+
+def test_similarity_past_its_time_limit_is_a_timeout_not_zero(srv):
+    text = " ".join(f"word{i % 50} other{i % 7}" for i in range(4000))
+    sample = {"response": text, "reference": text[::-1]}
+    result = evaluate(
+        srv.target, sample, [{"name": "similarity", "params": {"algorithm": "meteor"}}], grader_timeout_seconds=0.3
+    )
+    assert outcome(result) == "TIMEOUT"
+    assert not result.HasField("reward")
+
+
+# -- 7. the per-call time limit is validated and capped ---------------------------------------------------
+
+
+@pytest.mark.parametrize("value", [-1.0, math.nan, math.inf, -math.inf])
+def test_grader_timeout_seconds_must_be_a_positive_number(srv, value):
+    for call in (
+        lambda: evaluate(srv.target, {"response": "1"}, ["json_validator"], grader_timeout_seconds=value),
+        lambda: batch(srv.target, [{"response": "1"}], ["json_validator"], grader_timeout_seconds=value),
+    ):
+        err = refusal(call)
+        assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "grader_timeout_seconds" in err.details()
+
+
+def test_a_call_cannot_raise_the_servers_time_limit(srv):
+    result = evaluate(srv.target, {"response": "hang"}, ["misbehave"], grader_timeout_seconds=1e6)
+    assert outcome(result) == "TIMEOUT"
+    assert "2 s" in result.results[0].error.message  # the server's --grader-timeout
+
+
+# -- 8. a non-finite reward is absent -------------------------------------------------------------------
+
+
+def test_a_reward_that_overflows_is_absent(srv):
+    graders = [
+        {"name": "json_validator", "key": "a", "weight": 1e308},
+        {"name": "json_validator", "key": "b", "weight": 1e308},
+    ]
+    result = evaluate(srv.target, {"response": "[1]"}, graders)
+    assert [outcome(result, 0), outcome(result, 1)] == [1.0, 1.0]
+    assert not result.HasField("reward")  # (w*1 + w*1) / (w + w) is inf / inf
+
+
+# -- 9. params that would fill the caches are refused ----------------------------------------------------
+
+
+def test_huge_params_are_refused(srv):
+    spec = {"name": "similarity", "params": {"algorithm": "bleu", "tokenize": "x" * 100_000}}
+    err = refusal(lambda: evaluate(srv.target, {"response": "a", "reference": "a"}, [spec]))
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert len(err.details()) < 1000  # and the detail does not echo the value
+
+
+# -- 11. an answer over the message limit is split, not failed ------------------------------------------
+
+
+def test_a_chunk_over_the_message_limit_is_split(srv):
+    """60 results with 5,000-character reasons (300 kB) in one chunk, on a server whose messages are
+    capped at 200 kB: the stream answers every sample over several messages."""
+    samples = [{"id": str(i), "response": "long:5000"} for i in range(60)]
+    for graders in (["misbehave"], [{"name": "misbehave", "params": {"heavy": False}}, "attentive"]):
+        request = pb.BatchEvaluateRequest(
+            graders=specs_to_pb(graders), samples=[sample_to_pb(s) for s in samples], chunk_size=60
+        )
+        with grpc.insecure_channel(srv.target, options=[("grpc.max_receive_message_length", 1 << 24)]) as channel:
+            messages = list(stub_of(channel).BatchEvaluate(request, timeout=60))
+        assert len(messages) > 1 and all(m.ByteSize() <= 200_000 for m in messages)
+        assert sorted(i.index for m in messages for i in m.items) == list(range(60))
+        assert all(i.result.results[0].reason == "long:" + "r" * 5000 for m in messages for i in m.items)
