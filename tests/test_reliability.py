@@ -125,7 +125,11 @@ def test_a_stuck_worker_killed_loses_no_other_calls_samples(srv):
     thread.start()
     time.sleep(0.3)
     stuck = batch(
-        srv.target, [{"response": r} for r in ("ok", "hang_in_c", "ok")], ["misbehave"], grader_timeout_seconds=0.5
+        srv.target,
+        [{"response": r} for r in ("ok", "hang_in_c", "ok")],
+        ["misbehave"],
+        grader_timeout_seconds=0.5,
+        chunk_size=1,  # one kill: the stuck sample's chunk is the sample
     )
     thread.join(90)
     assert [outcome(r) for r in stuck] == [1.0, "TIMEOUT", 1.0]

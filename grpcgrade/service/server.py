@@ -21,7 +21,7 @@ from grpc_reflection.v1alpha import reflection
 from grpcgrade.core.config import ServerConfig, load_config
 from grpcgrade.core.engine import Engine
 from grpcgrade.core.registry import Registry, get_registry
-from grpcgrade.core.workers import WorkerPool, warm
+from grpcgrade.core.workers import WorkerPool
 from grpcgrade.llm.models import configure as configure_models
 from grpcgrade.v1 import grading_pb2 as pb
 
@@ -151,10 +151,8 @@ class Service:
         for name in ("", SERVICE_NAME):  # grpc's health service starts out SERVING: not before we are
             await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         await self.server.start()
-        if self.pool is not None:  # every worker up, plugins loaded, graders warmed
+        if self.pool is not None:  # every worker up, plugins loaded, graders warmed (`workers.warm`)
             await self.pool.ready()
-        else:  # graders run here: warm them here (off the loop, which answers health meanwhile)
-            await asyncio.to_thread(warm, self.registry)
         if self.http_app is not None:
             await self._start_http(self.http_app)
         for name in ("", SERVICE_NAME):

@@ -269,10 +269,10 @@ class SimilarityGrader(BaseGrader):
             raise InvalidParams("tokenize", str(exc)) from None
 
     def warm_up(self) -> None:
-        """jieba's dictionary (about a second) and the metric libraries, loaded before the first request."""
-        import nltk.translate.bleu_score  # noqa: F401
+        """jieba's dictionary (about a second) and the common metric libraries, loaded before the first
+        request. NLTK (sentence BLEU, GLEU, METEOR, and rouge_score, which imports it) waits for its first
+        use: it imports SciPy, seconds that every server start would pay for rarely used algorithms."""
         import rapidfuzz.distance  # noqa: F401
-        import rouge_score.rouge_scorer  # noqa: F401
         import sacrebleu.metrics  # noqa: F401
 
         from .tokenize import initialize
