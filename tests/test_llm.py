@@ -166,6 +166,9 @@ class FakeJudge:
                         reply: tuple[int, Any, dict[str, str]] | None = (404, {"error": "no such path"}, {})
                     elif self.headers.get("Authorization") != f"Bearer {KEY}":
                         reply = (401, {"error": {"message": "invalid api key"}}, {})
+                    elif marker.startswith("echoauth"):  # an endpoint whose error page shows the request's headers
+                        shown = "".join(f"{k}: {v}\n" for k, v in self.headers.items())
+                        reply = (400, {"error": {"message": f"bad request; you sent:\n{shown}"}}, {})
                     else:
                         reply = judge.answer(marker, count)
                 finally:
@@ -468,6 +471,16 @@ def test_non_transient_errors_fail_at_once_in_process(judge, configured):
 
 
 # --- end to end through a real grpcgrade server ------------------------------------------------------
+
+
+def test_an_error_page_echoing_the_api_key_is_redacted(llm_server, llm_client, judge):
+    marker = case("echoauth")
+    reply = llm_client.evaluate({"response": f"CASE:{marker}"}, [{"name": "llm_rubric", "params": {"rubric": "r"}}])
+    error = result_of(reply).error
+    assert error.code == "GRADER_FAILED" and "HTTP 400" in error.message
+    assert judge.marked(marker)[0]["auth"] == f"Bearer {KEY}"  # the key was sent, and shown back
+    assert KEY not in error.message and KEY not in llm_server.log()
+    assert "[redacted]" in error.message
 
 
 def test_pointwise_judgments_and_bad_answers_become_error_results(llm_client, judge):

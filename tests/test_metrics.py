@@ -123,12 +123,15 @@ def scrapes(tmp_path_factory: pytest.TempPathFactory, plugin_env: dict[str, str]
             stream.cancel()
             wait_for(server, "grpc_server_handled_total", 1, **rpc("BatchEvaluate", grpc_code="CANCELLED"))
 
+            # A call that outlives its deadline. The deadline is long enough for the server to start the
+            # call on a busy machine (one that expires first is refused by gRPC before any handler runs, and
+            # nothing counts it): the test waits until the call has started, then for its deadline.
             late = pb.EvaluateRequest(
-                graders=specs_to_pb([{"name": "sleepy", "params": {"seconds": 0.5}}]), sample=pb.Sample(response="x")
+                graders=specs_to_pb([{"name": "sleepy", "params": {"seconds": 10}}]), sample=pb.Sample(response="x")
             )
-            with pytest.raises(grpc.RpcError) as err:
-                stub.Evaluate(late, timeout=0.1)
-            assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            future = stub.Evaluate.future(late, timeout=3)
+            wait_for(server, "grpc_server_started_total", N_OK + 3, **rpc("Evaluate"))
+            assert future.exception(30).code() == grpc.StatusCode.DEADLINE_EXCEEDED
             cancelled = wait_for(
                 server, "grpc_server_handled_total", 1, **rpc("Evaluate", grpc_code="DEADLINE_EXCEEDED")
             )

@@ -105,24 +105,21 @@ def test_extra_counts_against_the_field_limit(srv):
 
 
 def test_a_stuck_worker_killed_loses_no_other_calls_samples(srv):
-    others: list = []
+    """Three other calls keep chunks queued while a sample hangs in C code: when the watchdog kills its
+    worker, their chunks (queued, or running beside it) are graded again, each sample answered once."""
+    others: list[list] = [[], [], []]
     errors: list = []
 
-    def other_call() -> None:
+    def other_call(out: list) -> None:
         try:
-            others.extend(
-                batch(
-                    srv.target,
-                    [{"response": "x"}] * 240,
-                    [{"name": "sleepy", "params": {"seconds": 0.02}}],
-                    chunk_size=4,
-                )
-            )
+            graders = [{"name": "sleepy", "params": {"seconds": 0.02}}]
+            out.extend(batch(srv.target, [{"response": "x"}] * 160, graders, chunk_size=4))
         except grpc.RpcError as exc:
             errors.append(exc)
 
-    thread = threading.Thread(target=other_call)
-    thread.start()
+    threads = [threading.Thread(target=other_call, args=(out,)) for out in others]
+    for thread in threads:
+        thread.start()
     time.sleep(0.3)
     stuck = batch(
         srv.target,
@@ -131,10 +128,11 @@ def test_a_stuck_worker_killed_loses_no_other_calls_samples(srv):
         grader_timeout_seconds=0.5,
         chunk_size=1,  # one kill: the stuck sample's chunk is the sample
     )
-    thread.join(90)
+    for thread in threads:
+        thread.join(90)
     assert [outcome(r) for r in stuck] == [1.0, "TIMEOUT", 1.0]
     assert not errors, errors
-    assert [outcome(r) for r in others] == [1.0] * 240
+    assert [[outcome(r) for r in out] for out in others] == [[1.0] * 160] * 3
 
 
 # -- 3. the time-limit signal never fires outside the sample it bounds -----------------------------------
@@ -223,9 +221,12 @@ def cpu_seconds(pid: int) -> float:
 
 
 def test_a_call_past_its_deadline_stops_its_running_chunks(srv):
-    """Two 1.5 s samples, one per worker, and a 0.5 s deadline: the workers stop within a moment of it."""
-    graders = [{"name": "sleepy", "params": {"seconds": 1.5}}]
-    err = refusal(lambda: batch(srv.target, [{"response": "x"}] * 2, graders, timeout=0.5, chunk_size=1))
+    """Two 5 s samples, one per worker, and a 1.5 s deadline: the workers stop within a moment of it."""
+    graders = [{"name": "sleepy", "params": {"seconds": 5}}]
+    batch(srv.target, [{"response": "x"}] * 4, [{"name": "sleepy", "params": {"seconds": 0}}], chunk_size=1)
+    err = refusal(
+        lambda: batch(srv.target, [{"response": "x"}] * 2, graders, timeout=1.5, chunk_size=1, grader_timeout_seconds=2)
+    )
     assert err.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     time.sleep(0.4)  # the cancellation reaches the workers (the flag, then the next 0.1 s tick)
     workers = children(srv.proc.pid)
@@ -247,11 +248,11 @@ def test_a_grader_that_catches_exception_still_times_out(srv):
 
 
 def test_similarity_past_its_time_limit_is_a_timeout_not_zero(srv):
-    text = " ".join(f"word{i % 50} other{i % 7}" for i in range(4000))
-    sample = {"response": text, "reference": text[::-1]}
-    result = evaluate(
-        srv.target, sample, [{"name": "similarity", "params": {"algorithm": "meteor"}}], grader_timeout_seconds=0.3
-    )
+    """chrF of two 90,000-character texts takes longer than 0.05 s inside sacrebleu, where similarity
+    turns a library's exception into the reference's "score 0 with an error"; a timeout is not one."""
+    text = " ".join(f"word{i % 50} other{i % 7}" for i in range(6000))[:90_000]
+    graders = [{"name": "similarity", "params": {"algorithm": "chrf"}}]
+    result = evaluate(srv.target, {"response": text, "reference": text[::-1]}, graders, grader_timeout_seconds=0.05)
     assert outcome(result) == "TIMEOUT"
     assert not result.HasField("reward")
 

@@ -25,6 +25,7 @@ from grpcgrade.v1 import grading_pb2 as pb
 from grpcgrade.v1 import grading_pb2_grpc as pb_grpc
 
 SAMPLE = pb.Sample(id="s", response='{"a": 1}')
+COMMENT = "tokens-for-the-trainers"  # a comment line of the token file, which is no token
 GRADERS = [pb.GraderSpec(name="json_validator")]
 
 
@@ -137,7 +138,8 @@ def tokens() -> list[str]:
 def auth_server(tmp_path_factory: pytest.TempPathFactory, tokens: list[str]) -> Iterator[ServerProcess]:
     tmp = tmp_path_factory.mktemp("auth")
     token_file = tmp / "tokens"
-    token_file.write_text(f"{tokens[0]}\r\n\n  {tokens[1]}  \n")  # CRLF, a blank line, padding: as files come
+    # CRLF, a blank line, padding, a comment: as files come
+    token_file.write_text(f"# {COMMENT}\n{tokens[0]}\r\n\n  {tokens[1]}  \n")
     srv = start_server(tmp, "--workers", "0", "--auth-token-file", str(token_file), "--log-level", "debug")
     yield srv
     srv.stop()
@@ -178,13 +180,55 @@ def _call_each_method(target: str, metadata: tuple[tuple[str, str], ...]) -> dic
         "Bearer",
         "Bearer {token}x",
         "Bearer {prefix}",
+        f"Bearer # {COMMENT}",
     ],
-    ids=["no-header", "wrong-token", "basic-scheme", "no-scheme", "empty-token", "token-plus-char", "token-prefix"],
+    ids=[
+        "no-header",
+        "wrong-token",
+        "basic-scheme",
+        "no-scheme",
+        "empty-token",
+        "token-plus-char",
+        "token-prefix",
+        "comment-line",
+    ],
 )
 def test_calls_without_a_valid_bearer_token_are_unauthenticated(auth_server, tokens, header):
     metadata = () if header is None else (("authorization", header.format(token=tokens[0], prefix=tokens[0][:-1])),)
     codes = _call_each_method(auth_server.target, metadata)
     assert codes == dict.fromkeys(("Evaluate", "BatchEvaluate", "ListGraders"), grpc.StatusCode.UNAUTHENTICATED)
+
+
+def _peak_rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmHWM in /proc status")
+
+
+def test_a_refused_call_is_not_parsed(auth_server):
+    """A BatchEvaluate of 1.5 million tiny samples (7.5 MB) with no token: refused on its metadata, its
+    body dropped unparsed. Parsed, its samples would take the server's peak memory up by well over 100 MB."""
+    sample = pb.Sample(response="x").SerializeToString()
+    body = (b"\x12" + bytes([len(sample)]) + sample) * 1_500_000  # field 2 (samples), length-delimited
+    before = _peak_rss_kib(auth_server.proc.pid)
+    with grpc.insecure_channel(auth_server.target, options=[("grpc.max_send_message_length", 1 << 25)]) as channel:
+        call = channel.unary_stream("/grpcgrade.v1.GradingService/BatchEvaluate")  # bytes as they are
+        with pytest.raises(grpc.RpcError) as err:
+            list(call(body, timeout=30))
+    assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert _peak_rss_kib(auth_server.proc.pid) - before < 40_000
+
+
+def test_a_request_id_is_logged_safe_and_short(auth_server, tokens):
+    unsafe = "id\twith spaces;" + "x" * 5000
+    metadata = (("authorization", f"Bearer {tokens[0]}"), ("x-request-id", unsafe))
+    with grpc.insecure_channel(auth_server.target) as channel:
+        pb_grpc.GradingServiceStub(channel).ListGraders(pb.ListGradersRequest(), timeout=10, metadata=metadata)
+    logged = [line for line in auth_server.log().splitlines() if "request_id=id" in line]
+    assert logged, auth_server.log()[-2000:]
+    request_id = logged[-1].split("request_id=")[1].split()[0]
+    assert request_id == "id_with_spaces_" + "x" * 49  # 64 characters, the unsafe ones replaced
 
 
 @pytest.mark.parametrize("which", [0, 1])

@@ -1,13 +1,34 @@
-"""Backoff for HTTP services the server does not control (remote graders, LLM judges).
+"""HTTP services the server does not control (remote graders, LLM judges): backoff, and what of their
+error answers may be shown.
 
-Exponential with jitter so a burst of failing samples does not retry in lockstep, never sooner than the
-service's Retry-After, never longer than a cap.
+Exponential backoff with jitter so a burst of failing samples does not retry in lockstep, never sooner
+than the service's Retry-After, never longer than a cap. An error answer's body goes into the sample's
+error message, cut short and with credentials taken out: some endpoints echo the request, headers and
+API key included, in their error pages.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping
+import re
+from collections.abc import Iterable, Mapping
+
+#: How much of an error answer's body an error message repeats.
+ERROR_EXCERPT_CHARS = 300
+REDACTED = "[redacted]"
+# An Authorization header or a bearer token, wherever an echo puts it (a header line, JSON, a query string).
+_CREDENTIALS = re.compile(r"(?i)(authorization[\"']?\s*[:=]\s*[\"']?(?:[a-z]+\s+)?|bearer\s+)[^\s\"',;&]+")
+
+
+def error_excerpt(body: str, secrets: Iterable[str] = ()) -> str:
+    """The start of an error answer's body, fit for an error message: the given secrets (the API key) and
+    any Authorization value or bearer token replaced by `[redacted]`."""
+    for secret in secrets:
+        if secret:
+            body = body.replace(secret, REDACTED)
+    body = _CREDENTIALS.sub(lambda m: m.group(1) + REDACTED, body)
+    return body[:ERROR_EXCERPT_CHARS]
+
 
 #: The longest pause between two attempts, whatever the backoff or a Retry-After header says.
 MAX_BACKOFF_SECONDS = 30.0

@@ -18,12 +18,11 @@ from typing import Any, TypeVar
 
 import httpx
 
-from grpcgrade.core.retry import backoff, is_transient, retry_after
+from grpcgrade.core.retry import backoff, error_excerpt, is_transient, retry_after
 
 from .models import ModelConfig
 from .prompt import ChatMessage
 
-_EXCERPT = 300
 T = TypeVar("T")
 
 
@@ -113,6 +112,10 @@ class ChatModel:
                 await asyncio.sleep(backoff(attempt, c.retry_backoff_seconds, exc.retry_after))
         raise AssertionError("unreachable: the last attempt returns or raises")
 
+    def _excerpt(self, text: str) -> str:
+        """An answer's text for an error message, cut short, the API key never among it."""
+        return error_excerpt(text, [self.config.api_key or ""])
+
     async def _post(self, client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> Any:
         """The endpoint's JSON answer; raises _Transient for what a retry may fix, ChatError for the rest."""
         c = self.config
@@ -125,13 +128,13 @@ class ChatModel:
             raise _Transient(f"{type(exc).__name__}: {exc}") from None
         status = response.status_code
         if is_transient(status):
-            raise _Transient(f"HTTP {status}: {response.text[:_EXCERPT]}", retry_after(response.headers))
+            raise _Transient(f"HTTP {status}: {self._excerpt(response.text)}", retry_after(response.headers))
         if status != 200:
-            raise ChatError(f"model {c.name!r}: HTTP {status}: {response.text[:_EXCERPT]}")
+            raise ChatError(f"model {c.name!r}: HTTP {status}: {self._excerpt(response.text)}")
         try:
             return response.json()
         except ValueError:
-            raise ChatError(f"model {c.name!r}: not JSON: {response.text[:_EXCERPT]}") from None
+            raise ChatError(f"model {c.name!r}: not JSON: {self._excerpt(response.text)}") from None
 
     def _chat_reply(self, data: Any, attempts: int) -> ChatReply:
         name = self.config.name
@@ -139,10 +142,10 @@ class ChatModel:
             message = data["choices"][0]["message"]
             content = message.get("content")
         except (LookupError, TypeError, AttributeError):
-            raise ChatError(f"model {name!r}: not a chat completion: {str(data)[:_EXCERPT]}") from None
+            raise ChatError(f"model {name!r}: not a chat completion: {self._excerpt(str(data))}") from None
         refusal = message.get("refusal")
         if isinstance(refusal, str) and refusal:
-            raise ChatRefusal(f"model {name!r} refused: {refusal[:_EXCERPT]}")
+            raise ChatRefusal(f"model {name!r} refused: {self._excerpt(refusal)}")
         if not isinstance(content, str):
             raise ChatError(f"model {name!r}: the completion has no text content")
         usage = data.get("usage")
@@ -154,7 +157,7 @@ class ChatModel:
             rows = sorted(data["data"], key=lambda row: row.get("index", 0))
             vectors = [[float(x) for x in row["embedding"]] for row in rows]
         except (LookupError, TypeError, ValueError, AttributeError):
-            raise ChatError(f"model {name!r}: not an embeddings answer: {str(data)[:_EXCERPT]}") from None
+            raise ChatError(f"model {name!r}: not an embeddings answer: {self._excerpt(str(data))}") from None
         if (
             len(vectors) != count
             or len({len(v) for v in vectors}) > 1

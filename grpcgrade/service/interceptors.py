@@ -7,6 +7,7 @@ latency-interceptor example. A response stream is either an async generator or a
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import inspect
 import logging
@@ -206,16 +207,16 @@ def _code_of(context: grpc.aio.ServicerContext, exc: BaseException | None) -> st
         return code.name
     if isinstance(code, int) and code:
         return grpc.StatusCode(code).name if code in [c.value[0] for c in grpc.StatusCode] else "UNKNOWN"
-    if exc is None:
-        return "OK"
-    if isinstance(exc, (grpc.aio.AbortError,)):
-        return "UNKNOWN"
-    if type(exc).__name__ != "CancelledError":
-        return "UNKNOWN"
-    # grpc cancels the handler both when the client cancels and when the deadline passes; operators
-    # need the two apart (a slow server shows as DEADLINE_EXCEEDED, as go-grpc-prometheus reports it).
-    # gRPC core's timer can fire a few ms before Python's clock reaches the deadline (seen: 1 run in ~13).
     remaining = context.time_remaining()
+    if exc is None:
+        # A handler that returned after the deadline answered nobody: the caller saw DEADLINE_EXCEEDED.
+        return "DEADLINE_EXCEEDED" if remaining is not None and remaining <= 0 else "OK"
+    if not isinstance(exc, (asyncio.CancelledError, GeneratorExit)):
+        return "UNKNOWN"
+    # grpc cancels the handler (a stream: closes its generator) both when the client cancels and when the
+    # deadline passes; operators need the two apart (a slow server shows as DEADLINE_EXCEEDED, as
+    # go-grpc-prometheus reports it). gRPC core's timer can fire a few ms before Python's clock reaches the
+    # deadline (seen: 1 run in ~13).
     return "DEADLINE_EXCEEDED" if remaining is not None and remaining <= DEADLINE_SKEW_SECONDS else "CANCELLED"
 
 

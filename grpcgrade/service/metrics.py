@@ -12,10 +12,12 @@ from __future__ import annotations
 import platform
 import threading
 from collections.abc import Callable
-from wsgiref.simple_server import WSGIServer
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 import grpc
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
+from prometheus_client.exposition import ThreadingWSGIServer
 
 from grpcgrade import __version__
 from grpcgrade.core.grading import GraderStats
@@ -131,4 +133,20 @@ class Metrics:
         self.chunk_seconds.labels(grader).observe(seconds)
 
     def serve(self, host: str, port: int) -> tuple[WSGIServer, threading.Thread]:
-        return start_http_server(port, addr=host, registry=self.registry)
+        """prometheus-client's exposition server, except that a connection idle for `IDLE_SECONDS` is
+        closed: its server keeps a thread per open connection, and idle ones would pile up forever."""
+        httpd = make_server(host, port, make_wsgi_app(self.registry), ThreadingWSGIServer, handler_class=_Handler)
+        thread = threading.Thread(target=httpd.serve_forever, name="metrics", daemon=True)
+        thread.start()
+        return httpd, thread
+
+
+#: Seconds a metrics connection may stay silent: a scrape sends its request at once.
+IDLE_SECONDS = 5.0
+
+
+class _Handler(WSGIRequestHandler):
+    timeout = IDLE_SECONDS  # socketserver sets it on the connection: an idle read ends the thread
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+        """Scrapes are not logged."""

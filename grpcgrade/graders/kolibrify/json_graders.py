@@ -8,6 +8,7 @@ accepts fenced blocks and Python literals at a 0.9 penalty, and checks only requ
 from __future__ import annotations
 
 import ast
+import decimal
 import json
 import math
 from collections.abc import Mapping
@@ -74,6 +75,18 @@ class JsonValidGrader(BaseGrader):
         )
 
 
+def _json_int(digits: str) -> int | decimal.Decimal:
+    """A JSON integer; one past CPython's 4,300-digit limit on `int` is still valid JSON (a Decimal)."""
+    try:
+        return int(digits)
+    except ValueError:
+        return decimal.Decimal(digits)
+
+
+def _loads(text: str) -> Any:
+    return json.loads(text, parse_int=_json_int)
+
+
 def _parse_relaxed(text: str) -> tuple[Any, float, str | None]:
     """(value, penalty, how): strict JSON at penalty 1.0; a fenced block or Python literal at 0.9.
 
@@ -81,12 +94,12 @@ def _parse_relaxed(text: str) -> tuple[Any, float, str | None]:
     when nothing parses.
     """
     try:
-        return json.loads(text), 1.0, "json"
+        return _loads(text), 1.0, "json"
     except json.JSONDecodeError:
         pass
     candidate = fenced_block(text) or text
     try:
-        return json.loads(candidate), RELAXED_PARSE_PENALTY, "fenced json"
+        return _loads(candidate), RELAXED_PARSE_PENALTY, "fenced json"
     except Exception:  # any failure moves on to the next parser, as in Kolibrify
         pass
     try:

@@ -27,16 +27,13 @@ from typing import Any
 import httpx
 
 from grpcgrade.core.errors import InvalidParams
-from grpcgrade.core.retry import backoff, is_transient, retry_after
+from grpcgrade.core.retry import backoff, error_excerpt, is_transient, retry_after
 from grpcgrade.graders.kolibrify.compat import GradeResult, GraderInput
 
 from .adapters import BatchFailure, KolibrifyGraderAdapter
 from .parsing import is_number
 
 log = logging.getLogger(__name__)
-
-#: How much of an error response's body goes into the error message.
-BODY_EXCERPT_CHARS = 200
 
 
 def _count(param: str, value: Any, minimum: int) -> int:
@@ -114,7 +111,7 @@ class HttpGradingClient:
             else:
                 if response.is_success:
                     return response
-                status, excerpt = response.status_code, response.text[:BODY_EXCERPT_CHARS]
+                status, excerpt = response.status_code, error_excerpt(response.text)
                 failure = BatchFailure("GRADER_FAILED", f"grading service answered HTTP {status}: {excerpt}")
                 if not is_transient(status):
                     raise failure  # the request itself is wrong: sending it again cannot help
