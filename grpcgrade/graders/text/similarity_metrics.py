@@ -201,7 +201,7 @@ def lcs_score(target: list[str], prediction: list[str]) -> Any:
     """rouge_score's rougeL `Score` for two token lists, with the LCS length from rapidfuzz's bit-parallel
     `LCSseq` (O(min(n, m)) memory) instead of rouge_score's full n x m table of Python ints."""
     from rapidfuzz.distance import LCSseq
-    from rouge_score import scoring
+    from rouge_score import scoring  # imported when the grader is built (`_Rouge`), not per sample
 
     if not target or not prediction:
         return scoring.Score(precision=0, recall=0, fmeasure=0)
@@ -214,6 +214,7 @@ class _Rouge:
     """rouge_score's RougeScorer, with rougeL computed in linear memory and rougeLsum's table bounded."""
 
     def __init__(self, rouge_types: tuple[str, ...], use_stemmer: bool) -> None:
+        from rouge_score import scoring  # noqa: F401 - imports NLTK: seconds, paid here and not in a sample
         from rouge_score.rouge_scorer import RougeScorer
 
         self.tokenizer = _RougeTokenizer(use_stemmer)
