@@ -315,3 +315,86 @@ def test_a_chunk_over_the_message_limit_is_split(srv):
         assert len(messages) > 1 and all(m.ByteSize() <= 200_000 for m in messages)
         assert sorted(i.index for m in messages for i in m.items) == list(range(60))
         assert all(i.result.results[0].reason == "long:" + "r" * 5000 for m in messages for i in m.items)
+
+
+def test_a_tiny_chunk_size_is_raised(srv):
+    """chunk_size 1 on 3,000 samples would be 3,000 messages and hops; no call is cut into more than 1,024."""
+    request = pb.BatchEvaluateRequest(
+        graders=specs_to_pb(["json_validator"]), samples=[pb.Sample(response="1")] * 3000, chunk_size=1
+    )
+    with grpc.insecure_channel(srv.target) as channel:
+        messages = list(stub_of(channel).BatchEvaluate(request, timeout=60))
+    assert len(messages) <= 1024
+    assert sorted(i.index for m in messages for i in m.items) == list(range(3000))
+
+
+# -- 12. smaller ones --------------------------------------------------------------------------------------
+
+
+def test_json_schema_scores_a_4300_digit_number(srv):
+    """Valid JSON past CPython's 4,300-digit `int` limit: scored (the other JSON graders score it too)."""
+    sample = {
+        "response": '{"answer": ' + "7" * 5000 + "}",
+        "extra": {"metadata": {"schema": '{"required": ["answer"]}'}},
+    }
+    assert outcome(evaluate(srv.target, sample, ["json_schema"])) == 1.0
+    assert isinstance(outcome(evaluate(srv.target, sample, ["json_validator"])), float)
+
+
+@pytest.fixture(scope="module")
+def inline_srv(tmp_path_factory, plugin_env):
+    server = start_server(tmp_path_factory.mktemp("inline"), "--workers", "0", env=plugin_env)
+    yield server
+    server.stop()
+
+
+def handled(server, method: str) -> dict[str, float]:
+    """`grpc_server_handled_total` of a GradingService method, by code, once it has counted a call."""
+    deadline = time.monotonic() + 15
+    while True:
+        codes = {
+            dict(tags)["grpc_code"]: v
+            for (name, tags), v in server.metrics().items()
+            if name == "grpc_server_handled_total" and dict(tags).get("grpc_method") == method
+        }
+        if codes or time.monotonic() > deadline:
+            return codes
+        time.sleep(0.05)
+
+
+def test_a_call_answered_after_its_deadline_is_counted_as_deadline_exceeded(inline_srv):
+    """With no workers the grading holds the handler past the deadline; the caller saw DEADLINE_EXCEEDED,
+    and so must the metrics (before: OK)."""
+    graders = [{"name": "sleepy", "params": {"seconds": 1.0, "heavy": False}}]
+    err = refusal(lambda: evaluate(inline_srv.target, {"response": "x"}, graders, timeout=0.3))
+    assert err.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert handled(inline_srv, "Evaluate") == {"DEADLINE_EXCEEDED": 1}
+
+
+def test_a_cancelled_stream_is_counted_as_cancelled(inline_srv):
+    graders = [{"name": "sleepy", "params": {"seconds": 0.1, "heavy": False}}]
+    request = pb.BatchEvaluateRequest(
+        graders=specs_to_pb(graders), samples=[pb.Sample(response="x")] * 20, chunk_size=1
+    )
+    with grpc.insecure_channel(inline_srv.target) as channel:
+        stream = stub_of(channel).BatchEvaluate(request, timeout=60)
+        next(stream)
+        stream.cancel()
+    assert handled(inline_srv, "BatchEvaluate") == {"CANCELLED": 1}
+
+
+def test_idle_metrics_connections_are_closed(inline_srv):
+    """Prometheus' exposition server keeps a thread per open connection; idle ones are closed after 3 s."""
+    import socket
+
+    threads = lambda: len(list(Path(f"/proc/{inline_srv.proc.pid}/task").iterdir()))  # noqa: E731
+    before = threads()
+    idle = [socket.create_connection(("127.0.0.1", inline_srv.metrics_port)) for _ in range(5)]
+    try:
+        time.sleep(0.3)
+        assert threads() >= before + 5  # a thread each, waiting for a request that never comes
+        time.sleep(3.5)
+        assert threads() <= before
+    finally:
+        for s in idle:
+            s.close()

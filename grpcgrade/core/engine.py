@@ -43,6 +43,7 @@ Chunk = Sequence[tuple[int, "dict[str, Any] | SampleProblem"]]
 
 CHEAP_CHUNK = 1024  # measured: gains level off at 256-1024 samples per message; a hop per chunk favours 1024
 HEAVY_CHUNK = 32  # smaller chunks spread a batch of heavy work over every worker
+MAX_CHUNKS_PER_CALL = 1024  # a request's tiny chunk_size is raised to keep within this
 
 
 @dataclass(frozen=True)
@@ -142,9 +143,11 @@ class Engine:
             )
         return min(requested, self.grader_timeout) if self.grader_timeout else requested
 
-    def chunk_size(self, jobs: list[Job], requested: int = 0) -> int:
-        """Samples per chunk (and per streamed response): the request's, else by the graders' cost."""
-        return requested or (HEAVY_CHUNK if any(job.grader.heavy for job in jobs) else CHEAP_CHUNK)
+    def chunk_size(self, jobs: list[Job], requested: int = 0, samples: int = 0) -> int:
+        """Samples per chunk (and per streamed response): the request's, else by the graders' cost; raised
+        so that no call is cut into more than `MAX_CHUNKS_PER_CALL` chunks (a hop and a message each)."""
+        size = requested or (HEAVY_CHUNK if any(job.grader.heavy for job in jobs) else CHEAP_CHUNK)
+        return max(size, -(-samples // MAX_CHUNKS_PER_CALL))
 
     def whole_chunks(self, jobs: list[Job]) -> bool:
         """Whole chunks go to the workers when every grader of the call can run there."""

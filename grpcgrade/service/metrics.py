@@ -142,7 +142,7 @@ class Metrics:
 
 
 #: Seconds a metrics connection may stay silent: a scrape sends its request at once.
-IDLE_SECONDS = 5.0
+IDLE_SECONDS = 3.0
 
 
 class _Handler(WSGIRequestHandler):

@@ -129,7 +129,7 @@ class GradingServicer(pb_grpc.GradingServiceServicer):
                 f"{self.limits.max_samples_per_batch}; split the batch (the Python client does)",
             )
         jobs, timeout = await self._resolve(request, context)
-        size = self.engine.chunk_size(jobs, request.chunk_size)
+        size = self.engine.chunk_size(jobs, request.chunk_size, n)
         if self.metrics is not None:
             self.metrics.batch_samples.observe(n)
         unanswered = n
