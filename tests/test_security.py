@@ -371,3 +371,14 @@ def test_metrics_host_flag_moves_the_endpoint(tmp_path):
         assert not _metrics_answer("127.0.0.1", srv.metrics_port)
     finally:
         srv.stop()
+
+
+def test_the_token_file_example_in_the_docs_reads_as_two_tokens(tmp_path):
+    from grpcgrade.service.server import _tokens
+
+    page = (Path(__file__).resolve().parent.parent / "docs" / "security.md").read_text()
+    example = page.split("```text\n", 1)[1].split("```", 1)[0]
+    path = tmp_path / "tokens"
+    path.write_text(example)
+    assert _tokens(str(path)) == [line.strip() for line in example.splitlines()[1:] if line.strip()]
+    assert len(_tokens(str(path))) == 2
