@@ -6,11 +6,10 @@ import os
 import signal
 import threading
 import time
-from pathlib import Path
 
 import grpc
 import pytest
-from conftest import start_server
+from conftest import children, cpu_seconds, start_server
 from grpc_health.v1 import health_pb2
 
 from grpcgrade.testing import health_status
@@ -23,24 +22,6 @@ def fault_server(tmp_path_factory, plugin_env):
     srv = start_server(tmp_path_factory.mktemp("faults"), "--workers", "2", "--grader-timeout", "0.5", env=plugin_env)
     yield srv
     srv.stop()
-
-
-def children(pid: int) -> list[int]:
-    out = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == pid:
-                out.append(int(entry.name))
-    return out
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def scores(replies) -> list[object]:

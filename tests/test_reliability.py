@@ -8,14 +8,13 @@ limits are bounded, a cancelled call stops its work, and oversized answers are s
 from __future__ import annotations
 
 import math
-import os
 import threading
 import time
 from pathlib import Path
 
 import grpc
 import pytest
-from conftest import start_server
+from conftest import children, cpu_seconds, start_server
 from grpc_health.v1 import health_pb2
 
 from grpcgrade.service.convert import sample_to_pb, specs_to_pb
@@ -200,24 +199,6 @@ def test_numeric_params_outside_their_range_are_invalid_argument(srv, spec):
 
 
 # -- 5. a cancelled call's work stops in the workers -----------------------------------------------------
-
-
-def children(pid: int) -> list[int]:
-    out = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == pid:
-                out.append(int(entry.name))
-    return out
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def test_a_call_past_its_deadline_stops_its_running_chunks(srv):
