@@ -309,6 +309,7 @@ def bench_service(
     notes: dict[str, Any] = {}
     started = time.perf_counter()
     server = start_server(workdir, "--workers", str(workers), "--log-level", "warning", metrics=metrics)
+    # SERVING means every worker is up, has loaded the plugins and warmed the graders (`workers.warm`)
     notes["start_to_serving_s"] = round(time.perf_counter() - started, 2)
     try:
         spec = [{"name": preset.grader, "params": preset.params}]

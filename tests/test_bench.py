@@ -31,6 +31,7 @@ def test_every_figure_is_measured_and_its_ratio_is_to_the_bare_loop(report):
         assert figures[key] > 0
         assert report["ratio_to_bare_loop"][key] == pytest.approx(figures[key] / figures["bare_loop"], abs=1e-3)
     assert (report["samples"], report["workers"]) == (3000, 1)
+    assert report["start_to_serving_s"] > 0  # the workers up and warm
 
 
 def test_unary_latency_is_reported_both_ways(report):
