@@ -33,13 +33,13 @@ log = logging.getLogger(__name__)
 WATCHDOG_GRACE_SECONDS = 2.0  # pickling and a busy queue; the per-sample limit itself is enforced in the worker
 
 
-def _init_worker(log_level: int, log_formatter: logging.Formatter | None) -> None:
+def _init_worker(log_levels: dict[str, int], log_formatter: logging.Formatter | None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server decides when workers stop
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     # A spawned process starts with logging unset: log as the server does (--log-format json: JSON lines).
-    handler = logging.StreamHandler()
-    handler.setFormatter(log_formatter)
-    logging.basicConfig(level=log_level, handlers=[handler], force=True)
+    from grpcgrade import logs
+
+    logs.apply(log_levels, log_formatter)
     from .registry import get_registry
 
     get_registry()
@@ -101,13 +101,13 @@ class WorkerPool:
         self._executor = self._new()
 
     def _new(self) -> ProcessPoolExecutor:
-        root = logging.getLogger()
-        formatter = root.handlers[0].formatter if root.handlers else None
+        from grpcgrade import logs
+
         executor = ProcessPoolExecutor(
             max_workers=self.size,
             mp_context=multiprocessing.get_context("spawn"),
             initializer=_init_worker,
-            initargs=(root.getEffectiveLevel(), formatter),
+            initargs=logs.current(),
         )
         # Start every worker now, not on the first heavy request; the pings also say when they are up.
         self._started[id(executor)] = [executor.submit(_ping) for _ in range(self.size)]
