@@ -119,10 +119,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
 # -- graders -----------------------------------------------------------------------------------------
 
 
-def _number(value: Any, type_name: str) -> Any:
+def _number(value: Any, type_name: str = "int") -> Any:
     """JSON (a protobuf Value) has one number type: show an int param's integral numbers as ints."""
     if isinstance(value, list):
         return [_number(v, type_name) for v in value]
+    if isinstance(value, dict):
+        return {k: _number(v, type_name) for k, v in value.items()}
     if isinstance(value, float) and value.is_integer() and "int" in type_name and "float" not in type_name:
         return int(value)
     return value
@@ -162,8 +164,8 @@ def _spec_text(spec: dict[str, Any]) -> str:
         parts.append(f"weight {spec['weight']:g}")
     if spec.get("gate"):
         parts.append("gate")
-    if spec.get("params"):
-        parts.append(f"params {json.dumps(spec['params'])}")
+    if spec.get("params"):  # types unknown here: integral numbers shown as written in YAML, 200 not 200.0
+        parts.append(f"params {json.dumps(_number(spec['params']), sort_keys=True)}")
     return ", ".join(parts)
 
 
