@@ -7,6 +7,7 @@ import json
 import os
 import queue
 import re
+import shlex
 import socket
 import subprocess
 import sys
@@ -14,7 +15,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from conftest import free_port
+from conftest import ROOT, free_port
 
 from grpcgrade import __version__
 from grpcgrade.cli import build_parser
@@ -351,3 +352,33 @@ def test_graders_with_target_lists_params_plugins_and_rewards(server):
     data = json.loads(grpcgrade("graders", "--json", "--target", server.target).stdout)
     params = {p["name"]: p for g in data["graders"] if g["name"] == "ngram_repetition_penalty" for p in g["params"]}
     assert params["n"]["default"] == 3 and isinstance(params["n"]["default"], int)
+
+
+# -- the Makefile ------------------------------------------------------------------------------------------
+
+
+def make_commands(*args: str) -> list[str]:
+    """What `make` would run (-n: print only; -B: as on a fresh clone, every step)."""
+    out = subprocess.run(["make", "-n", "-B", *args], cwd=ROOT, capture_output=True, text=True, check=True)
+    return out.stdout.splitlines()
+
+
+def serve_args(lines: list[str]) -> argparse.Namespace:
+    (line,) = [line for line in lines if "grpcgrade serve" in line]
+    return build_parser().parse_args(shlex.split(line)[1:])
+
+
+def test_make_serve_takes_port_metrics_port_and_config_and_installs_no_test_tools():
+    lines = make_commands("serve")
+    default = serve_args(lines)
+    assert (default.port, default.metrics_port, default.config) == (50051, 9090, None)
+    installs = [line for line in lines if "pip install" in line]
+    assert installs and not [line for line in installs if "[test]" in line]
+    chosen = serve_args(make_commands("serve", "PORT=6001", "METRICS_PORT=6002", "CONFIG=deploy/k8s/grpcgrade.yaml"))
+    assert (chosen.port, chosen.metrics_port, chosen.config) == (6001, 6002, "deploy/k8s/grpcgrade.yaml")
+
+
+def test_make_test_adds_the_test_extras():
+    lines = make_commands("test")
+    assert any("pip install" in line and "'.[server,test]'" in line for line in lines)
+    assert lines[-1].endswith("-m pytest -q")
