@@ -452,37 +452,15 @@ def add_connection(p: argparse.ArgumentParser, target: str | None, timeout: floa
         + (f"default {target})" if target else "default: this installation, no server)"),
     )
     g.add_argument("--tls", action="store_true", help="connect with TLS, trusting the system's CA certificates")
-    g.add_argument(
-        "--tls-ca",
-        default=_env("tls_ca"),
-        metavar="FILE",
-        help="connect with TLS, trusting this CA (PEM) ($GRPCGRADE_TLS_CA)",
-    )
-    g.add_argument(
-        "--tls-cert",
-        default=_env("tls_cert"),
-        metavar="FILE",
-        help="mutual TLS: this client's certificate (PEM), with --tls-key ($GRPCGRADE_TLS_CERT)",
-    )
-    g.add_argument(
-        "--tls-key",
-        default=_env("tls_key"),
-        metavar="FILE",
-        help="mutual TLS: the client certificate's private key (PEM) ($GRPCGRADE_TLS_KEY)",
-    )
-    g.add_argument(
-        "--tls-server-name",
-        default=_env("tls_server_name"),
-        metavar="NAME",
-        help="check the server's certificate for this name instead of the target's host ($GRPCGRADE_TLS_SERVER_NAME)",
-    )
-    g.add_argument(
-        "--auth-token-file",
-        default=_env("auth_token_file"),
-        metavar="FILE",
-        help="send the bearer token in this file (its first line; the server's token file works) "
-        "($GRPCGRADE_AUTH_TOKEN_FILE)",
-    )
+    for option, metavar, text in (
+        ("tls_ca", "FILE", "connect with TLS, trusting this CA (PEM)"),
+        ("tls_cert", "FILE", "mutual TLS: this client's certificate (PEM), with --tls-key"),
+        ("tls_key", "FILE", "mutual TLS: the client certificate's private key (PEM)"),
+        ("tls_server_name", "NAME", "check the server's certificate for this name instead of the target's host"),
+        ("auth_token_file", "FILE", "send the bearer token in this file (its first line; a server's token file works)"),
+    ):
+        flag = "--" + option.replace("_", "-")
+        g.add_argument(flag, default=_env(option), metavar=metavar, help=f"{text} (${CONNECTION_ENV[option]})")
     g.add_argument("--token", help="send this bearer token (visible to other users in `ps`: prefer --auth-token-file)")
     g.add_argument("--timeout", type=float, default=timeout, help=f"deadline per call in seconds (default {timeout:g})")
 
