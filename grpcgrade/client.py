@@ -328,31 +328,49 @@ class GradingClient(_Base):
         and whatever iterating `samples` raises."""
         graders = list(graders or [])
         lock = threading.Lock()
+        calls: set[Any] = set()  # the streams in flight, cancelled if the caller stops early or one fails
+        stopped = threading.Event()
 
         def run(part: list[Any]) -> list[pb.EvaluateResponse]:
             out: list[pb.EvaluateResponse | None] = [None] * len(part)
             request = self._batch_request(part, graders, reward, grader_timeout, view)
             stream = self.stub.BatchEvaluate(request, timeout=timeout or self.timeout, metadata=self._metadata)
-            for message in stream:
-                got = self._place(out, 0, [message])
-                if on_progress:
-                    with lock:
-                        on_progress(got)
+            with lock:
+                calls.add(stream)
+                if stopped.is_set():
+                    stream.cancel()
+            try:
+                for message in stream:
+                    got = self._place(out, 0, [message])
+                    if on_progress:
+                        with lock:
+                            on_progress(got)
+            finally:
+                with lock:
+                    calls.discard(stream)
             return self._missing(out)
 
         pending: deque[Future[list[pb.EvaluateResponse]]] = deque()
-        with ThreadPoolExecutor(self.max_in_flight) as executor:
-            try:
-                for part in _lazy_chunks(samples, self.chunk_size, linger):
-                    if part:
-                        pending.append(executor.submit(run, part))
-                    while pending and (pending[0].done() or len(pending) > 2 * self.max_in_flight):
-                        yield from pending.popleft().result()
-                while pending:
+        executor = ThreadPoolExecutor(self.max_in_flight)
+        finished = False
+        try:
+            for part in _lazy_chunks(samples, self.chunk_size, linger):
+                if part:
+                    pending.append(executor.submit(run, part))
+                while pending and (pending[0].done() or len(pending) > 2 * self.max_in_flight):
                     yield from pending.popleft().result()
-            finally:
+            while pending:
+                yield from pending.popleft().result()
+            finished = True
+        finally:
+            if not finished:  # an error, or the caller stopped reading: nothing more is wanted
                 for future in pending:
                     future.cancel()
+                with lock:
+                    stopped.set()
+                    for call in calls:
+                        call.cancel()
+            executor.shutdown(wait=True)
 
     def list_graders(self, *, timeout: float | None = None) -> pb.ListGradersResponse:
         return self.stub.ListGraders(pb.ListGradersRequest(), timeout=timeout or self.timeout, metadata=self._metadata)

@@ -382,3 +382,42 @@ def test_make_test_adds_the_test_extras():
     lines = make_commands("test")
     assert any("pip install" in line and "'.[server,test]'" in line for line in lines)
     assert lines[-1].endswith("-m pytest -q")
+
+
+# -- docs/cli.md -------------------------------------------------------------------------------------------
+
+CLI_DOC = ROOT / "docs" / "cli.md"
+
+
+def test_the_cli_reference_names_every_command_and_option():
+    doc = CLI_DOC.read_text()
+    (sub,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    missing = [
+        f"{name} {flag}"
+        for name, command in sub.choices.items()
+        for a in command._actions
+        for flag in a.option_strings
+        if flag.startswith("--") and flag != "--help" and f"`{flag}" not in doc
+    ]
+    assert missing == []
+    assert all(f"`grpcgrade {name}" in doc for name in sub.choices)
+
+
+def test_the_cli_reference_eval_examples_run(server, tmp_path):
+    """The shell examples of docs/cli.md's eval section, against the suite's server (which has the reward
+    gsm8k): `grpcgrade` is this Python's, `producer` a cat of the samples."""
+    section = CLI_DOC.read_text().split("## `grpcgrade eval`", 1)[1]
+    block = section.split("```sh\n", 1)[1].split("```", 1)[0].replace("\\\n", " ")
+    commands = [line for line in block.splitlines() if line.strip()]
+    assert len(commands) == 3
+    jsonl(tmp_path / "samples.jsonl", [{"response": "42", "reference": "42"}, {"response": "{}"}])
+    for command in commands:
+        line = command.replace("grpcgrade ", f"{sys.executable} -m grpcgrade ").replace("producer", "cat samples.jsonl")
+        (tmp_path / "scored.jsonl").unlink(missing_ok=True)
+        done = subprocess.run(
+            ["bash", "-c", f"{line} --target {server.target} -q"], cwd=tmp_path, capture_output=True, text=True
+        )
+        assert done.returncode == 0, (command, done.stderr)
+        scored = [json.loads(x) for x in (tmp_path / "scored.jsonl").read_text().splitlines()]
+        assert [x["sample"] for x in scored] == [{"response": "42", "reference": "42"}, {"response": "{}"}]
+        assert all(x["results"] for x in scored)
