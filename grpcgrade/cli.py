@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import contextlib
 import json
 import os
 import sys
@@ -36,6 +37,24 @@ CONNECTION_ENV = {
 
 class UsageError(Exception):
     """The command line, or a file it names, is wrong (exit status 2)."""
+
+
+class RunFailed(Exception):
+    """The run failed for a reason the message says (exit status 1)."""
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0, got {text}")
+    return value
 
 
 # -- connecting ----------------------------------------------------------------------------------------
@@ -194,11 +213,11 @@ def print_listing(data: dict[str, Any], where: str) -> None:
 
 def cmd_graders(args: argparse.Namespace) -> int:
     if args.target:
+        import grpc
+
         from .client import GradingClient
 
         with GradingClient(args.target, **client_options(args)) as client:
-            import grpc
-
             try:
                 listing = client.list_graders()
             except grpc.RpcError as exc:
@@ -219,10 +238,6 @@ def cmd_graders(args: argparse.Namespace) -> int:
 
 
 # -- eval --------------------------------------------------------------------------------------------
-
-
-class RunFailed(Exception):
-    """The run failed for a reason the message says (exit status 1)."""
 
 
 def _params(text: str, grader: str) -> dict[str, Any]:
@@ -340,10 +355,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
                 on_progress=progress.advance,
             )
             try:
-                for result in results:
-                    out.write(json.dumps({"sample": in_flight.popleft(), **result_to_dict(result)}) + "\n")
-                    if out is sys.stdout:
-                        out.flush()  # a reader of the pipe sees each result as it comes
+                with contextlib.closing(results):  # on any error the calls still in flight are cancelled
+                    for result in results:
+                        out.write(json.dumps({"sample": in_flight.popleft(), **result_to_dict(result)}) + "\n")
+                        if out is sys.stdout:
+                            out.flush()  # a reader of the pipe sees each result as it comes
             except grpc.RpcError as exc:
                 raise RunFailed(rpc_message(exc, args.target)) from exc
     finally:
@@ -462,7 +478,9 @@ def add_connection(p: argparse.ArgumentParser, target: str | None, timeout: floa
         flag = "--" + option.replace("_", "-")
         g.add_argument(flag, default=_env(option), metavar=metavar, help=f"{text} (${CONNECTION_ENV[option]})")
     g.add_argument("--token", help="send this bearer token (visible to other users in `ps`: prefer --auth-token-file)")
-    g.add_argument("--timeout", type=float, default=timeout, help=f"deadline per call in seconds (default {timeout:g})")
+    g.add_argument(
+        "--timeout", type=positive_float, default=timeout, help=f"deadline per call in seconds (default {timeout:g})"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -529,7 +547,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--grader-timeout", type=float, default=0.0, help="per-grader, per-sample time limit (0: the server's)"
     )
-    p.add_argument("--chunk-size", type=int, default=1024, help="samples per call (default 1024)")
+    p.add_argument("--chunk-size", type=positive_int, default=1024, help="samples per call (default 1024)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     add_connection(p, DEFAULT_TARGET, 300.0)
     p.set_defaults(func=cmd_eval)

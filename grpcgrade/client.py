@@ -14,7 +14,7 @@ import json
 import queue
 import threading
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -318,7 +318,7 @@ class GradingClient(_Base):
         view: int = pb.RESULT_VIEW_FULL,
         linger: float = LINGER_SECONDS,
         on_progress: Callable[[int], None] | None = None,
-    ) -> Iterator[pb.EvaluateResponse]:
+    ) -> Generator[pb.EvaluateResponse, None, None]:
         """One result per sample, in input order, yielded as soon as it and those before it are back.
 
         `samples` is read lazily, so it may be a generator over a file of any size: at most

@@ -128,6 +128,8 @@ def test_every_option_of_every_command_has_help():
             ["eval", "-", "--grader", "x", "-o", "/no/such/dir/out.jsonl"],
             "-o /no/such/dir/out.jsonl: no such directory",
         ),
+        (["eval", "-", "--grader", "x", "--chunk-size", "0"], "--chunk-size: must be at least 1, got 0"),
+        (["health", "--timeout", "-1"], "--timeout: must be more than 0, got -1"),
         (["health", "--tls-cert", "/no/cert.pem"], "--tls-cert and --tls-key go together"),
         (["serve", "--config", "/no/such.yaml"], "--config /no/such.yaml: no such file"),
     ],
