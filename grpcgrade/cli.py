@@ -283,17 +283,25 @@ class ParamsAction(argparse.Action):
 
 class Progress:
     """A tqdm bar on stderr, moved as results arrive (from the client's threads) and redrawn at least every
-    second, so the rate and ETA stay current while a slow chunk is out."""
+    second, so the rate and ETA stay current while a slow chunk is out. tqdm comes with the server extra;
+    a client-only install (`pip install grpcgrade`) grades without a bar."""
 
-    def __init__(self, total: int | None, enabled: bool) -> None:
-        from tqdm import tqdm
-
-        self.bar = tqdm(total=total, unit=" samples", disable=not enabled, file=sys.stderr, mininterval=0.2)
+    def __init__(self, path: str, enabled: bool) -> None:
+        self.bar: Any = None
         self._stop = threading.Event()
         self._lock = threading.Lock()
-        self._thread = threading.Thread(target=self._tick, name="grpcgrade-progress", daemon=True)
-        if enabled:
-            self._thread.start()
+        if not enabled:
+            return
+        try:
+            from tqdm import tqdm
+        except ModuleNotFoundError:
+            print("grpcgrade eval: no progress bar without tqdm (pip install tqdm)", file=sys.stderr)
+            return
+        from .jsonl import count_samples
+
+        total = count_samples(path)
+        self.bar = tqdm(total=total, unit=" samples", file=sys.stderr, mininterval=0.2)
+        threading.Thread(target=self._tick, name="grpcgrade-progress", daemon=True).start()
 
     def _tick(self) -> None:
         while not self._stop.wait(1.0):
@@ -301,20 +309,22 @@ class Progress:
                 self.bar.refresh()
 
     def advance(self, n: int) -> None:
-        with self._lock:
-            self.bar.update(n)
+        if self.bar is not None:
+            with self._lock:
+                self.bar.update(n)
 
     def close(self) -> None:
         self._stop.set()
-        with self._lock:
-            self.bar.close()
+        if self.bar is not None:
+            with self._lock:
+                self.bar.close()
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
     import grpc
 
     from .client import GradingClient, result_to_dict
-    from .jsonl import atomic_output, count_samples, open_input, read_samples
+    from .jsonl import atomic_output, open_input, read_samples
 
     graders = args.graders or []
     if not graders and not args.reward:
@@ -329,7 +339,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise UsageError(f"{args.input}: {exc.strerror}") from exc
     name = "stdin" if args.input == "-" else args.input
-    progress = Progress(None if args.quiet else count_samples(args.input), enabled=not args.quiet)
+    progress = Progress(args.input, enabled=not args.quiet)
     in_flight: collections.deque[dict[str, Any]] = collections.deque()  # samples sent, result not yet written
 
     def samples() -> Any:
