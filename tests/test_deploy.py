@@ -598,3 +598,13 @@ def test_compose_stack_wires_server_prometheus_and_grafana() -> None:
     assert list(dashboards.values()) == [DASHBOARD.resolve()]
     home = grafana["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
     assert home in dashboards
+
+
+# -- docs/operations.md ------------------------------------------------------------------------------
+
+
+def test_the_metrics_reference_lists_every_exported_metric() -> None:
+    doc = (ROOT / "docs" / "operations.md").read_text()
+    for family in Metrics().registry.collect():
+        name = family.name + ("_total" if family.type == "counter" else "")
+        assert f"| `{name}` | {family.type}" in doc or f"| `{name}` | gauge (1)" in doc, name
