@@ -160,7 +160,10 @@ def test_debug_brings_the_traceback_back():
         ),
         ("limits: {max_samples: 10}", "limits: unknown key 'max_samples' (allowed: max_message_bytes,"),
         ("limits: {max_samples_per_batch: lots}", "limits.max_samples_per_batch: must be a whole number, got 'lots'"),
-        ("rewardz: {}", "unknown key 'rewardz' (allowed: rewards, limits, grader_timeout_seconds, models)"),
+        (
+            "rewardz: {}",
+            "unknown key 'rewardz' (allowed: rewards, limits, grader_timeout_seconds, models, default_reward, http)",
+        ),
         ("rewards: {r: [json_validatr]}", "reward 'r': unknown grader 'json_validatr'; did you mean 'json_validator'"),
         (
             "rewards: {r: [{name: similarity, params: {algorithm: nope}}]}",
@@ -344,6 +347,7 @@ def test_graders_with_target_lists_params_plugins_and_rewards(server):
     assert "None" not in plugins
     assert "  testplugin  grpcgrade-testplugin 0.3.1  loaded" in text
     rewards = text.split("\nrewards:\n", 1)[1].splitlines()
+    rewards = rewards[rewards.index(next(r for r in rewards if r.startswith("  gsm8k: "))) :]
     assert rewards[:5] == [
         "  gsm8k: exact answer (x2), terse output, Kolibrify's think format, gated on 200 tokens",
         "    math_exact, weight 2",

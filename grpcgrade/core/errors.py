@@ -36,8 +36,11 @@ class InvalidParams(ValueError):
         self.param, self.reason, self.grader = param, message, grader
 
     def of_grader(self, grader: str) -> InvalidParams:
-        """The same refusal, naming the grader the params were for."""
-        return self if self.grader else InvalidParams(self.param, self.reason, grader)
+        """This refusal (of whatever subclass), now naming the grader the params were for."""
+        if not self.grader:
+            self.grader = grader
+            self.args = (f"grader {grader!r}, {self.args[0]}", *self.args[1:])
+        return self
 
 
 def _did_you_mean(name: str, known: list[str]) -> str:
