@@ -184,16 +184,17 @@ def test_a_bad_config_names_the_file_the_key_and_what_is_allowed(tmp_path, confi
     no_traceback(out)
 
 
-@pytest.mark.parametrize("flag", ["--port", "--metrics-port"])
+@pytest.mark.parametrize("flag", ["--port", "--metrics-port", "--http-port"])
 def test_serve_on_a_port_in_use_names_the_flag_and_the_port(flag):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        other = "--metrics-port" if flag == "--port" else "--port"
-        out = grpcgrade("serve", "--workers", "0", flag, str(port), other, str(free_port()))
+        ports = {f: str(port if f == flag else free_port()) for f in ("--port", "--metrics-port", "--http-port")}
+        out = grpcgrade("serve", "--workers", "0", *(x for pair in ports.items() for x in pair))
     assert out.returncode == 1
     assert f"grpcgrade serve: {flag} {port}: cannot listen on 127.0.0.1:{port}" in out.stderr
+    assert f"pick another port with {flag}" in out.stderr
     no_traceback(out)
 
 
