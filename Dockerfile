@@ -30,7 +30,10 @@ RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
 RUN useradd --system --uid 10001 --user-group --no-create-home --shell /usr/sbin/nologin grpcgrade
 USER 10001:10001
 EXPOSE 50051 9090
+# `grpcgrade health` asks 127.0.0.1:50051 unless GRPCGRADE_TARGET says otherwise. Serving TLS? Set
+# GRPCGRADE_TLS_CA (and for mutual TLS GRPCGRADE_TLS_CERT and GRPCGRADE_TLS_KEY) in the container's
+# environment: the check reads them, as every client command does (docs/cli.md).
 HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 \
-    CMD ["grpcgrade", "health", "--target", "127.0.0.1:50051"]
+    CMD ["grpcgrade", "health"]
 ENTRYPOINT ["grpcgrade"]
 CMD ["serve", "--host", "0.0.0.0", "--port", "50051", "--metrics-host", "0.0.0.0", "--metrics-port", "9090"]

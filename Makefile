@@ -1,24 +1,34 @@
 # The two Quick start commands: `make serve` and `make test`. Both create .venv on first use.
+# `make serve` installs the server and the bundled plugins only; `make test` (CI's one entry, .ci/run)
+# adds the test and lint tools. Serve elsewhere: make serve PORT=50052 METRICS_PORT=9091 CONFIG=my.yaml
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+SERVER_STAMP := $(VENV)/.installed-server
 STAMP := $(VENV)/.installed
 # The oldest grpcio and protobuf the client supports (pyproject's lower bounds), with the grpcio-tools that
 # generates grpcgrade/v1: `make proto` uses it, and the tests import the client in it.
 OLDEST := .venv-oldest
 OLDEST_STAMP := $(OLDEST)/.installed
 OLDEST_PINS := grpcio-tools==1.62.3 grpcio==1.62.3 protobuf==4.21.6
+PORT ?= 50051
+METRICS_PORT ?= 9090
+CONFIG ?=
 
 .PHONY: serve test proto lint bench clean
 
-$(STAMP): pyproject.toml plugins/*/pyproject.toml
+$(SERVER_STAMP): pyproject.toml plugins/*/pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[server,test]' $(foreach p,$(wildcard plugins/*/),-e $(p))
+	$(BIN)/pip install --quiet -e '.[server]' $(foreach p,$(wildcard plugins/*/),-e $(p))
+	touch $(SERVER_STAMP)
+
+$(STAMP): $(SERVER_STAMP)
+	$(BIN)/pip install --quiet -e '.[server,test]'
 	touch $(STAMP)
 
-serve: $(STAMP)
-	$(BIN)/grpcgrade serve --port 50051 --metrics-port 9090
+serve: $(SERVER_STAMP)
+	$(BIN)/grpcgrade serve --port $(PORT) --metrics-port $(METRICS_PORT) $(if $(CONFIG),--config $(CONFIG))
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

@@ -1,43 +1,97 @@
-"""The `grpcgrade` command: serve, graders, eval, health, bench, new-plugin, version."""
+"""The `grpcgrade` command: serve, graders, eval, health, bench, new-plugin, version.
+
+Every user error is a message of a line or two and an exit status: 2 when the command line (or a file it
+names) is wrong, 1 when the run failed. `--debug` (or GRPCGRADE_DEBUG=1) shows the traceback instead.
+The client commands (health, graders --target, eval) take the Python client's connection options; each
+also reads an environment variable, so a container's HEALTHCHECK can reach a TLS server.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
+import contextlib
 import json
-import logging
+import os
 import sys
-import time
+import threading
 from collections.abc import Sequence
 from typing import Any
 
 from . import __version__
+from .logs import LEVELS, setup_logging
+
+DEBUG_ENV = "GRPCGRADE_DEBUG"
+DEFAULT_TARGET = "127.0.0.1:50051"
+#: Connection options and the environment variables they default to.
+CONNECTION_ENV = {
+    "target": "GRPCGRADE_TARGET",
+    "tls_ca": "GRPCGRADE_TLS_CA",
+    "tls_cert": "GRPCGRADE_TLS_CERT",
+    "tls_key": "GRPCGRADE_TLS_KEY",
+    "tls_server_name": "GRPCGRADE_TLS_SERVER_NAME",
+    "auth_token_file": "GRPCGRADE_AUTH_TOKEN_FILE",
+}
 
 
-class JsonFormatter(logging.Formatter):
-    """One JSON object per line, for log pipelines."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        entry = {
-            "ts": round(record.created, 3),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "message": record.getMessage(),
-        }
-        if record.exc_info:
-            entry["exception"] = self.formatException(record.exc_info)
-        return json.dumps(entry)
+class UsageError(Exception):
+    """The command line, or a file it names, is wrong (exit status 2)."""
 
 
-def setup_logging(level: str, fmt: str) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(
-        JsonFormatter() if fmt == "json" else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
-    )
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
-    logging.getLogger("grpc").setLevel(max(logging.INFO, root.level))  # grpc's own per-call debug chatter
+class RunFailed(Exception):
+    """The run failed for a reason the message says (exit status 1)."""
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0, got {text}")
+    return value
+
+
+# -- connecting ----------------------------------------------------------------------------------------
+
+
+def client_options(args: argparse.Namespace) -> dict[str, Any]:
+    """GradingClient keyword arguments from the connection options."""
+    from .client import read_token, tls_credentials
+
+    tls = args.tls or any((args.tls_ca, args.tls_cert, args.tls_key))
+    if bool(args.tls_cert) != bool(args.tls_key):
+        raise UsageError("--tls-cert and --tls-key go together: the client certificate and its key")
+    for flag, path in (("--tls-ca", args.tls_ca), ("--tls-cert", args.tls_cert), ("--tls-key", args.tls_key)):
+        if path and not os.path.isfile(path):
+            raise UsageError(f"{flag} {path}: no such file")
+    token = args.token
+    if args.auth_token_file:
+        try:
+            token = read_token(args.auth_token_file)
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"--auth-token-file: {exc}") from exc
+    return {
+        "token": token,
+        "timeout": args.timeout,
+        "credentials": tls_credentials(args.tls_ca, args.tls_cert, args.tls_key) if tls else None,
+        "server_name": args.tls_server_name,
+    }
+
+
+def rpc_message(exc: Any, target: str) -> str:
+    code, details = exc.code(), exc.details() or ""
+    hint = ""
+    if code.name == "UNAVAILABLE":
+        hint = " (is a server listening there? a TLS server needs --tls-ca, mutual TLS also --tls-cert/--tls-key)"
+    elif code.name == "UNAUTHENTICATED":
+        hint = " (give the token with --auth-token-file)"
+    return f"{target}: {code.name}: {details}{hint}"
 
 
 # -- serve -------------------------------------------------------------------------------------------
@@ -47,11 +101,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         from grpcgrade.service.server import ServeOptions, serve
     except ModuleNotFoundError as exc:  # `pip install grpcgrade` is the client only
-        print(
-            f"grpcgrade serve: {exc.name} is missing; the server needs: pip install 'grpcgrade[server]'",
-            file=sys.stderr,
-        )
-        return 2
+        raise UsageError(f"{exc.name} is missing; the server needs: pip install 'grpcgrade[server]'") from exc
 
     opts = ServeOptions(
         host=args.host,
@@ -70,84 +120,262 @@ def cmd_serve(args: argparse.Namespace) -> int:
         tls_key=args.tls_key,
         tls_client_ca=args.tls_client_ca,
     )
+    for flag, path in (
+        ("--config", opts.config),
+        ("--kolibrify-config", opts.kolibrify_config),
+        ("--auth-token-file", opts.auth_token_file),
+        ("--tls-cert", opts.tls_cert),
+        ("--tls-key", opts.tls_key),
+        ("--tls-client-ca", opts.tls_client_ca),
+    ):
+        if path and not os.path.isfile(path):
+            raise UsageError(f"{flag} {path}: no such file")
+    if bool(opts.tls_cert) != bool(opts.tls_key):
+        raise UsageError("--tls-cert and --tls-key go together: the server certificate and its key")
     return asyncio.run(serve(opts))
 
 
 # -- graders -----------------------------------------------------------------------------------------
 
 
-def cmd_graders(args: argparse.Namespace) -> int:
+def _number(value: Any, type_name: str = "int") -> Any:
+    """JSON (a protobuf Value) has one number type: show an int param's integral numbers as ints."""
+    if isinstance(value, list):
+        return [_number(v, type_name) for v in value]
+    if isinstance(value, dict):
+        return {k: _number(v, type_name) for k, v in value.items()}
+    if isinstance(value, float) and value.is_integer() and "int" in type_name and "float" not in type_name:
+        return int(value)
+    return value
+
+
+def listing_data(listing: Any) -> dict[str, Any]:
     from google.protobuf.json_format import MessageToDict
 
+    data = MessageToDict(listing, preserving_proto_field_name=True)
+    for grader in data.get("graders", []):
+        for param in grader.get("params", []):
+            if "default" in param:
+                param["default"] = _number(param["default"], param.get("type", ""))
+    return data
+
+
+def _param_text(p: dict[str, Any]) -> str:
+    text = f"{p['name']}: {p.get('type', 'any')}"
+    if p.get("required"):
+        return text + " (required)"
+    if p.get("default") is not None:
+        text += f" = {json.dumps(p['default'])}"
+    return text
+
+
+def _origin(item: dict[str, Any]) -> str:
+    """`distribution version` for installed packages; configuration-defined graders have no version."""
+    version = item.get("version")
+    return f"{item.get('distribution', '')} {version}" if version else f"defined by {item.get('distribution', '')}"
+
+
+def _spec_text(spec: dict[str, Any]) -> str:
+    parts = [spec["name"]]
+    if spec.get("key"):
+        parts.append(f"key {spec['key']}")
+    if "weight" in spec:
+        parts.append(f"weight {spec['weight']:g}")
+    if spec.get("gate"):
+        parts.append("gate")
+    if spec.get("params"):  # types unknown here: integral numbers shown as written in YAML, 200 not 200.0
+        parts.append(f"params {json.dumps(_number(spec['params']), sort_keys=True)}")
+    return ", ".join(parts)
+
+
+def print_listing(data: dict[str, Any], where: str) -> None:
+    print(where)
+    for g in data.get("graders", []):
+        aliases = f" (aliases: {', '.join(g['aliases'])})" if g.get("aliases") else ""
+        mode = g.get("mode", "").replace("GRADER_MODE_", "").lower()
+        print(f"\n{g['name']}{aliases}  [{mode}]  plugin {g.get('plugin')}, {_origin(g)}")
+        if g.get("description"):
+            print(f"    {g['description']}")
+        if g.get("params"):
+            print(f"    params: {', '.join(_param_text(p) for p in g['params'])}")
+    print("\nplugins:")
+    for p in data.get("plugins", []):
+        detail = f": {p['error']}" if p.get("error") else ""
+        print(f"  {p['name']}  {_origin(p)}  {p.get('status')}{detail}")
+    rewards = data.get("rewards", [])
+    if rewards:
+        print("\nrewards:")
+    for r in rewards:
+        print(f"  {r['name']}" + (f": {r['description']}" if r.get("description") else ""))
+        for spec in r.get("graders", []):
+            print(f"    {_spec_text(spec)}")
+
+
+def cmd_graders(args: argparse.Namespace) -> int:
     if args.target:
+        import grpc
+
         from .client import GradingClient
 
-        with GradingClient(args.target, token=args.token) as client:
-            listing = client.list_graders()
+        with GradingClient(args.target, **client_options(args)) as client:
+            try:
+                listing = client.list_graders()
+            except grpc.RpcError as exc:
+                raise RunFailed(rpc_message(exc, args.target)) from exc
+        where = f"The graders, plugins and rewards of the server at {args.target}:"
     else:
         from grpcgrade.core.registry import get_registry
         from grpcgrade.service.catalog import list_graders
 
         listing = list_graders(get_registry(), {})
-    data = MessageToDict(listing, preserving_proto_field_name=True)
+        where = "The graders and plugins of this installation (a server's: --target HOST:PORT):"
+    data = listing_data(listing)
     if args.json:
         print(json.dumps(data, indent=2))
-        return 0
-    for g in data.get("graders", []):
-        aliases = f" (aliases: {', '.join(g['aliases'])})" if g.get("aliases") else ""
-        mode = g.get("mode", "").replace("GRADER_MODE_", "").lower()
-        print(f"{g['name']}{aliases}  [{mode}]  from {g.get('plugin')} ({g.get('distribution')} {g.get('version')})")
-        if g.get("description"):
-            print(f"    {g['description']}")
-        params = ", ".join(
-            f"{p['name']}{'' if p.get('required') else '=' + json.dumps(p.get('default'))}" for p in g.get("params", [])
-        )
-        if params:
-            print(f"    params: {params}")
-    failed = [p for p in data.get("plugins", []) if p.get("status") == "failed"]
-    for p in failed:
-        print(f"FAILED plugin {p['name']} ({p.get('distribution')} {p.get('version', '')}): {p.get('error')}")
-    for r in data.get("rewards", []):
-        print(f"reward {r['name']}: {', '.join(g['name'] for g in r.get('graders', []))}")
+    else:
+        print_listing(data, where)
     return 0
 
 
 # -- eval --------------------------------------------------------------------------------------------
 
 
-def _progress(done: int, total: int, started: float) -> None:
-    width = 30
-    filled = int(width * done / total) if total else width
-    rate = done / max(time.perf_counter() - started, 1e-9)
-    sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} {rate:,.0f} samples/s")
-    sys.stderr.flush()
+def _params(text: str, grader: str) -> dict[str, Any]:
+    try:
+        params = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentError(None, f"params of grader {grader!r} are not JSON: {exc.msg}: {text}") from exc
+    if not isinstance(params, dict):
+        raise argparse.ArgumentError(None, f"params of grader {grader!r} must be a JSON object, got {text}")
+    return params
+
+
+class GraderAction(argparse.Action):
+    """--grader NAME or --grader 'NAME:{"param": value}', repeatable."""
+
+    def __call__(self, parser: Any, namespace: Any, value: Any, option: Any = None) -> None:
+        name, sep, raw = str(value).partition(":")
+        if not name:
+            parser.error(f"--grader {value!r}: no grader name")
+        try:
+            params = _params(raw, name) if sep else {}
+        except argparse.ArgumentError as exc:
+            parser.error(str(exc))
+        specs = list(getattr(namespace, self.dest) or [])
+        specs.append({"name": name, "params": params})
+        setattr(namespace, self.dest, specs)
+
+
+class ParamsAction(argparse.Action):
+    """--params JSON: the params of the --grader just before it."""
+
+    def __call__(self, parser: Any, namespace: Any, value: Any, option: Any = None) -> None:
+        specs = getattr(namespace, "graders", None)
+        if not specs:
+            parser.error("--params must follow the --grader it is for: --grader NAME --params JSON")
+        if specs[-1]["params"]:
+            parser.error(f"grader {specs[-1]['name']!r} has params already")
+        try:
+            specs[-1]["params"] = _params(str(value), specs[-1]["name"])
+        except argparse.ArgumentError as exc:
+            parser.error(str(exc))
+
+
+class Progress:
+    """A tqdm bar on stderr, moved as results arrive (from the client's threads) and redrawn at least every
+    second, so the rate and ETA stay current while a slow chunk is out. tqdm comes with the server extra;
+    a client-only install (`pip install grpcgrade`) grades without a bar."""
+
+    def __init__(self, path: str, enabled: bool) -> None:
+        self.bar: Any = None
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        if not enabled:
+            return
+        try:
+            from tqdm import tqdm
+        except ModuleNotFoundError:
+            print("grpcgrade eval: no progress bar without tqdm (pip install tqdm)", file=sys.stderr)
+            return
+        from .jsonl import count_samples
+
+        total = count_samples(path)
+        self.bar = tqdm(total=total, unit=" samples", file=sys.stderr, mininterval=0.2)
+        threading.Thread(target=self._tick, name="grpcgrade-progress", daemon=True).start()
+
+    def _tick(self) -> None:
+        while not self._stop.wait(1.0):
+            with self._lock:
+                self.bar.refresh()
+
+    def advance(self, n: int) -> None:
+        if self.bar is not None:
+            with self._lock:
+                self.bar.update(n)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self.bar is not None:
+            with self._lock:
+                self.bar.close()
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from .client import GradingClient, result_to_dict
+    import grpc
 
-    with open(args.input) as fh:
-        samples = [json.loads(line) for line in fh if line.strip()]
-    graders: list[Any] = []
-    for name in args.grader or []:
-        graders.append({"name": name, "params": json.loads(args.params) if args.params else {}})
-    started = time.perf_counter()
-    out = open(args.output, "w") if args.output else sys.stdout  # noqa: SIM115 - closed below
+    from .client import GradingClient, result_to_dict
+    from .jsonl import atomic_output, open_input, read_samples
+
+    graders = args.graders or []
+    if not graders and not args.reward:
+        raise UsageError("say what to grade with: --grader NAME (repeatable) or --reward NAME")
+    if graders and args.reward:
+        raise UsageError("give --grader or --reward, not both")
+    if args.output not in (None, "-") and not os.path.isdir(os.path.dirname(os.path.abspath(args.output))):
+        raise UsageError(f"-o {args.output}: no such directory")
+    options = client_options(args)
     try:
-        with GradingClient(args.target, token=args.token, timeout=args.timeout) as client:
-            results = client.batch_evaluate(
-                samples,
-                graders=graders,
+        source = open_input(args.input)
+    except OSError as exc:
+        raise UsageError(f"{args.input}: {exc.strerror}") from exc
+    name = "stdin" if args.input == "-" else args.input
+    progress = Progress(args.input, enabled=not args.quiet)
+    in_flight: collections.deque[dict[str, Any]] = collections.deque()  # samples sent, result not yet written
+
+    def samples() -> Any:
+        from grpcgrade.service.convert import sample_to_pb
+
+        from .jsonl import InputError
+
+        for number, sample in read_samples(source, name):
+            try:
+                message = sample_to_pb(sample)
+            except (TypeError, ValueError) as exc:
+                raise InputError(f"{name}, line {number}: not a sample: {exc}") from exc
+            in_flight.append(sample)
+            yield message
+
+    try:
+        with atomic_output(args.output) as out, GradingClient(args.target, **options, chunk_size=args.chunk_size) as c:
+            results = c.evaluate_stream(
+                samples(),
+                graders,
                 reward=args.reward or "",
-                on_progress=None if args.quiet else lambda d, t: _progress(d, t, started),
+                grader_timeout=args.grader_timeout,
+                on_progress=progress.advance,
             )
-        for sample, result in zip(samples, results, strict=True):
-            out.write(json.dumps({"sample": sample, **result_to_dict(result)}) + "\n")
+            try:
+                with contextlib.closing(results):  # on any error the calls still in flight are cancelled
+                    for result in results:
+                        out.write(json.dumps({"sample": in_flight.popleft(), **result_to_dict(result)}) + "\n")
+                        if out is sys.stdout:
+                            out.flush()  # a reader of the pipe sees each result as it comes
+            except grpc.RpcError as exc:
+                raise RunFailed(rpc_message(exc, args.target)) from exc
     finally:
-        if out is not sys.stdout:
-            out.close()
-    if not args.quiet:
-        sys.stderr.write("\n")
+        progress.close()
+        if source is not sys.stdin:
+            source.close()
     return 0
 
 
@@ -159,13 +387,26 @@ def cmd_health(args: argparse.Namespace) -> int:
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    with grpc.insecure_channel(args.target) as channel:
+    from .client import channel_options
+    from .v1 import grading_pb2 as pb
+
+    service_name = pb.DESCRIPTOR.services_by_name["GradingService"].full_name
+
+    options = client_options(args)
+    target, creds = args.target, options["credentials"]
+    channel_args = channel_options(4 * 1024 * 1024, options["server_name"])
+    channel = grpc.secure_channel(target, creds, channel_args) if creds else grpc.insecure_channel(target, channel_args)
+    with channel:
         try:
             reply = health_pb2_grpc.HealthStub(channel).Check(
                 health_pb2.HealthCheckRequest(service=args.service), timeout=args.timeout
             )
         except grpc.RpcError as exc:
-            print(f"unhealthy: {exc.code().name}: {exc.details()}", file=sys.stderr)
+            if exc.code() == grpc.StatusCode.NOT_FOUND:
+                known = f"'' (the whole server) or {service_name!r}"
+                print(f"unhealthy: {target} reports no service {args.service!r}; it reports {known}", file=sys.stderr)
+            else:
+                print(f"unhealthy: {rpc_message(exc, target)}", file=sys.stderr)
             return 1
     status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
     print(status)
@@ -223,62 +464,116 @@ def cmd_version(args: argparse.Namespace) -> int:
     return 0
 
 
+def _env(option: str) -> str | None:
+    return os.environ.get(CONNECTION_ENV[option]) or None
+
+
+def add_connection(p: argparse.ArgumentParser, target: str | None, timeout: float) -> None:
+    """The Python client's connection options; each defaults to its environment variable when set."""
+    g = p.add_argument_group("connection (each also read from the environment variable named)")
+    g.add_argument(
+        "--target",
+        default=_env("target") or target,
+        help=f"the server's HOST:PORT, or a gRPC name such as dns:///svc:50051 (${CONNECTION_ENV['target']}; "
+        + (f"default {target})" if target else "default: this installation, no server)"),
+    )
+    g.add_argument("--tls", action="store_true", help="connect with TLS, trusting the system's CA certificates")
+    for option, metavar, text in (
+        ("tls_ca", "FILE", "connect with TLS, trusting this CA (PEM)"),
+        ("tls_cert", "FILE", "mutual TLS: this client's certificate (PEM), with --tls-key"),
+        ("tls_key", "FILE", "mutual TLS: the client certificate's private key (PEM)"),
+        ("tls_server_name", "NAME", "check the server's certificate for this name instead of the target's host"),
+        ("auth_token_file", "FILE", "send the bearer token in this file (its first line; a server's token file works)"),
+    ):
+        flag = "--" + option.replace("_", "-")
+        g.add_argument(flag, default=_env(option), metavar=metavar, help=f"{text} (${CONNECTION_ENV[option]})")
+    g.add_argument("--token", help="send this bearer token (visible to other users in `ps`: prefer --auth-token-file)")
+    g.add_argument(
+        "--timeout", type=positive_float, default=timeout, help=f"deadline per call in seconds (default {timeout:g})"
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="grpcgrade", description="Reward graders served over gRPC.")
+    parser = argparse.ArgumentParser(
+        prog="grpcgrade",
+        description="Reward graders served over gRPC. Exit status: 0 done, 1 the run failed, 2 a usage error.",
+    )
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    common.add_argument(
+        "--log-level", default="info", choices=LEVELS, help="grpcgrade's own log level (debug: every library's too)"
+    )
+    common.add_argument(
+        "--library-log-level",
+        choices=LEVELS,
+        help="the log level of other libraries (httpx, grpc, plugins' dependencies); default warning",
+    )
     common.add_argument("--log-format", default="text", choices=["text", "json"], help="json: one object per line")
-    sub = parser.add_subparsers(dest="command", required=True)
+    common.add_argument(
+        "--debug", action="store_true", help=f"on an error, show the Python traceback (also ${DEBUG_ENV}=1)"
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("serve", parents=[common], help="run the gRPC server")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; 0.0.0.0 in containers)")
-    p.add_argument("--port", type=int, default=50051, help="gRPC port (0: pick a free one and log it)")
-    p.add_argument("--metrics-host", default="127.0.0.1")
-    p.add_argument("--metrics-port", type=int, default=0, help="Prometheus /metrics port (0: off)")
+    p.add_argument("--port", type=int, default=50051, help="gRPC port (default 50051; 0: pick a free one and log it)")
+    p.add_argument("--metrics-host", default="127.0.0.1", help="address of the /metrics endpoint (default 127.0.0.1)")
+    p.add_argument("--metrics-port", type=int, default=0, help="Prometheus /metrics port (default 0: off)")
     p.add_argument("--workers", type=int, default=None, help="worker processes for heavy graders (default: cores)")
-    p.add_argument("--config", help="YAML file with named rewards and limits")
-    p.add_argument("--kolibrify-config", help="a Kolibrify RL dataserver YAML: each dataset becomes a reward")
+    p.add_argument("--config", metavar="FILE", help="YAML file with named rewards, limits and models")
+    p.add_argument(
+        "--kolibrify-config", metavar="FILE", help="a Kolibrify RL dataserver YAML: each dataset becomes a reward"
+    )
     p.add_argument("--grace", type=float, default=25.0, help="seconds in-flight calls may finish after SIGTERM")
-    p.add_argument("--grader-timeout", type=float, default=None, help="per-grader, per-sample time limit")
-    p.add_argument("--auth-token-file", help="file of accepted bearer tokens, one per line")
-    p.add_argument("--http-host", default="127.0.0.1")
+    p.add_argument("--grader-timeout", type=float, default=None, help="per-grader, per-sample time limit in seconds")
+    p.add_argument("--auth-token-file", metavar="FILE", help="require a bearer token: the accepted ones, one per line")
+    p.add_argument("--http-host", default="127.0.0.1", help="address of the HTTP/JSON face (default 127.0.0.1)")
     p.add_argument(
         "--http-port", type=int, default=None, help="HTTP/JSON face for OpenRLHF's remote reward (default: off)"
     )
-    p.add_argument("--tls-cert")
-    p.add_argument("--tls-key")
-    p.add_argument("--tls-client-ca", help="require client certificates signed by this CA (mutual TLS)")
+    p.add_argument("--tls-cert", metavar="FILE", help="serve TLS with this certificate (PEM), with --tls-key")
+    p.add_argument("--tls-key", metavar="FILE", help="the server certificate's private key (PEM)")
+    p.add_argument("--tls-client-ca", metavar="FILE", help="require client certificates signed by this CA (mutual TLS)")
     p.set_defaults(func=cmd_serve)
 
-    p = sub.add_parser("graders", parents=[common], help="list graders, their plugins and parameters")
-    p.add_argument("--json", action="store_true")
-    p.add_argument("--target", help="ask a running server instead of this installation")
-    p.add_argument("--token", help="bearer token for --target")
+    p = sub.add_parser("graders", parents=[common], help="list graders, their plugins and parameters, and rewards")
+    p.add_argument("--json", action="store_true", help="print the ListGraders message as JSON")
+    add_connection(p, None, 10.0)
     p.set_defaults(func=cmd_graders)
 
     p = sub.add_parser("eval", parents=[common], help="grade a JSONL file of samples through a server")
-    p.add_argument("input")
-    p.add_argument("--grader", action="append", help="grader name (repeatable)")
-    p.add_argument("--params", help="JSON construction params for the grader(s)")
+    p.add_argument("input", help="JSONL file of samples, one JSON object a line (-: stdin)")
+    p.add_argument(
+        "--grader",
+        dest="graders",
+        action=GraderAction,
+        metavar="NAME[:JSON]",
+        help="a grader to run, with its params after a colon (repeatable)",
+    )
+    p.add_argument("--params", action=ParamsAction, metavar="JSON", help="params of the --grader just before")
     p.add_argument("--reward", help="a reward configured on the server, instead of --grader")
-    p.add_argument("--target", default="127.0.0.1:50051")
-    p.add_argument("--token")
-    p.add_argument("--timeout", type=float, default=300.0, help="deadline per call in seconds")
-    p.add_argument("-o", "--output", help="JSONL output (default stdout)")
+    p.add_argument(
+        "-o", "--output", metavar="FILE", help="JSONL output, replaced only when the run succeeds (-: stdout)"
+    )
+    p.add_argument(
+        "--grader-timeout", type=float, default=0.0, help="per-grader, per-sample time limit (0: the server's)"
+    )
+    p.add_argument("--chunk-size", type=positive_int, default=1024, help="samples per call (default 1024)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    add_connection(p, DEFAULT_TARGET, 300.0)
     p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("health", parents=[common], help="check a server's gRPC health (exit 0 when SERVING)")
-    p.add_argument("--target", default="127.0.0.1:50051")
-    p.add_argument("--service", default="")
-    p.add_argument("--timeout", type=float, default=3.0)
+    p.add_argument("--service", default="", help="the service to ask about (default '': the whole server)")
+    add_connection(p, DEFAULT_TARGET, 3.0)
     p.set_defaults(func=cmd_health)
 
     p = sub.add_parser("bench", parents=[common], help="measure throughput against the bare library loop")
-    p.add_argument("--grader", default="json_validator", choices=["json_validator", "chrf", "rougeL"])
+    p.add_argument(
+        "--grader", default="json_validator", choices=["json_validator", "chrf", "rougeL"], help="the grader to time"
+    )
     p.add_argument("--samples", type=int, help="samples per run (default: 200000 cheap, 3000 heavy)")
     p.add_argument("--workers", type=int, help="server worker processes (default: cores)")
-    p.add_argument("--unary-calls", type=int, default=20_000)
+    p.add_argument("--unary-calls", type=int, default=20_000, help="Evaluate calls in the unary run")
     p.add_argument("--concurrency", type=int, default=32, help="concurrent unary callers")
     p.add_argument(
         "--unary-rate",
@@ -289,7 +584,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compare-metrics", action="store_true", help="also run the batch with metrics off")
     p.add_argument("--per-call", action="store_true", help="instead: µs per call of every built-in grader")
     p.add_argument("--stream", type=int, metavar="N", help="instead: stream N samples and report the server's RSS")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("new-plugin", parents=[common], help="write a ready grader plugin package grpcgrade-NAME/")
@@ -302,10 +597,56 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def describe(exc: BaseException, args: argparse.Namespace) -> tuple[int, str]:
+    """Exit status and message for an error (no traceback)."""
+    from grpcgrade.core.errors import ConfigError, PortUnavailable
+
+    from .jsonl import InputError
+
+    if isinstance(exc, UsageError):
+        return 2, str(exc)
+    if isinstance(exc, ConfigError):
+        return 2, str(exc)
+    if isinstance(exc, (RunFailed, InputError)):
+        return 1, str(exc)
+    if isinstance(exc, PortUnavailable):
+        flag = "--" + exc.option.replace("_", "-")
+        return 1, f"{flag} {exc.port}: {exc}; pick another port with {flag}"
+    import grpc
+
+    if isinstance(exc, grpc.RpcError):
+        return 1, rpc_message(exc, getattr(args, "target", ""))
+    if isinstance(exc, OSError) and exc.filename:
+        return 1, f"{exc.filename}: {exc.strerror}"
+    return 1, f"{type(exc).__name__}: {exc} (--debug shows the traceback)"
+
+
+def _quiet_stdout() -> None:
+    """After the reader of our stdout went away (`| head`): send what is left nowhere, so the interpreter's
+    final flush does not fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    setup_logging(args.log_level, args.log_format)
-    return int(args.func(args) or 0)
+    setup_logging(args.log_level, args.log_format, args.library_log_level)
+    debug = args.debug or os.environ.get(DEBUG_ENV, "") not in ("", "0")
+    try:
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        _quiet_stdout()
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:
+        if debug:
+            raise
+        code, message = describe(exc, args)
+        print(f"grpcgrade {args.command}: {message}", file=sys.stderr)
+        return code
 
 
 if __name__ == "__main__":

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import queue
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections import deque
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -62,14 +65,39 @@ def channel_target(target: Target) -> str:
     return "ipv4:" + ",".join(addresses)
 
 
-def channel_options(max_message_bytes: int) -> list[tuple[str, Any]]:
-    return [
+def channel_options(max_message_bytes: int, server_name: str | None = None) -> list[tuple[str, Any]]:
+    options: list[tuple[str, Any]] = [
         ("grpc.service_config", json.dumps(SERVICE_CONFIG)),
         ("grpc.enable_retries", 1),
         ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.max_send_message_length", max_message_bytes),
         ("grpc.keepalive_time_ms", 60_000),
     ]
+    if server_name:  # the name the server's certificate is checked against, when it is not the address's
+        options.append(("grpc.ssl_target_name_override", server_name))
+    return options
+
+
+def tls_credentials(
+    ca: str | Path | None = None, cert: str | Path | None = None, key: str | Path | None = None
+) -> grpc.ChannelCredentials:
+    """TLS channel credentials from PEM files: trust `ca` (None: the system's roots) and, for mutual TLS,
+    present the client certificate `cert` with its private key `key`."""
+    if bool(cert) != bool(key):
+        raise ValueError("a client certificate needs its key and a key its certificate (give both, or neither)")
+    return grpc.ssl_channel_credentials(
+        Path(ca).read_bytes() if ca else None,
+        Path(key).read_bytes() if key else None,
+        Path(cert).read_bytes() if cert else None,
+    )
+
+
+def read_token(path: str | Path) -> str:
+    """The bearer token in a file: its first non-empty line (a server's token file also works)."""
+    for line in Path(path).read_text().splitlines():
+        if line.strip():
+            return line.strip()
+    raise ValueError(f"{path}: the token file holds no token")
 
 
 def result_to_dict(response: pb.EvaluateResponse) -> dict[str, Any]:
@@ -84,6 +112,72 @@ def _chunks(items: Sequence[Any], size: int) -> list[tuple[int, Sequence[Any]]]:
     return [(start, items[start : start + size]) for start in range(0, len(items), size)]
 
 
+LINGER_SECONDS = 0.5  # a part-filled chunk is sent once the input has paused this long
+_TICK = 0.1  # how often an idle stream lets finished chunks through
+_END = object()
+
+
+class _Raised:
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+
+def _lazy_chunks(samples: Iterable[Any], size: int, linger: float) -> Iterator[list[Any]]:
+    """Chunks of `samples`, read by a thread into a bounded queue: full ones, part-filled ones once the input
+    pauses for `linger` seconds, and empty ones every _TICK while nothing arrives (the caller's moment to
+    hand on finished results). What iterating `samples` raises is raised here."""
+    inbox: queue.Queue[Any] = queue.Queue(maxsize=size)
+    stop = threading.Event()
+
+    def put(item: Any) -> bool:
+        while not stop.is_set():
+            try:
+                inbox.put(item, timeout=_TICK)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def feed() -> None:
+        try:
+            for sample in samples:
+                if not put(sample):
+                    return
+        except BaseException as exc:  # handed to the consumer, which raises it
+            put(_Raised(exc))
+            return
+        put(_END)
+
+    threading.Thread(target=feed, name="grpcgrade-samples", daemon=True).start()
+    chunk: list[Any] = []
+    waited = 0.0
+    try:
+        while True:
+            try:
+                item = inbox.get(timeout=_TICK)
+            except queue.Empty:
+                waited += _TICK
+                if chunk and waited >= linger:
+                    yield chunk
+                    chunk, waited = [], 0.0
+                else:
+                    yield []
+                continue
+            if item is _END:
+                break
+            if isinstance(item, _Raised):
+                raise item.exc
+            chunk.append(item)
+            waited = 0.0
+            if len(chunk) >= size:
+                yield chunk
+                chunk = []
+        if chunk:
+            yield chunk
+    finally:
+        stop.set()
+
+
 class _Base:
     def __init__(
         self,
@@ -95,6 +189,7 @@ class _Base:
         max_in_flight: int = 4,
         credentials: grpc.ChannelCredentials | None = None,
         max_message_bytes: int = 64 * 1024 * 1024,
+        server_name: str | None = None,
     ) -> None:
         self.target = channel_target(target)
         self.timeout = timeout
@@ -102,7 +197,7 @@ class _Base:
         self.max_in_flight = max_in_flight
         self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
         self._credentials = credentials
-        self._options = channel_options(max_message_bytes)
+        self._options = channel_options(max_message_bytes, server_name)
 
     @staticmethod
     def _evaluate_request(
@@ -211,6 +306,71 @@ class GradingClient(_Base):
             for future in [executor.submit(run, s, p) for s, p in _chunks(samples, self.chunk_size)]:
                 future.result()
         return self._missing(out)
+
+    def evaluate_stream(
+        self,
+        samples: Iterable[Mapping[str, Any] | pb.Sample],
+        graders: Graders = None,
+        reward: str = "",
+        *,
+        timeout: float | None = None,
+        grader_timeout: float = 0.0,
+        view: int = pb.RESULT_VIEW_FULL,
+        linger: float = LINGER_SECONDS,
+        on_progress: Callable[[int], None] | None = None,
+    ) -> Generator[pb.EvaluateResponse, None, None]:
+        """One result per sample, in input order, yielded as soon as it and those before it are back.
+
+        `samples` is read lazily, so it may be a generator over a file of any size: at most
+        2 x max_in_flight chunks are held. A chunk is sent when it is full, or once the input has paused for
+        `linger` seconds, so a slow producer sees results before it ends. `on_progress(n)` is called (from
+        a worker thread) as each streamed message of n results arrives. Raises grpc.RpcError if a call fails,
+        and whatever iterating `samples` raises."""
+        graders = list(graders or [])
+        lock = threading.Lock()
+        calls: set[Any] = set()  # the streams in flight, cancelled if the caller stops early or one fails
+        stopped = threading.Event()
+
+        def run(part: list[Any]) -> list[pb.EvaluateResponse]:
+            out: list[pb.EvaluateResponse | None] = [None] * len(part)
+            request = self._batch_request(part, graders, reward, grader_timeout, view)
+            stream = self.stub.BatchEvaluate(request, timeout=timeout or self.timeout, metadata=self._metadata)
+            with lock:
+                calls.add(stream)
+                if stopped.is_set():
+                    stream.cancel()
+            try:
+                for message in stream:
+                    got = self._place(out, 0, [message])
+                    if on_progress:
+                        with lock:
+                            on_progress(got)
+            finally:
+                with lock:
+                    calls.discard(stream)
+            return self._missing(out)
+
+        pending: deque[Future[list[pb.EvaluateResponse]]] = deque()
+        executor = ThreadPoolExecutor(self.max_in_flight)
+        finished = False
+        try:
+            for part in _lazy_chunks(samples, self.chunk_size, linger):
+                if part:
+                    pending.append(executor.submit(run, part))
+                while pending and (pending[0].done() or len(pending) > 2 * self.max_in_flight):
+                    yield from pending.popleft().result()
+            while pending:
+                yield from pending.popleft().result()
+            finished = True
+        finally:
+            if not finished:  # an error, or the caller stopped reading: nothing more is wanted
+                for future in pending:
+                    future.cancel()
+                with lock:
+                    stopped.set()
+                    for call in calls:
+                        call.cancel()
+            executor.shutdown(wait=True)
 
     def list_graders(self, *, timeout: float | None = None) -> pb.ListGradersResponse:
         return self.stub.ListGraders(pb.ListGradersRequest(), timeout=timeout or self.timeout, metadata=self._metadata)

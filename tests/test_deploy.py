@@ -110,11 +110,12 @@ def k8s_resources() -> dict[str, dict[str, Any]]:
 
 
 def exported_series() -> set[str]:
-    """Every series name the server's registry exposes, with the exposition format's suffixes."""
+    """Every series name the server's registry exposes, with the exposition format's suffixes (no
+    `_created` series: grpcgrade.service.metrics turns them off)."""
     suffixes = {
-        "counter": ("_total", "_created"),
+        "counter": ("_total",),
         "gauge": ("",),
-        "histogram": ("_bucket", "_sum", "_count", "_created"),
+        "histogram": ("_bucket", "_sum", "_count"),
     }
     return {family.name + s for family in Metrics().registry.collect() for s in suffixes[family.type]}
 
@@ -597,3 +598,13 @@ def test_compose_stack_wires_server_prometheus_and_grafana() -> None:
     assert list(dashboards.values()) == [DASHBOARD.resolve()]
     home = grafana["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
     assert home in dashboards
+
+
+# -- docs/operations.md ------------------------------------------------------------------------------
+
+
+def test_the_metrics_reference_lists_every_exported_metric() -> None:
+    doc = (ROOT / "docs" / "operations.md").read_text()
+    for family in Metrics().registry.collect():
+        name = family.name + ("_total" if family.type == "counter" else "")
+        assert f"| `{name}` | {family.type}" in doc or f"| `{name}` | gauge (1)" in doc, name

@@ -52,12 +52,12 @@ IN_WORKERS = {k: v for k, v in PATHS.items() if k != "inline"}
 
 @pytest.mark.parametrize("graders", IN_WORKERS.values(), ids=IN_WORKERS.keys())
 def test_a_grader_stuck_in_c_gets_its_worker_killed_and_replaced(fault_server, graders):
-    before = fault_server.metric("grpcgrade_worker_pool_restarts")
+    before = fault_server.metric("grpcgrade_worker_pool_restarts_total")
     with fault_server.client(timeout=60) as c:
         replies = c.batch_evaluate([{"response": r} for r in ("ok", "hang_in_c", "ok")], graders)
         assert scores(replies) == [1.0, "TIMEOUT", 1.0]
         assert scores(c.batch_evaluate([{"response": "ok"}] * 40, graders)) == [1.0] * 40
-    assert fault_server.metric("grpcgrade_worker_pool_restarts") > before
+    assert fault_server.metric("grpcgrade_worker_pool_restarts_total") > before
     assert fault_server.metric("grpcgrade_workers_alive") == 2
 
 

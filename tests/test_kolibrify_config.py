@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import subprocess
 import sys
 import textwrap
 from collections.abc import Iterator
@@ -29,7 +30,7 @@ from grpcgrade.core.registry import Registry
 from grpcgrade.core.rewards import Reward, SpecData
 from grpcgrade.core.samples import Limits
 from grpcgrade.grader import GraderError
-from grpcgrade.graders.kolibrify.config import load_kolibrify_config
+from grpcgrade.graders.kolibrify.config import PLUGIN_NAME, load_kolibrify_config
 from grpcgrade.service.convert import sample_kwargs, sample_to_pb
 
 # Kolibrify's example grader (examples/rl/gspo_custom_grader), written against Kolibrify's own API. It
@@ -428,3 +429,19 @@ def test_configuration_errors_name_the_place(tmp_path, text, message):
         load_kolibrify_config(write(tmp_path, text), fresh_registry(), base)
     assert message in str(err.value)
     assert "kolibrify" not in sys.modules
+
+
+def test_graders_command_shows_configuration_defined_graders_without_a_version(kolibrify_server, config_path):
+    """`grpcgrade graders --target`: graders the configuration defines come from its file, not "None"."""
+    out = subprocess.run(
+        [sys.executable, "-m", "grpcgrade", "graders", "--target", kolibrify_server.target],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    origin = f"defined by {config_path.resolve()}"
+    assert f"  {PLUGIN_NAME}  {origin}  loaded" in out.stdout.splitlines()
+    defined = [line for line in out.stdout.splitlines() if f"plugin {PLUGIN_NAME}," in line]
+    assert defined and all(line.endswith(origin) for line in defined)
+    assert "None" not in out.stdout.split("\nplugins:\n", 1)[1]

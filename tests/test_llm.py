@@ -695,3 +695,14 @@ def test_the_llm_api_is_exported_without_importing_httpx():
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=Path(__file__).parent
     )
     assert out.stdout.strip() == "False"
+
+
+def test_judge_calls_are_not_logged_by_httpx_at_info(llm_server, llm_client, judge):
+    """httpx logs one INFO line per request; the server (at its default --log-level info) keeps every
+    library at WARNING, so judge calls do not flood the log, while grpcgrade's own INFO lines stay."""
+    marker = case("score-3")
+    reply = llm_client.evaluate({"query": "q", "response": f"CASE:{marker}", "reference": "r"}, reward="judged")
+    assert reply.reward == 3.0 and judge.marked(marker)  # the judge was called over HTTP
+    log = llm_server.log()
+    assert "INFO grpcgrade.service.server: grpcgrade serving on" in log
+    assert not [line for line in log.splitlines() if " httpx: " in line or " httpcore" in line], log

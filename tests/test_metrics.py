@@ -205,7 +205,7 @@ def test_batch_sizes_and_samples_in_flight(scrapes):
 def test_workers_plugins_and_build_are_exported(scrapes):
     s = scrapes.traffic
     assert value(s, "grpcgrade_workers_alive") == 2
-    assert value(s, "grpcgrade_worker_pool_restarts") == 0
+    assert value(s, "grpcgrade_worker_pool_restarts_total") == 0
     plugins = {x.labels["plugin"]: x.labels for x in matching(s, "grpcgrade_plugin_info") if x.value == 1}
     assert plugins["testplugin"] == {
         "plugin": "testplugin",
@@ -236,6 +236,16 @@ def test_cancelled_and_late_calls_are_counted_with_their_codes(scrapes):
     # the samples the cancelled call never answered leave the gauge too
     assert value(s, "grpcgrade_samples_in_flight") == 0
     assert value(s, "grpcgrade_batch_samples_sum") == M + CANCELLED_SAMPLES
+
+
+def test_counters_end_in_total_and_no_created_series(scrapes):
+    families = list(text_string_to_metric_families(scrapes.exposition.decode()))
+    kinds = {f.name: f.type for f in families}
+    assert kinds["grpcgrade_worker_pool_restarts"] == "counter"  # it only ever grows: not a gauge
+    counted = [s.name for f in families if f.type == "counter" for s in f.samples]
+    assert "grpcgrade_worker_pool_restarts_total" in counted
+    assert counted and all(name.endswith("_total") for name in counted), counted
+    assert not [s.name for f in families for s in f.samples if s.name.endswith("_created")]
 
 
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not on PATH (Debian package `prometheus`)")

@@ -7,8 +7,12 @@ server has never heard of.
 
 from __future__ import annotations
 
+import json
+import os
+import re
 import secrets
 import subprocess
+import sys
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -17,7 +21,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from conftest import ServerProcess, health_status, start_server
+from conftest import ROOT, ServerProcess, health_status, start_server
 from grpc_health.v1 import health_pb2
 
 from grpcgrade.client import GradingClient
@@ -382,3 +386,65 @@ def test_the_token_file_example_in_the_docs_reads_as_two_tokens(tmp_path):
     path.write_text(example)
     assert _tokens(str(path)) == [line.strip() for line in example.splitlines()[1:] if line.strip()]
     assert len(_tokens(str(path))) == 2
+
+
+# -- the command line's connection options ---------------------------------------------------------------
+
+
+def grpcgrade(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("GRPCGRADE_")}
+    return subprocess.run(
+        [sys.executable, "-m", "grpcgrade", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**clean, **(env or {})},
+    )
+
+
+def healthcheck() -> list[str]:
+    """The Dockerfile's HEALTHCHECK command (exec form)."""
+    text = (ROOT / "Dockerfile").read_text().replace("\\\n", " ")
+    return json.loads(re.search(r"^HEALTHCHECK .*? CMD (\[.*\])$", text, re.M).group(1))
+
+
+def test_cli_health_and_graders_over_mutual_tls(mtls_server, pki):
+    tls = ["--tls-ca", pki.path("ca.crt"), "--tls-cert", pki.path("client.crt"), "--tls-key", pki.path("client.key")]
+    health = grpcgrade("health", "--target", mtls_server.target, *tls)
+    assert (health.returncode, health.stdout.strip()) == (0, "SERVING"), health.stderr
+    listing = grpcgrade("graders", "--json", "--target", mtls_server.target, *tls)
+    assert listing.returncode == 0, listing.stderr
+    assert "json_validator" in {g["name"] for g in json.loads(listing.stdout)["graders"]}
+    plain = grpcgrade("health", "--target", mtls_server.target, "--timeout", "2")
+    assert plain.returncode == 1 and "--tls-ca" in plain.stderr and "Traceback" not in plain.stderr
+
+
+def test_docker_healthcheck_reaches_a_tls_server_through_the_environment(tls_server, mtls_server, pki):
+    """The image's HEALTHCHECK command, with the variables docs/cli.md tells a TLS deployment to set."""
+    command = healthcheck()
+    assert command[:2] == ["grpcgrade", "health"] and "--target" not in command  # GRPCGRADE_TARGET decides
+    run = [sys.executable, "-m", "grpcgrade", *command[1:]]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GRPCGRADE_")}
+
+    def check(target: str, **variables: str) -> int:
+        return subprocess.run(run, env={**env, "GRPCGRADE_TARGET": target, **variables}, capture_output=True).returncode
+
+    assert check(tls_server.target) == 1  # plaintext to a TLS server
+    assert check(tls_server.target, GRPCGRADE_TLS_CA=pki.path("ca.crt")) == 0
+    client = {"GRPCGRADE_TLS_CERT": pki.path("client.crt"), "GRPCGRADE_TLS_KEY": pki.path("client.key")}
+    assert check(mtls_server.target, GRPCGRADE_TLS_CA=pki.path("ca.crt")) == 1  # no client certificate
+    assert check(mtls_server.target, GRPCGRADE_TLS_CA=pki.path("ca.crt"), **client) == 0
+
+
+def test_cli_sends_the_token_from_a_file(auth_server, tokens, tmp_path):
+    token_file = tmp_path / "token"
+    token_file.write_text(f"\n{tokens[1]}\n")
+    source = tmp_path / "in.jsonl"
+    source.write_text('{"response": "[]"}\n')
+    out = grpcgrade("eval", str(source), "--grader", "json_validator", "--target", auth_server.target, "-q",
+                    "--auth-token-file", str(token_file))  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["results"][0]["score"] == 1.0
+    refused = grpcgrade("graders", "--target", auth_server.target)
+    assert refused.returncode == 1 and "UNAUTHENTICATED" in refused.stderr and "--auth-token-file" in refused.stderr
+    assert "Traceback" not in refused.stderr

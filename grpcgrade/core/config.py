@@ -71,41 +71,75 @@ class ServerConfig:
     http: HttpConfig = field(default_factory=HttpConfig)
 
 
+TOP_KEYS = ("rewards", "limits", "grader_timeout_seconds", "models", "default_reward", "http")
+SPEC_KEYS = ("name", "params", "key", "weight", "gate")
+REWARD_KEYS = ("graders", "description")
+
+
+def _number(value: Any, where: str, kind: type[int] | type[float], minimum: float = 0) -> Any:
+    """A YAML number as `kind`, or a ConfigError naming the key path and what is allowed."""
+    wanted = "a whole number" if kind is int else "a number"
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or (kind is int and value != int(value)):
+        raise ConfigError(f"{where}: must be {wanted}, got {value!r}")
+    if value < minimum:
+        raise ConfigError(f"{where}: must be at least {minimum:g}, got {value!r}")
+    return kind(value)
+
+
+def _unknown(raw: dict[str, Any], allowed: tuple[str, ...], where: str) -> None:
+    unknown = sorted(set(map(str, raw)) - set(allowed))
+    if unknown:
+        raise ConfigError(f"{where}: unknown key {unknown[0]!r} (allowed: {', '.join(allowed)})")
+
+
 def parse_spec(raw: Any, where: str) -> SpecData:
     if isinstance(raw, str):
         return SpecData(name=raw)
     if not isinstance(raw, dict) or "name" not in raw:
-        raise ConfigError(f"{where}: a grader is a name or a mapping with `name`")
-    unknown = set(raw) - {"name", "params", "key", "weight", "gate"}
-    if unknown:
-        raise ConfigError(f"{where}: unknown key {sorted(unknown)[0]!r} (allowed: name, params, key, weight, gate)")
+        raise ConfigError(f"{where}: a grader is a name or a mapping with `name` (keys: {', '.join(SPEC_KEYS)})")
+    _unknown(raw, SPEC_KEYS, where)
+    params = raw.get("params") or {}
+    if not isinstance(params, dict):
+        raise ConfigError(f"{where}.params: must be a mapping of parameter names to values, got {params!r}")
     weight = raw.get("weight")
+    gate = raw.get("gate", False)
+    if not isinstance(gate, bool):
+        raise ConfigError(f"{where}.gate: must be true or false, got {gate!r}")
     return SpecData(
         name=str(raw["name"]),
-        params=dict(raw.get("params") or {}),
+        params=dict(params),
         key=str(raw.get("key") or ""),
-        weight=None if weight is None else float(weight),
-        gate=bool(raw.get("gate", False)),
+        weight=None if weight is None else _number(weight, f"{where}.weight", float),
+        gate=gate,
     )
 
 
 def parse_config(data: dict[str, Any], source: str = "config") -> ServerConfig:
+    """The configuration, checked; a ConfigError names the file, the key path (`rewards.gsm8k.graders[0]
+    .weight`) and what is allowed there."""
     if not isinstance(data, dict):
-        raise ConfigError(f"{source}: the top level must be a mapping")
-    unknown = set(data) - {"rewards", "limits", "grader_timeout_seconds", "models", "default_reward", "http"}
-    if unknown:
-        raise ConfigError(f"{source}: unknown key {sorted(unknown)[0]!r}")
-    limit_names = {f.name for f in dataclasses.fields(Limits)}
+        raise ConfigError(f"{source}: the top level must be a mapping (keys: {', '.join(TOP_KEYS)})")
+    _unknown(data, TOP_KEYS, source)
+    limit_names = tuple(f.name for f in dataclasses.fields(Limits))
     raw_limits = data.get("limits") or {}
-    bad = set(raw_limits) - limit_names
-    if bad:
-        raise ConfigError(f"{source}: unknown limit {sorted(bad)[0]!r} (allowed: {', '.join(sorted(limit_names))})")
+    if not isinstance(raw_limits, dict):
+        raise ConfigError(f"{source}: limits: must be a mapping (keys: {', '.join(limit_names)})")
+    _unknown(raw_limits, limit_names, f"{source}: limits")
+    limits = Limits(**{k: _number(v, f"{source}: limits.{k}", int, 1) for k, v in raw_limits.items()})
+    raw_rewards = data.get("rewards") or {}
+    if not isinstance(raw_rewards, dict):
+        raise ConfigError(f"{source}: rewards: must be a mapping of reward names to rewards")
     rewards = {}
-    for name, body in (data.get("rewards") or {}).items():
+    for name, body in raw_rewards.items():
+        where = f"{source}: rewards.{name}"
         body = {"graders": body} if isinstance(body, list) else body
         if not isinstance(body, dict) or not body.get("graders"):
-            raise ConfigError(f"{source}: reward {name!r} needs a list of graders")
-        specs = [parse_spec(g, f"{source}: reward {name!r}, grader {i}") for i, g in enumerate(body["graders"])]
+            raise ConfigError(f"{where}: needs a list of graders (`graders:`, or the list itself)")
+        _unknown(body, REWARD_KEYS, where)
+        if not isinstance(body["graders"], list):
+            raise ConfigError(f"{where}.graders: must be a list of graders")
+        specs = [parse_spec(g, f"{where}.graders[{i}]") for i, g in enumerate(body["graders"])]
         rewards[str(name)] = Reward(str(name), specs, str(body.get("description", "")))
     try:
         models = parse_models(data.get("models"))
@@ -115,14 +149,12 @@ def parse_config(data: dict[str, Any], source: str = "config") -> ServerConfig:
     if default_reward and default_reward not in rewards:
         raise ConfigError(f"{source}: default_reward {default_reward!r} is not one of the rewards")
     timeout = data.get("grader_timeout_seconds", 30.0)
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < math.inf:
-        raise ConfigError(f"{source}: grader_timeout_seconds must be a positive number of seconds, got {timeout!r}")
     return ServerConfig(
         default_reward=default_reward,
         http=parse_http(data.get("http"), source),
         rewards=rewards,
-        limits=Limits(**{k: int(v) for k, v in raw_limits.items()}),
-        grader_timeout_seconds=float(timeout),
+        limits=limits,
+        grader_timeout_seconds=_number(timeout, f"{source}: grader_timeout_seconds", float, 0.001),
         models=models,
     )
 

@@ -126,7 +126,10 @@ class Engine:
         check_weights(specs)
         jobs = []
         for spec in specs:
-            grader = self.registry.build(spec.name, spec.params)
+            try:
+                grader = self.registry.build(spec.name, spec.params)
+            except InvalidParams as exc:
+                raise exc.of_grader(spec.name) from exc
             canonical = self.registry.entry(spec.name).name
             capable = self.pool is not None and grader.is_sync and canonical not in self._server_only
             jobs.append(Job(spec, grader, inputs_of(grader), capable))

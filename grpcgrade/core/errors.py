@@ -36,13 +36,20 @@ class ErrorCode(StrEnum):
 class InvalidParams(ValueError):
     """A construction parameter is wrong. The request is refused with INVALID_ARGUMENT naming `param`."""
 
-    def __init__(self, param: str, message: str) -> None:
+    def __init__(self, param: str, message: str, grader: str = "") -> None:
         if len(param) > MAX_NAME_CHARS:
             param = param[:MAX_NAME_CHARS] + "..."
         if len(message) > MAX_DETAIL_CHARS:
             message = f"{message[:MAX_DETAIL_CHARS]}... (cut)"
-        super().__init__(f"parameter {param!r}: {message}")
-        self.param = param
+        super().__init__(f"{f'grader {grader!r}, ' if grader else ''}parameter {param!r}: {message}")
+        self.param, self.reason, self.grader = param, message, grader
+
+    def of_grader(self, grader: str) -> InvalidParams:
+        """This refusal (of whatever subclass), now naming the grader the params were for."""
+        if not self.grader:
+            self.grader = grader
+            self.args = (f"grader {grader!r}, {self.args[0]}", *self.args[1:])
+        return self
 
 
 def _cut(name: str) -> str:
@@ -73,6 +80,15 @@ class UnknownReward(LookupError):
 
 class ConfigError(ValueError):
     """A configuration file is wrong; the message names the file and the key."""
+
+
+class PortUnavailable(OSError):
+    """An address the server was told to listen on cannot be bound; `option` is the ServeOptions field
+    (port, metrics_port, http_port), which the command line names as its flag."""
+
+    def __init__(self, option: str, host: str, port: int, reason: str) -> None:
+        super().__init__(f"cannot listen on {host}:{port}: {reason}")
+        self.option, self.host, self.port = option, host, port
 
 
 class SampleProblem(ValueError):

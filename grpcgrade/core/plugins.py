@@ -34,6 +34,12 @@ DEFAULT_PLUGINS = {
 }
 
 
+#: Plugin statuses (ListGraders' PluginInfo.status, the grpcgrade_plugin_info metric's `status` label).
+LOADED = "loaded"  # every grader it registered is served
+FAILED = "failed"  # it raised while loading or registering: none of its graders is served (see `error`)
+CLASHED = "clashed"  # loaded, but a grader name it registered was taken by an earlier plugin (see `error`)
+
+
 @dataclass
 class PluginInfo:
     """What `grpcgrade graders` and ListGraders show about one plugin."""
@@ -41,7 +47,7 @@ class PluginInfo:
     name: str
     distribution: str
     version: str
-    status: str = "loaded"  # loaded | failed
+    status: str = LOADED
     error: str = ""
     graders: list[str] = field(default_factory=list)
 
@@ -92,7 +98,7 @@ def _register(pm: pluggy.PluginManager, info: PluginInfo, load: object) -> Loade
     except Exception as exc:  # a plugin's import-time fault must not stop the service
         if pm.has_plugin(info.name):
             pm.unregister(name=info.name)
-        info.status, info.error = "failed", f"{type(exc).__name__}: {exc}"
+        info.status, info.error = FAILED, f"{type(exc).__name__}: {exc}"
         log.error("plugin %s (%s) failed to load: %s", info.name, info.distribution, info.error)
         return LoadedPlugin(info, None)
     return LoadedPlugin(info, module)

@@ -23,7 +23,7 @@ from grpcgrade.grader import BaseGrader, FunctionGrader, GraderMode
 
 from .errors import InvalidParams, UnknownGrader
 from .params import MAX_PARAMS_BYTES, check_number, shown, unannotated
-from .plugins import LoadedPlugin, PluginInfo, load_plugins, make_manager
+from .plugins import CLASHED, FAILED, LOADED, LoadedPlugin, PluginInfo, load_plugins, make_manager
 from .samples import INPUT_FIELDS
 
 log = logging.getLogger(__name__)
@@ -159,7 +159,7 @@ class Registry:
             try:  # one plugin per call, so a fault stays its own; through pluggy, so tracing sees it
                 pm.subset_hook_caller("register_graders", others)(register=functools.partial(self._register, info))
             except Exception as exc:  # a plugin's fault stays with that plugin
-                info.status, info.error = "failed", f"{type(exc).__name__}: {exc}"
+                info.status, info.error = FAILED, f"{type(exc).__name__}: {exc}"
                 log.error("plugin %s failed in register_graders: %s", info.name, info.error)
 
     def _register(
@@ -178,6 +178,8 @@ class Registry:
             msg = f"grader name {taken[0]!r} is already registered by plugin {owner!r}"
             log.warning("plugin %s: %s; keeping the first", plugin.name, msg)
             plugin.error = f"{plugin.error}; {msg}" if plugin.error else msg
+            if plugin.status == LOADED:
+                plugin.status = CLASHED
             return
         params, open_params, hints = describe_params(factory)
         doc_source = _signature_source(factory)[0] if isinstance(factory, functools.partial) else factory

@@ -48,15 +48,15 @@ class _Requeue(Exception):
     """The chunk was lost with a pool the watchdog killed for another chunk's sake: run it again, whole."""
 
 
-def _init_worker(log_level: int, log_formatter: logging.Formatter | None, flags: Any = None) -> None:
+def _init_worker(log_levels: dict[str, int], log_formatter: logging.Formatter | None, flags: Any = None) -> None:
     global _flags
     _flags = flags
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server decides when workers stop
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     # A spawned process starts with logging unset: log as the server does (--log-format json: JSON lines).
-    handler = logging.StreamHandler()
-    handler.setFormatter(log_formatter)
-    logging.basicConfig(level=log_level, handlers=[handler], force=True)
+    from grpcgrade import logs
+
+    logs.apply(log_levels, log_formatter)
     from .registry import get_registry
 
     warm(get_registry())
@@ -177,13 +177,13 @@ class WorkerPool:
         self._executor = self._new()
 
     def _new(self) -> ProcessPoolExecutor:
-        root = logging.getLogger()
-        formatter = root.handlers[0].formatter if root.handlers else None
+        from grpcgrade import logs
+
         executor = ProcessPoolExecutor(
             max_workers=self.size,
             mp_context=multiprocessing.get_context("spawn"),
             initializer=_init_worker,
-            initargs=(root.getEffectiveLevel(), formatter, self._flags),
+            initargs=(*logs.current(), self._flags),
         )
         # Start every worker now, not on the first heavy request; the pings also say when they are up.
         self._started[id(executor)] = [executor.submit(_ping) for _ in range(self.size)]

@@ -20,6 +20,7 @@ from grpc_reflection.v1alpha import reflection
 
 from grpcgrade.core.config import ServerConfig, load_config
 from grpcgrade.core.engine import Engine
+from grpcgrade.core.errors import ConfigError, InvalidParams, PortUnavailable, UnknownGrader
 from grpcgrade.core.registry import Registry, get_registry
 from grpcgrade.core.workers import WorkerPool
 from grpcgrade.llm.models import configure as configure_models
@@ -147,7 +148,11 @@ class Service:
             if self.pool is not None:
                 pool = self.pool
                 self.metrics.watch_workers(pool.alive, lambda: pool.restarts)
-            self.metrics.serve(self.options.metrics_host, self.options.metrics_port)
+            host, port = self.options.metrics_host, self.options.metrics_port
+            try:
+                self.metrics.serve(host, port)
+            except OSError as exc:
+                raise PortUnavailable("metrics_port", host, port, exc.strerror or str(exc)) from exc
         for name in ("", SERVICE_NAME):  # grpc's health service starts out SERVING: not before we are
             await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         await self.server.start()
@@ -173,8 +178,12 @@ class Service:
     async def _start_http(self, app: web.Application) -> None:
         self.http_runner = web.AppRunner(app, access_log=None, shutdown_timeout=self.options.grace_seconds)
         await self.http_runner.setup()
-        site = web.TCPSite(self.http_runner, self.options.http_host, self.options.http_port or 0, reuse_port=False)
-        await site.start()
+        host, port = self.options.http_host, self.options.http_port or 0
+        site = web.TCPSite(self.http_runner, host, port, reuse_port=False)
+        try:
+            await site.start()
+        except OSError as exc:
+            raise PortUnavailable("http_port", host, port, exc.strerror or str(exc)) from exc
         self.http_port = self.http_runner.addresses[0][1]
 
     async def stop(self) -> None:
@@ -208,8 +217,12 @@ def build_server(opts: ServeOptions) -> Service:
         server_only_graders=config.server_only_graders,
     )
     try:
-        for reward in config.rewards.values():
-            engine.resolve(reward.specs)
+        for name, reward in config.rewards.items():
+            try:
+                engine.resolve(reward.specs)
+            except (UnknownGrader, InvalidParams) as exc:
+                source = " or ".join(str(f) for f in (opts.config, opts.kolibrify_config) if f)
+                raise ConfigError(f"{source}: reward {name!r}: {exc}") from exc
     except Exception:
         if pool is not None:
             pool.close(patience=0)
@@ -241,8 +254,17 @@ def build_server(opts: ServeOptions) -> Service:
     reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
 
     address = f"{opts.host}:{opts.port}"
-    creds = _credentials(opts)
-    port = server.add_secure_port(address, creds) if creds else server.add_insecure_port(address)
+    try:
+        creds = _credentials(opts)
+        port = server.add_secure_port(address, creds) if creds else server.add_insecure_port(address)
+    except RuntimeError as exc:  # grpc's "Failed to bind": in use, or not an address of this machine
+        if pool is not None:
+            pool.close(patience=0)
+        raise PortUnavailable("port", opts.host, opts.port, "the address is in use or not this machine's") from exc
+    except Exception:
+        if pool is not None:
+            pool.close(patience=0)
+        raise
     service = Service(opts, server, port, health_servicer, engine, registry, config, metrics, pool, creds is not None)
     if opts.http_port is not None:
         service.http_app = build_http_app(
@@ -260,7 +282,15 @@ def build_server(opts: ServeOptions) -> Service:
 async def serve(opts: ServeOptions) -> int:
     """Run until SIGTERM/SIGINT, then drain."""
     service = build_server(opts)
-    await service.start()
+    try:
+        await service.start()
+    except BaseException:
+        if service.http_runner is not None:
+            await service.http_runner.cleanup()
+        await service.server.stop(None)
+        if service.pool is not None:
+            service.pool.close(patience=0)
+        raise
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
