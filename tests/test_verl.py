@@ -64,7 +64,9 @@ def batch_calls(server) -> float:
 
 
 def test_reward_loop_calls_are_coalesced_into_batch_calls(server):
-    fn = verl_wrap(compute_score, {"target": server.target, "reward": "gsm8k", "max_batch": 256})
+    # A linger long enough that the whole step's calls arrive within it, however busy the machine: the
+    # batches are then cut by max_batch alone (256 + 256 + 88).
+    fn = verl_wrap(compute_score, {"target": server.target, "reward": "gsm8k", "max_batch": 256, "linger": 1.0})
     items = [
         ("gsm8k", f"<think>\nr\n</think>\n{72 if i % 2 else 71}", "#### 72", {"index": i, "completion_tokens": 10})
         for i in range(600)
@@ -72,7 +74,7 @@ def test_reward_loop_calls_are_coalesced_into_batch_calls(server):
     before = batch_calls(server)
     rewards, extra = reward_loop(fn, items)
     calls = batch_calls(server) - before
-    assert 3 <= calls <= 10  # 600 samples, at most 256 per batch; never one call per sample
+    assert calls == 3  # 600 samples, at most 256 per batch; never one call per sample
     assert rewards == [pytest.approx(1.0 if i % 2 else 0.5) for i in range(600)]
     assert extra["grpcgrade/failed"] == [0.0] * 600
     assert extra["grpcgrade/math_exact"] == [float(i % 2) for i in range(600)]
