@@ -1,4 +1,11 @@
-"""Reasoning tags present? (OpenJudge `ReasoningFormatGrader`, registered name `format_reward` upstream)."""
+"""Reasoning tags present? (OpenJudge `ReasoningFormatGrader`, registered name `format_reward` upstream).
+
+The reference builds `<token>.*?</token>` from the request's `think_token` / `answer_token` without escaping
+them, so a token with regex syntax is a pattern in Python's syntax. Such tokens run as `graders.patterns`
+arranges (Python's exact result; RE2 where provably the same, else Python's engine, which only a worker's
+time limit can stop, so the grader then runs in a worker). A token over `MAX_PATTERN_CHARS` is refused
+with the request, before anything is compiled.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +14,8 @@ from typing import Any
 
 from grpcgrade.core.errors import InvalidParams
 from grpcgrade.grader import BaseGrader, GraderMode, GraderScore
+
+from ..patterns import MAX_PATTERN_CHARS, Pattern, compile_pattern
 
 # Characters that make a tag name a regular expression rather than literal text.
 _REGEX_META = frozenset(".^$*+?{}[]\\|()")
@@ -22,18 +31,30 @@ class TagPair:
     """
 
     def __init__(self, token: str, param: str = "token") -> None:
+        if not isinstance(token, str):
+            raise InvalidParams(param, f"must be a string, got {type(token).__name__}")
+        if len(token) > MAX_PATTERN_CHARS:
+            raise InvalidParams(param, f"{len(token)} characters exceeds the limit of {MAX_PATTERN_CHARS}")
         self.open = f"<{token}>"
         self.close = f"</{token}>"
-        self._pattern: re.Pattern[str] | None = None
+        self._source: str | None = None
+        #: True when the pattern may need Python's backtracking engine, which only a time limit stops.
+        self.unbounded = False
         if _REGEX_META.intersection(token):
-            try:
-                self._pattern = re.compile(f"{self.open}.*?{self.close}", re.DOTALL)
-            except re.error as e:
-                raise InvalidParams(param, f"{token!r} does not form a valid tag pattern: {e}") from e
+            self._source = f"{self.open}.*?{self.close}"
+            self.unbounded = not self._compiled(param).bounded
+
+    def _compiled(self, param: str = "token") -> Pattern:
+        """From the shared cache (bounded in bytes), not held here: a registry of built graders keeps tokens only."""
+        assert self._source is not None
+        try:
+            return compile_pattern(self._source, re.DOTALL)
+        except re.error as e:
+            raise InvalidParams(param, f"{self._source!r} does not form a valid tag pattern: {e}") from e
 
     def present(self, text: str) -> bool:
-        if self._pattern is not None:
-            return self._pattern.search(text) is not None
+        if self._source is not None:
+            return self._compiled().search(text) is not None
         start = text.find(self.open)
         return start >= 0 and text.find(self.close, start + len(self.open)) >= 0
 
@@ -68,6 +89,7 @@ class ReasoningFormatGrader(BaseGrader):
         self.answer_token = answer_token
         self._think = TagPair(think_token, "think_token")
         self._answer = TagPair(answer_token, "answer_token")
+        self.heavy = self._think.unbounded or self._answer.unbounded
 
     def evaluate(self, response: str = "", **kwargs: Any) -> GraderScore:
         has_think_tag = self._think.present(response)
