@@ -17,7 +17,7 @@ from grpcgrade.graders.text.number_accuracy import NumberAccuracyGrader, extract
         ("1,000", [1000.0]),
         ("costs 1,234,567.89 dollars", [1234567.89]),
         ("-1,234.5", [-1234.5]),
-        ("1,2345", [1.0, 2345.0]),  # four digits after the comma: not a thousands group
+        ("1,2345", [1234.0, 5.0]),  # D4 as worded: the group takes three digits, the fourth starts a number
         ("1,00", [1.0, 0.0]),
         ("1, 2, 3", [1.0, 2.0, 3.0]),
         ("1e5 and 2.5E-3 and 7e+2", [100000.0, 0.0025, 700.0]),
@@ -79,8 +79,22 @@ def test_the_fast_number_pattern_reads_what_the_d4_pattern_reads():
     import random
     import re
 
-    d4 = re.compile(r"-?\d{1,3}(?:,\d{3})+(?!\d)(?:\.\d+)?|-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")
+    d4 = re.compile(r"-?\d{1,3}(,\d{3})+(\.\d+)?|-?\d+(\.\d+)?([eE][-+]?\d+)?")  # decisions.md, verbatim
     rng = random.Random(4)
     for _ in range(3000):
         text = "".join(rng.choice("0123456789,.-eE+ x") for _ in range(rng.randint(0, 40)))
-        assert extract_numbers(text) == [float(n.replace(",", "")) for n in d4.findall(text)], text
+        assert extract_numbers(text) == [float(m.group().replace(",", "")) for m in d4.finditer(text)], text
+
+
+def test_comma_groups_are_read_as_d4_words_them():
+    """D4's pattern reads `12,3456` as 12,345 then 6 (the issue's case: the reference 1,000 and 12,3456)."""
+    import re
+
+    d4 = re.compile(r"-?\d{1,3}(,\d{3})+(\.\d+)?|-?\d+(\.\d+)?([eE][-+]?\d+)?")
+    reference, response = "1,000 and 12,3456", "1000 12 3456"
+    expected_ref = [float(m.group().replace(",", "")) for m in d4.finditer(reference)]
+    expected_resp = [float(m.group()) for m in d4.finditer(response)]
+    correct = sum(a == b for a, b in zip(expected_resp, expected_ref, strict=False))
+    result = NumberAccuracyGrader().evaluate(response=response, reference_response=reference)
+    assert result.metadata["reference_response_numbers"] == expected_ref == [1000.0, 12345.0, 6.0]
+    assert result.score == pytest.approx(correct / len(expected_ref)) == pytest.approx(1 / 3)

@@ -3,8 +3,9 @@
 Reference: OpenJudge `NumberAccuracyGrader` (py-openjudge 0.2.4), with one deliberate difference (D4):
 the reference's number pattern `-?\\d+\\.?\\d*` reads `1,000` as the two numbers 1 and 0 and `1e5` as 1
 and 5. Here a number is either comma-grouped (`-?\\d{1,3}(,\\d{3})+(\\.\\d+)?`, the commas being
-thousands separators; a run of four or more digits after a comma is not such a group) or plain with an
-optional exponent (`-?\\d+(\\.\\d+)?([eE][-+]?\\d+)?`). Everything else (positional comparison, the
+thousands separators) or plain with an optional exponent (`-?\\d+(\\.\\d+)?([eE][-+]?\\d+)?`), found
+left to right as `re.findall` finds D4's two alternatives: `12,3456` reads as 12345 then 6, exactly as D4's
+pattern reads it. Everything else (positional comparison, the
 score denominator, reasons and metadata) is the reference's.
 """
 
@@ -19,7 +20,7 @@ from grpcgrade.grader import BaseGrader, GraderMode, GraderScore
 
 # The leading lookahead only skips positions where no number can start; it makes the scan faster than the
 # reference's simpler pattern (Python's engine otherwise tries both branches at every character).
-_NUMBER = re.compile(r"(?=[-\d])-?(?:\d{1,3}(?:,\d{3})+(?!\d)(?:\.\d+)?|\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)")
+_NUMBER = re.compile(r"(?=[-\d])-?(?:\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)")
 
 
 def extract_numbers(text: str) -> list[float]:
