@@ -235,15 +235,48 @@ def test_json_match_none_response_is_a_parse_error():
     assert match(None, "{}").metadata["error"] == "response_parse_error"
 
 
-@pytest.mark.parametrize(
-    ("response", "reference", "error"),
-    [(DEEP_ARRAY, "[]", "response_parse_error"), ("[]", DEEP_ARRAY, "reference_parse_error")],
-)
-def test_json_match_nesting_too_deep_to_parse_scores_zero(response, reference, error):
-    result = match(response, reference)
-    assert result.score == 0.0
-    assert result.metadata["error"] == error
-    assert "recursion" in result.metadata["error_message"]
+def _loads_refusal(text: str) -> type[BaseException]:
+    """How `json.loads` refuses `text` other than as malformed JSON (so the reference, which catches only
+    JSONDecodeError and TypeError, raises)."""
+    try:
+        json.loads(text)
+    except json.JSONDecodeError:
+        raise AssertionError("malformed, not a refusal") from None
+    except (RecursionError, ValueError) as exc:
+        return type(exc)
+    raise AssertionError("accepted")
+
+
+NESTED_1100 = "[" * 1100 + "]" * 1100
+HUGE_INT = "1" * 4400
+
+
+@pytest.mark.parametrize("text", [NESTED_1100, DEEP_ARRAY, HUGE_INT])
+@pytest.mark.parametrize("side", ["response", "reference"])
+def test_json_match_raises_where_json_loads_refuses_otherwise(text, side):
+    """D7: the reference raises, so the service's result is an error result (the sample's reward absent)."""
+    from grpcgrade.core.grading import grade_sync
+    from grpcgrade.grader import GraderError
+
+    expected = _loads_refusal(text)
+    response, reference = (text, "[]") if side == "response" else ("[]", text)
+    with pytest.raises(expected):
+        match(response, reference)
+    [result] = grade_sync(JsonMatchGrader(), [{"response": response, "reference_response": reference}], None)
+    assert isinstance(result, GraderError)
+
+
+@pytest.mark.parametrize("text", [NESTED_1100, HUGE_INT])
+def test_tool_call_json_that_json_loads_refuses_otherwise_raises(text):
+    from grpcgrade.core.grading import grade_sync
+    from grpcgrade.grader import GraderError
+
+    expected = _loads_refusal(text)
+    response = f"<think>t</think><tool_call>{text}</tool_call>"
+    with pytest.raises(expected):
+        ReasoningToolCallFormatGrader().evaluate(response=response)
+    [result] = grade_sync(ReasoningToolCallFormatGrader(), [{"response": response}], None)
+    assert isinstance(result, GraderError)
 
 
 def test_json_match_nesting_just_parseable_scores_or_raises_cleanly():
@@ -251,6 +284,8 @@ def test_json_match_nesting_just_parseable_scores_or_raises_cleanly():
     text = '{"a":' * 480 + "1" + "}" * 480
     try:
         result = match(text, text, ignore_extra_keys=True)
+    except RecursionError:
+        pass  # json.loads refused it: the reference raises too
     except ValueError as e:
         assert str(e) == "JSON nested too deeply to compare"
     else:
@@ -411,7 +446,6 @@ MISSING_THINK = "Missing <think></think> tags"
         ('<think>t</think><tool_call>"name arguments"</tool_call>', 0.0, INVALID_JSON, False, 1),
         ("<think>t</think><tool_call>5</tool_call>", 0.0, INVALID_JSON, False, 1),
         ("<think>t</think><tool_call>null</tool_call>", 0.0, INVALID_JSON, False, 1),
-        ("<think>t</think><tool_call>" + DEEP_ARRAY + "</tool_call>", 0.0, INVALID_JSON, False, 1),
         (f"<think>t</think><tool_call>{CALL}</tool_call><answer>a</answer>", 0.0, COMBINATION, False, 1),
         ("<think>t</think>", 0.0, COMBINATION, False, 0),
         ("<answer>a</answer>", 0.0, MISSING_THINK, False, 0),

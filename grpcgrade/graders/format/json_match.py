@@ -9,7 +9,8 @@ from typing import Any
 
 from grpcgrade.grader import BaseGrader, GraderMode, GraderScore
 
-from .json_validator import JSON_PARSE_ERRORS
+# What the reference catches around `json.loads` (anything else it raises: an error result, D7).
+_MALFORMED = (json.JSONDecodeError, TypeError)
 
 # Unordered lists of objects compared with `ignore_extra_keys` need pairwise checks (the relation is not an
 # equality, so items cannot all be hashed into buckets). Past this many checks beyond the linear minimum
@@ -27,9 +28,10 @@ class JsonMatchGrader(BaseGrader):
     gives false negatives). With `ignore_extra_keys=True` only the reference's keys of each object are
     compared, so the response may carry more.
 
-    A response or reference that does not parse, including nesting deeper than the recursion limit
-    (where the reference would raise), scores 0.0 with `error` = `response_parse_error` /
-    `reference_parse_error`, as the reference does for malformed JSON.
+    A response or reference that `json.loads` rejects as malformed (JSONDecodeError, or a non-string:
+    TypeError) scores 0.0 with `error` = `response_parse_error` / `reference_parse_error`, as the reference
+    does. Any other refusal (nesting past the recursion limit: RecursionError; an integer over CPython's
+    4,300 digits: ValueError) makes the reference raise, so here it is an error result (D7), not a score.
     """
 
     def __init__(self, strict_order: bool = True, ignore_extra_keys: bool = False) -> None:
@@ -44,11 +46,11 @@ class JsonMatchGrader(BaseGrader):
     def evaluate(self, reference_response: str = "", response: str = "", **kwargs: Any) -> GraderScore:
         try:
             response_json = json.loads(response)
-        except JSON_PARSE_ERRORS as e:
+        except _MALFORMED as e:
             return self._parse_error("response_parse_error", e)
         try:
             reference_json = json.loads(reference_response)
-        except JSON_PARSE_ERRORS as e:
+        except _MALFORMED as e:
             return self._parse_error("reference_parse_error", e)
 
         try:

@@ -8,7 +8,6 @@ from typing import Any
 
 from grpcgrade.grader import BaseGrader, GraderMode, GraderScore
 
-from .json_validator import JSON_PARSE_ERRORS
 from .reasoning_format import TagPair
 
 _THINK = TagPair("think")
@@ -41,10 +40,12 @@ def _framed(text: str, tail: TagPair) -> bool:
 
 def _is_tool_call(content: str) -> bool:
     """A tool call is a JSON object with `name` and `arguments`. Decision D3: any other JSON value is
-    invalid JSON for a tool call (the reference raises TypeError on lists, strings and numbers)."""
+    invalid JSON for a tool call (the reference raises TypeError on lists, strings and numbers). Only a
+    JSONDecodeError is invalid JSON, as in the reference; other refusals of `json.loads` (RecursionError when
+    nested too deeply, ValueError for an integer over 4,300 digits) raise: an error result (D7)."""
     try:
         call = json.loads(content.strip())
-    except JSON_PARSE_ERRORS:
+    except json.JSONDecodeError:
         return False
     return isinstance(call, dict) and "name" in call and "arguments" in call
 
