@@ -1,22 +1,23 @@
 """Kolibrify's `xml_schema`: the answer is well-formed XML whose root tag is `metadata.schema.root_tag`.
 
-Kolibrify parses with `xml.etree` (expat). This parses with lxml under a locked-down parser: no
-network, no DTD loading, no entity substitution, libxml2's default size and depth limits and its
-entity-amplification guard. Results match expat for the documents graders see; where they part:
+Kolibrify parses with `xml.etree.ElementTree.fromstring`, that is with expat, so this parses with the very
+same parser (the standard library's C `XMLParser`, same namespace handling, same "undefined entity" rule):
+every well-formedness decision (which characters may start or continue a name, what an XML declaration may
+say, entities) is expat's by construction. What differs is only what is kept and two safety limits (D9):
 
-* a reference to an external or undeclared entity is not resolved by either parser. Expat then
-  rejects the document ("undefined entity"), so the same rejection is applied here (an XXE payload
-  scores as malformed, and nothing is ever read from disk or network);
-* a billion-laughs document fails in both (entity amplification limit);
-* nesting deeper than 256 elements is refused (libxml2's limit without `huge_tree`), where expat
-  would go on; so is an XML declaration of a version other than 1.x, which expat ignores.
+* nothing is built: the parser's target keeps the root tag and the current depth, and drops text, so an
+  entity-expansion document cannot grow memory (expat's own amplification guard also refuses a billion-laughs
+  document, as it does for Kolibrify);
+* nothing is ever read from disk or network: the standard library never fetches external entities, and a
+  reference to one is an "undefined entity" error, as it is for Kolibrify;
+* nesting deeper than `MAX_XML_DEPTH` elements, or an element or attribute name longer than
+  `MAX_XML_NAME_CHARS`, is not accepted (scored as XML that does not parse), where expat would go on.
 """
 
 from __future__ import annotations
 
-import re
+import xml.etree.ElementTree as ET
 from collections.abc import Mapping
-from functools import cache
 from typing import Any
 
 from grpcgrade.grader import GraderScore
@@ -24,59 +25,52 @@ from grpcgrade.grader import GraderScore
 from .json_graders import RELAXED_PARSE_PENALTY, SchemaGrader
 from .parsing import answer_or_completion, fenced_block, record_schema
 
-# Entity references left in an internal entity's replacement text (character references were
-# already replaced when the DTD was read); the five predefined entities are always defined.
-_ENTITY_REF_RE = re.compile(r"&([^\s&;#][^\s&;]*);")
-_PREDEFINED_ENTITIES = frozenset({"lt", "gt", "amp", "quot", "apos"})
+#: D9: deepest element nesting accepted.
+MAX_XML_DEPTH = 256
+#: D9: longest element or attribute name accepted (local part, in characters).
+MAX_XML_NAME_CHARS = 50_000
 
 
-@cache
-def _lxml() -> Any:
-    """lxml.etree and a hardened parser, loaded on first use to keep server start-up fast."""
-    from lxml import etree
-
-    parser = etree.XMLParser(
-        resolve_entities=False,
-        no_network=True,
-        load_dtd=False,
-        huge_tree=False,
-        # Text arrives as str, which expat reads as UTF-8 whatever the XML declaration says.
-        encoding="utf-8",
-    )
-    return etree, parser
+class _OverLimit(Exception):
+    """The document passes a D9 safety limit: treated as XML that does not parse."""
 
 
-def _entities_all_internal(root: Any, etree: Any) -> bool:
-    """True when every entity reference resolves, through internal declarations only.
+class _RootOnly:
+    """An ElementTree parser target that keeps only the root tag, enforcing the depth and name limits."""
 
-    lxml keeps references unexpanded; expat expands internal entities and fails on any reference it
-    cannot expand (external, or undeclared), including ones nested in an internal entity's text.
-    """
-    pending = [node.name for node in root.iter(etree.Entity)]
-    if not pending:
-        return True
-    dtd = root.getroottree().docinfo.internalDTD
-    internal = {} if dtd is None else {e.name: e.content for e in dtd.iterentities() if e.system_url is None}
-    seen: set[str] = set()
-    while pending:
-        name = pending.pop()
-        if name in seen or name in _PREDEFINED_ENTITIES:
-            continue
-        if name not in internal:
-            return False
-        seen.add(name)
-        pending.extend(_ENTITY_REF_RE.findall(internal[name] or ""))
-    return True
+    def __init__(self) -> None:
+        self.depth = 0
+        self.root: str | None = None
+
+    def start(self, tag: str, attrib: dict[str, str]) -> None:
+        self.depth += 1
+        if self.depth > MAX_XML_DEPTH:
+            raise _OverLimit(f"nested deeper than {MAX_XML_DEPTH} elements")
+        names = [tag, *attrib]
+        if any(len(name.rpartition("}")[2]) > MAX_XML_NAME_CHARS for name in names):
+            raise _OverLimit(f"a name longer than {MAX_XML_NAME_CHARS} characters")
+        if self.root is None:
+            self.root = tag
+
+    def end(self, tag: str) -> None:
+        self.depth -= 1
+
+    def data(self, text: str) -> None:
+        pass
+
+    def close(self) -> str | None:
+        return self.root
 
 
-def parse_xml(text: str) -> Any | None:
-    """The root element of `text` (stripped), or None when it is not well-formed XML."""
-    etree, parser = _lxml()
+def parse_xml(text: str) -> str | None:
+    """The root tag of `text` (stripped) as `ET.fromstring(text.strip()).tag` gives it, or None when
+    `ET.fromstring` refuses the text or it passes a D9 limit."""
+    parser = ET.XMLParser(target=_RootOnly())
     try:
-        root = etree.fromstring(text.strip().encode("utf-8"), parser)
-    except etree.XMLSyntaxError:
+        parser.feed(text.strip())
+        return parser.close()
+    except (ET.ParseError, _OverLimit):
         return None
-    return root if _entities_all_internal(root, etree) else None
 
 
 class XmlSchemaGrader(SchemaGrader):
@@ -104,14 +98,14 @@ class XmlSchemaGrader(SchemaGrader):
                 reason="the answer is not well-formed XML",
                 metadata={"schema_found": True, "root_tag": None, "fenced": False},
             )
-        score, reason = _root_score(root.tag, schema)
+        score, reason = _root_score(root, schema)
         if penalty != 1.0:
             reason += f"; XML found only inside a fenced block (x{RELAXED_PARSE_PENALTY})"
         return GraderScore(
             name=self.name,
             score=score * penalty,
             reason=reason,
-            metadata={"schema_found": True, "root_tag": root.tag, "fenced": penalty != 1.0},
+            metadata={"schema_found": True, "root_tag": root, "fenced": penalty != 1.0},
         )
 
 
