@@ -484,12 +484,22 @@ def test_completion_length_cap_params_and_bad_counts() -> None:
             CompletionLengthCapGrader(max_completion_tokens=5, min_reward=min_reward)
         assert err.value.param == "min_reward"
     grader = CompletionLengthCapGrader(max_completion_tokens=5)
-    with pytest.raises(TypeError):
-        grader.evaluate(completion_tokens="many")
     over = grader.evaluate(completion_tokens=6.0)
     assert over.reason == "6 tokens, cap 5: over the cap"
-    assert over.metadata == {"completion_tokens": 6.0, "max_completion_tokens": 5}
+    assert over.metadata == {"completion_tokens": 6, "max_completion_tokens": 5}
     assert grader.evaluate().reason == "no completion_tokens in the sample; counted as over the cap"
+
+
+@pytest.mark.parametrize("count", ["many", True, False, "12", 9.5, -1, float("inf"), float("nan"), [3]])
+def test_completion_tokens_must_be_a_whole_number(count: object) -> None:
+    """D12: pydantic would turn `true` into 1 and "12" into 12, and fail the whole request on 9.5; here any
+    count that is not a whole number makes that sample INVALID_SAMPLE."""
+    from grpcgrade.grader import GraderError
+
+    result = CompletionLengthCapGrader(max_completion_tokens=5).evaluate(completion_tokens=count)
+    assert isinstance(result, GraderError)
+    assert result.code == "INVALID_SAMPLE"
+    assert "completion_tokens must be a whole number" in result.error
 
 
 # --- latex_only ----------------------------------------------------------------------------------

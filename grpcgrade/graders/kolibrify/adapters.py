@@ -28,11 +28,11 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from grpcgrade.core.errors import ErrorCode
+from grpcgrade.core.errors import ErrorCode, SampleProblem
 from grpcgrade.grader import BaseGrader, GraderError, GraderResult, GraderScore
 from grpcgrade.graders.kolibrify.compat import GraderInput
 
-from .parsing import is_number, split_think
+from .parsing import is_number, split_think, token_count
 
 #: Grader inputs that are not part of Kolibrify's dataset record.
 _NOT_RECORD = frozenset(
@@ -75,7 +75,7 @@ def grader_input(kwargs: dict[str, Any]) -> GraderInput:
         completion=completion,
         reasoning=reasoning,
         answer=answer,
-        completion_tokens=_whole(kwargs.get("completion_tokens")),
+        completion_tokens=token_count(kwargs.get("completion_tokens")),
         completion_index=_whole(kwargs.get("completion_index")),
     )
 
@@ -181,10 +181,17 @@ class KolibrifyGraderAdapter(BaseGrader):
         return result
 
     async def aevaluate_batch(self, batch: list[dict[str, Any]]) -> list[GraderResult]:
-        inputs = [grader_input(kwargs) for kwargs in batch]
+        inputs: list[GraderInput] = []
+        refused: dict[int, GraderResult] = {}  # samples Kolibrify's record validation refuses (D12)
+        for index, kwargs in enumerate(batch):
+            try:
+                inputs.append(grader_input(kwargs))
+            except SampleProblem as exc:
+                refused[index] = GraderError(self.name, str(exc), code=ErrorCode.INVALID_SAMPLE)
         size = self.chunk_size or len(inputs) or 1
         parts = await asyncio.gather(*(self._grade(inputs[i : i + size]) for i in range(0, len(inputs), size)))
-        return [result for part in parts for result in part]
+        graded = iter([result for part in parts for result in part])
+        return [refused[index] if index in refused else next(graded) for index in range(len(batch))]
 
     async def _grade(self, inputs: list[GraderInput]) -> list[GraderResult]:
         try:

@@ -1,17 +1,18 @@
 """Kolibrify's `completion_length_cap`: a 0/1 gate on the completion's token count.
 
 The count is not computed here: the trainer sends it (`completion_tokens` in the sample's extra),
-because only the trainer knows the tokenizer. Meant as a multiplicative gate on the other graders.
+because only the trainer knows the tokenizer. Meant as a multiplicative gate on the other graders. The
+count must be a whole number (D12; `10.0` is 10): anything else is that sample's INVALID_SAMPLE.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from grpcgrade.core.errors import InvalidParams
-from grpcgrade.grader import BaseGrader, GraderMode, GraderScore
+from grpcgrade.core.errors import ErrorCode, InvalidParams, SampleProblem
+from grpcgrade.grader import BaseGrader, GraderError, GraderMode, GraderResult, GraderScore
 
-from .parsing import is_number
+from .parsing import is_number, token_count
 
 
 class CompletionLengthCapGrader(BaseGrader):
@@ -38,7 +39,11 @@ class CompletionLengthCapGrader(BaseGrader):
         self.treat_missing_as_fail = treat_missing_as_fail
         self.min_reward = float(min_reward)
 
-    def evaluate(self, completion_tokens: Any = None, **kwargs: Any) -> GraderScore:
+    def evaluate(self, completion_tokens: Any = None, **kwargs: Any) -> GraderResult:
+        try:
+            completion_tokens = token_count(completion_tokens)
+        except SampleProblem as exc:
+            return GraderError(self.name, str(exc), code=ErrorCode.INVALID_SAMPLE)
         if completion_tokens is None:
             score = self.min_reward if self.treat_missing_as_fail else 1.0
             return GraderScore(
@@ -48,13 +53,11 @@ class CompletionLengthCapGrader(BaseGrader):
                 + ("; counted as over the cap" if self.treat_missing_as_fail else "; not enforced"),
                 metadata={"completion_tokens": None, "max_completion_tokens": self.max_completion_tokens},
             )
-        if not is_number(completion_tokens):
-            raise TypeError(f"completion_tokens must be a number, got {type(completion_tokens).__name__}")
         within = completion_tokens <= self.max_completion_tokens
         return GraderScore(
             name=self.name,
             score=1.0 if within else self.min_reward,
-            reason=f"{completion_tokens:.15g} tokens, cap {self.max_completion_tokens}"
+            reason=f"{completion_tokens} tokens, cap {self.max_completion_tokens:.15g}"
             + ("" if within else ": over the cap"),
             metadata={
                 "completion_tokens": completion_tokens,

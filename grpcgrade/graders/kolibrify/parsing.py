@@ -10,10 +10,12 @@ means every grader of the family agrees on them, as they do in Kolibrify.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Mapping
 from typing import Any
 
+from grpcgrade.core.errors import SampleProblem
 from grpcgrade.grader import GraderScore
 
 OPEN_TAG = "<think>"
@@ -86,3 +88,14 @@ def fenced_block(text: str) -> str | None:
 def is_number(value: Any) -> bool:
     """A JSON number as params and extras carry it (a bool is not one, though Python says so)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def token_count(value: Any) -> int | None:
+    """A sample's `completion_tokens` (D12): None when absent, else a whole number of tokens (`10.0` is 10,
+    since Struct numbers are doubles). Anything else (`true`, `"12"`, `9.5`, a negative count) raises
+    SampleProblem: that sample is INVALID_SAMPLE and the rest of the batch is graded."""
+    if value is None:
+        return None
+    if is_number(value) and math.isfinite(value) and float(value).is_integer() and value >= 0:
+        return int(value)
+    raise SampleProblem(f"completion_tokens must be a whole number of tokens, got {value!r}")
