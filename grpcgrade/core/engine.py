@@ -30,7 +30,7 @@ from grpcgrade.grader import BaseGrader, GraderError, GraderResult, Inputs
 from .errors import InvalidParams, UnknownReward
 from .grading import GraderStats, grade_async, grade_chunk_sync, grade_sync, inputs_of, usable, with_problems
 from .registry import Registry
-from .rewards import Reward, SpecData, check_weights, rewards
+from .rewards import Reward, SpecData, check_weights, number_repeats, rewards
 from .samples import SampleProblem, select_all
 from .workers import Work, WorkerPool, chunk_work, grader_work
 
@@ -123,6 +123,7 @@ class Engine:
             specs = self.rewards[reward].specs
         if not specs:
             raise InvalidParams("graders", "the request names no grader and no reward")
+        specs = number_repeats(specs)
         check_weights(specs)
         jobs = []
         for spec in specs:

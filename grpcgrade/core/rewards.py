@@ -7,7 +7,9 @@ reward: a trainer masks the sample instead of learning from a wrong number.
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +40,23 @@ class Reward:
     name: str
     specs: list[SpecData]
     description: str = ""
+
+
+def number_repeats(specs: list[SpecData], keyed_too: bool = False) -> list[SpecData]:
+    """One grader listed twice, as Kolibrify allows (say, as a term and as a gate): the first keeps its
+    label, the n-th repeat of a label is labelled `label#n` (`similarity`, `similarity#2`, ...), and the
+    reward is computed over all of them. A request's explicit keys are left alone (`keyed_too=False`), so
+    a key given twice is still refused; a Kolibrify configuration's keys are grader names, so numbered."""
+    seen: Counter[str] = Counter()
+    out = []
+    for spec in specs:
+        if spec.key and not keyed_too:
+            out.append(spec)
+            continue
+        seen[spec.label] += 1
+        count = seen[spec.label]
+        out.append(spec if count == 1 else dataclasses.replace(spec, key=f"{spec.label}#{count}"))
+    return out
 
 
 def check_weights(specs: list[SpecData]) -> None:

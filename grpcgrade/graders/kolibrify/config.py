@@ -23,7 +23,6 @@ import importlib
 import importlib.util
 import math
 import sys
-from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -34,7 +33,7 @@ from grpcgrade.core.config import ServerConfig
 from grpcgrade.core.errors import ConfigError, InvalidParams, UnknownGrader
 from grpcgrade.core.plugins import PluginInfo
 from grpcgrade.core.registry import Registry
-from grpcgrade.core.rewards import Reward, SpecData
+from grpcgrade.core.rewards import Reward, SpecData, number_repeats
 from grpcgrade.grader import BaseGrader
 
 from .adapters import KolibrifyGraderAdapter, is_kolibrify_grader
@@ -75,17 +74,6 @@ def _known_keys(body: dict[str, Any], allowed: frozenset[str], where: str) -> No
     unknown = sorted(set(body) - allowed)
     if unknown:
         raise ConfigError(f"{where}: unknown key {unknown[0]!r} (allowed: {', '.join(sorted(allowed))})")
-
-
-def _unique_keys(specs: list[SpecData]) -> list[SpecData]:
-    """Kolibrify lets a grader appear twice in a dataset (say, as a term and as a gate); keys must differ."""
-    seen: Counter[str] = Counter()
-    out = []
-    for spec in specs:
-        seen[spec.label] += 1
-        count = seen[spec.label]
-        out.append(spec if count == 1 else dataclasses.replace(spec, key=f"{spec.label}#{count}"))
-    return out
 
 
 def _constant(grader: BaseGrader) -> Callable[[], BaseGrader]:
@@ -261,7 +249,7 @@ class _Loader:
         description = f"Kolibrify dataset {dataset_id} ({self.path.name}): " + ", ".join(
             f"{s.label}" + (" (gate)" if s.gate else f" x{s.weight:g}") for s in specs
         )
-        return Reward(str(dataset_id), _unique_keys(specs), description)
+        return Reward(str(dataset_id), number_repeats(specs, keyed_too=True), description)
 
 
 def load_kolibrify_config(path: str | Path, registry: Registry, base: ServerConfig) -> ServerConfig:
