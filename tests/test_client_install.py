@@ -29,7 +29,7 @@ reward = reward_function(target, reward="gsm8k")
 got = reward(prompts=["q"], completions=["<think>\\nr\\n</think>\\n72"], completion_ids=[[1, 2]], answer=["#### 72"])
 assert got == [1.0], got
 assert compute_score_sync("d", "HI", "hi", {}, target=target, reward="flaky")["score"] == 1.0
-server_only = ("pluggy", "yaml", "prometheus_client", "httpx", "aiohttp", "sacrebleu", "nltk", "lxml", "re2")
+server_only = ("pluggy", "yaml", "prometheus_client", "httpx", "aiohttp", "sacrebleu", "nltk", "re2")
 loaded = [m for m in server_only if m in sys.modules]
 assert not loaded, loaded
 print(grpc.__version__, google.protobuf.__version__)
