@@ -394,6 +394,16 @@ def test_reasoning_format_refuses_a_broken_pattern(param):
     assert info.value.param == param
 
 
+def test_reasoning_format_token_error_only_the_compiler_finds_raises_at_grading_as_in_the_reference():
+    token = "(?<=a+)b"  # parses, but Python's compiler refuses a variable-width lookbehind
+    with pytest.raises(re.error) as expected:
+        re.search(f"<{token}>.*?</{token}>", "x", re.DOTALL)
+    grader = ReasoningFormatGrader(think_token=token)
+    with pytest.raises(re.error) as got:
+        grader.evaluate(response="x")
+    assert str(got.value) == str(expected.value)
+
+
 FRAGMENTS = ["<think>", "</think>", "<answer>", "</answer>", "<tool_call>", "</tool_call>", "x", " ", "\n", "\u3000"]
 
 

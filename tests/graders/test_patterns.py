@@ -104,8 +104,8 @@ def test_patterns_needing_backtracking_run_on_pythons_engine_and_say_so():
     # ... which is why the graders that may run them go to a worker, where a time limit stops them.
     assert StringMatchGrader(algorithm="regex_match").heavy
     assert ReasoningFormatGrader(think_token=r"t(?=h)hink").heavy
-    assert not ReasoningFormatGrader(think_token=r"th(i|I)nk").heavy
-    assert not ReasoningFormatGrader().heavy
+    assert ReasoningFormatGrader(answer_token=r"th(i|I)nk").heavy  # compiling a token can be slow too
+    assert not ReasoningFormatGrader(think_token="reasoning").heavy
 
 
 def test_a_case_sensitive_literal_runs_on_pythons_linear_literal_search():

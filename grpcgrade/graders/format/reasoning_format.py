@@ -2,20 +2,21 @@
 
 The reference builds `<token>.*?</token>` from the request's `think_token` / `answer_token` without escaping
 them, so a token with regex syntax is a pattern in Python's syntax. Such tokens run as `graders.patterns`
-arranges (Python's exact result; RE2 where provably the same, else Python's engine, which only a worker's
-time limit can stop, so the grader then runs in a worker). A token over `MAX_PATTERN_CHARS` is refused
-with the request, before anything is compiled.
+arranges (Python's exact result; RE2 where provably the same, else Python's engine), and the grader then
+runs in a worker, where the per-sample time limit stops a slow compilation or search. A token over
+`MAX_PATTERN_CHARS` is refused with the request, before anything is parsed.
 """
 
 from __future__ import annotations
 
 import re
+from re import _parser as sre_parse
 from typing import Any
 
 from grpcgrade.core.errors import InvalidParams
 from grpcgrade.grader import BaseGrader, GraderMode, GraderScore
 
-from ..patterns import MAX_PATTERN_CHARS, Pattern, compile_pattern
+from ..patterns import MAX_PATTERN_CHARS, compile_pattern
 
 # Characters that make a tag name a regular expression rather than literal text.
 _REGEX_META = frozenset(".^$*+?{}[]\\|()")
@@ -38,23 +39,22 @@ class TagPair:
         self.open = f"<{token}>"
         self.close = f"</{token}>"
         self._source: str | None = None
-        #: True when the pattern may need Python's backtracking engine, which only a time limit stops.
-        self.unbounded = False
-        if _REGEX_META.intersection(token):
+        #: A token with regex syntax is a pattern: compiling it (Python's compiler can itself take seconds on
+        #: a hostile class) and searching with it run where the per-sample time limit stops them, in a
+        #: worker. Only its syntax is checked here, with Python's parser, which the request waits for.
+        self.is_pattern = bool(_REGEX_META.intersection(token))
+        if self.is_pattern:
             self._source = f"{self.open}.*?{self.close}"
-            self.unbounded = not self._compiled(param).bounded
-
-    def _compiled(self, param: str = "token") -> Pattern:
-        """From the shared cache (bounded in bytes), not held here: a registry of built graders keeps tokens only."""
-        assert self._source is not None
-        try:
-            return compile_pattern(self._source, re.DOTALL)
-        except re.error as e:
-            raise InvalidParams(param, f"{self._source!r} does not form a valid tag pattern: {e}") from e
+            try:
+                sre_parse.parse(self._source, re.DOTALL)
+            except (re.error, RecursionError) as e:
+                raise InvalidParams(param, f"{self._source!r} does not form a valid tag pattern: {e}") from e
 
     def present(self, text: str) -> bool:
         if self._source is not None:
-            return self._compiled().search(text) is not None
+            # From the shared cache (bounded in bytes): built graders keep their token only. Errors only
+            # Python's compiler finds (a variable-width lookbehind) raise here, as in the reference.
+            return compile_pattern(self._source, re.DOTALL).search(text) is not None
         start = text.find(self.open)
         return start >= 0 and text.find(self.close, start + len(self.open)) >= 0
 
@@ -89,7 +89,7 @@ class ReasoningFormatGrader(BaseGrader):
         self.answer_token = answer_token
         self._think = TagPair(think_token, "think_token")
         self._answer = TagPair(answer_token, "answer_token")
-        self.heavy = self._think.unbounded or self._answer.unbounded
+        self.heavy = self._think.is_pattern or self._answer.is_pattern
 
     def evaluate(self, response: str = "", **kwargs: Any) -> GraderScore:
         has_think_tag = self._think.present(response)
