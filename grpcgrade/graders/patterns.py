@@ -129,13 +129,25 @@ def _every_code_point() -> str:
         return _all_chars
 
 
-def _to_ranges(codes: Iterable[int]) -> Ranges:
+def warm_up() -> None:
+    """Build the code-point table and the common classes' sets now (~0.3 s), so the first pattern a process
+    sees does not pay for them inside its time limit. Meant for a background thread at start-up."""
+    for source in (r"\w", r"\W", r"\d", r"\s", "a"):
+        for flags in (0, sre.SRE_FLAG_IGNORECASE):
+            compile_pattern(f"(?:{source})+", flags)
+
+
+def _runs_to_ranges(runs: Iterable[Any]) -> Ranges:
+    """Code point ranges from the matches of `item+` over `_every_code_point()` (which skips surrogates)."""
+    gap = _SURROGATES[1] - _SURROGATES[0] + 1
     out: list[tuple[int, int]] = []
-    for code in codes:
-        if out and out[-1][1] == code - 1:
-            out[-1] = (out[-1][0], code)
+    for match in runs:
+        start, end = match.span()
+        low, high = (start, end - 1) if start < _SURROGATES[0] else (start + gap, end - 1 + gap)
+        if start < _SURROGATES[0] <= end - 1:  # the run spans the skipped surrogates
+            out += [(start, _SURROGATES[0] - 1), (_SURROGATES[1] + 1, end - 1 + gap)]
         else:
-            out.append((code, code))
+            out.append((low, high))
     return tuple(out)
 
 
@@ -162,8 +174,9 @@ class _Scanner:
             self.scans += 1
             state = sre_parse.State()
             state.flags = flags
-            item = sre_compile.compile(sre_parse.SubPattern(state, [(op, av)]), flags)
-            found = _to_ranges(map(ord, item.findall(_every_code_point())))
+            item = sre_parse.SubPattern(state, [(op, av)])
+            runs = sre_parse.SubPattern(state, [(sre.MAX_REPEAT, (1, sre.MAXREPEAT, item))])
+            found = _runs_to_ranges(sre_compile.compile(runs, flags).finditer(_every_code_point()))
             _char_sets.put(key, found, 64 + 32 * len(found))
         return found
 

@@ -172,3 +172,23 @@ def test_regex_match_agrees_with_python_re_on_generated_patterns(pattern, text, 
         reference_response="", response=text, pattern=pattern
     )
     check_against_python(pattern, text, case_sensitive, vars(result))
+
+
+@pytest.mark.parametrize(
+    ("item", "flags"),
+    [(r"\w", 0), (r"\W", re.I), (r"[a-z]", re.I), (r"[^\W\d]", 0), ("[\ud7fe-\ue001]", 0), (r"[^a]", 0),
+     (r"(?a:\s)", re.I), ("k", re.I)],
+)  # fmt: skip
+def test_each_character_set_is_exactly_what_python_matches(item, flags):
+    """The sets RE2 is given are Python's: every code point but the surrogates (which no UTF-8 text holds)."""
+    every = patterns._every_code_point()
+    expected = {ord(c) for c in re.findall(item, every, flags)}
+    from re import _parser as sre_parse
+
+    tree = sre_parse.parse(item, flags)
+    (op, av), item_flags = tree.data[0], tree.state.flags
+    if op is sre_parse.SUBPATTERN:  # (?a:...): the item inside, under the group's flags
+        _, add, remove, inner = av
+        (op, av), item_flags = inner.data[0], patterns._combine_flags(item_flags, add, remove)
+    ranges = patterns._Scanner().char_set(op, av, item_flags)
+    assert {code for low, high in ranges for code in range(low, high + 1)} == expected
