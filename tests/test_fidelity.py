@@ -164,3 +164,14 @@ def test_struct_numbers_are_doubles_so_2_and_2_0_are_one_value(client):
     # params too: `ngram_range`-style ints arrive as doubles and mean the int
     reply = client.evaluate({"response": "1,000", "reference": "1000"}, [{"name": "number_accuracy"}])
     assert reply.results[0].score == 1.0
+
+
+@pytest.mark.parametrize("param", ["parsing_timeout", "verification_timeout"])
+def test_d11_math_verify_timeouts_under_one_second_are_refused(client, param):
+    with pytest.raises(grpc.RpcError) as err:
+        client.evaluate({"response": "$5$", "reference": "$5$"}, [{"name": "math_verify", "params": {param: 0.5}}])
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert param in err.value.details()
+    sample = {"response": "<think>\nr\n</think>\n$5$", "reference": "$5$"}  # Kolibrify's public case kbp-mv-same
+    reply = client.evaluate(sample, [{"name": "math_verify", "params": {param: 1}}])
+    assert reply.results[0].score == 1.0
