@@ -96,11 +96,15 @@ def test_a_catastrophic_think_token_is_a_timeout(client):
 
 
 def test_a_huge_think_token_is_refused_before_compiling(client):
-    spec = {"name": "reasoning_format", "params": {"think_token": "(" + "t" * 4_000_000 + ")"}}
-    with pytest.raises(grpc.RpcError) as err:
-        client.evaluate({"response": "x"}, [spec])
-    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "think_token" in err.value.details() and "limit of 10000" in err.value.details()
+    # 20,000 characters: the pattern limit (10,000); 4 MB: the request's limit on params comes first
+    for size, says in [(20_000, "think_token"), (4_000_000, "params")]:
+        spec = {"name": "reasoning_format", "params": {"think_token": "(" + "t" * size + ")"}}
+        with pytest.raises(grpc.RpcError) as err:
+            client.evaluate({"response": "x"}, [spec])
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert says in err.value.details()
+        if size == 20_000:
+            assert "limit of 10000" in err.value.details()
 
 
 # -- one grader twice ----------------------------------------------------------------------------------------
