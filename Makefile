@@ -15,7 +15,7 @@ PORT ?= 50051
 METRICS_PORT ?= 9090
 CONFIG ?=
 
-.PHONY: serve test proto lint bench clean
+.PHONY: serve test proto lint bench docs cog clean
 
 $(SERVER_STAMP): pyproject.toml plugins/*/pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -24,7 +24,7 @@ $(SERVER_STAMP): pyproject.toml plugins/*/pyproject.toml
 	touch $(SERVER_STAMP)
 
 $(STAMP): $(SERVER_STAMP)
-	$(BIN)/pip install --quiet -e '.[server,test]'
+	$(BIN)/pip install --quiet -e '.[server,test,docs]'
 	touch $(STAMP)
 
 serve: $(SERVER_STAMP)
@@ -47,6 +47,14 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/grpcgrade bench
+
+# The manual as a site, strict: a broken link, anchor or nav entry fails the build.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+# Rewrite the generated parts of the manual (tests/test_docs.py fails while they are stale).
+cog: $(STAMP)
+	$(BIN)/cog -r -I scripts $$(grep -l '\[\[\[cog' README.md docs/*.md)
 
 clean:
 	rm -rf $(VENV) $(OLDEST) build *.egg-info

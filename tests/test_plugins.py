@@ -1,8 +1,8 @@
 """Plugins as they really arrive: pip-installed packages with entry points (the `plugin_site` fixture installs
 tests/plugins/*), loaded by `grpcgrade` subprocesses and by the suite's real server.
 
-The datasette-style meta-tests at the end keep this file and README.md in step with grpcgrade.hookspecs:
-every hook needs a `test_hook_<name>` here and a README heading with its exact signature.
+The datasette-style meta-tests at the end keep this file and docs/hooks.md in step with grpcgrade.hookspecs:
+every hook needs a `test_hook_<name>` here and a heading on the hooks page with its exact signature.
 """
 
 from __future__ import annotations
@@ -175,7 +175,7 @@ def test_plugin_hooks_have_tests(hook: str) -> None:
 @pytest.mark.parametrize("hook", hook_names())
 def test_plugin_hooks_are_documented(hook: str) -> None:
     signature = f"{hook}{inspect.signature(getattr(hookspecs, hook))}"
-    readme = ROOT / "README.md"
-    assert readme.exists(), "README.md is missing"
-    headings = [line for line in readme.read_text().splitlines() if line.startswith("#")]
-    assert any(signature in heading for heading in headings), f"README.md has no heading with {signature}"
+    page = ROOT / "docs" / "hooks.md"
+    assert page.exists(), "docs/hooks.md is missing"
+    headings = [line for line in page.read_text().splitlines() if line.startswith("#")]
+    assert any(signature in heading for heading in headings), f"docs/hooks.md has no heading with {signature}"

@@ -1,0 +1,133 @@
+"""The generated parts of the manual, for cog (`make cog` writes them, tests/test_docs.py checks them).
+
+The CLI help, the graders table and the configuration reference are printed from the code that defines them
+(the argparse parser, the registry, the config dataclasses), as llm and datasette do with cog, so a page
+cannot drift from the program: a stale page fails `cog --check` in the test suite.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any
+
+#: Distributions whose graders the graders page lists: the built-ins and the plugins bundled in plugins/.
+DOCUMENTED_DISTRIBUTIONS = ("grpcgrade", "grpcgrade-math-verify")
+
+#: argparse wraps help to the terminal; a fixed width keeps the generated pages the same everywhere.
+HELP_COLUMNS = "100"
+
+#: What each top-level key of the `--config` YAML means. A key missing here fails generation.
+CONFIG_KEYS = {
+    "grader_timeout_seconds": "per grader, per sample time limit in seconds, for requests that set none "
+    "(`grader_timeout_seconds` in a request sets its own); `--grader-timeout` overrides the file",
+    "limits": "request limits (below)",
+    "rewards": "named rewards: a name -> `{description, graders: [spec, ...]}` (see [Rewards](rewards.md))",
+    "models": "chat models LLM judges may name (see [LLM judges](llm-judges.md#configuring-models))",
+}
+
+#: What each request limit bounds. A limit missing here fails generation.
+LIMIT_DOCS = {
+    "max_message_bytes": "largest gRPC message received or sent; larger is `RESOURCE_EXHAUSTED`",
+    "max_samples_per_batch": "samples in one `BatchEvaluate` call; more is `RESOURCE_EXHAUSTED`",
+    "max_field_chars": "characters in one text field of a sample; longer makes that sample `INVALID_SAMPLE`",
+    "max_graders_per_request": "grader specs in one request; more is `INVALID_ARGUMENT`",
+}
+
+#: What each model setting does. A setting missing here fails generation.
+MODEL_DOCS = {
+    "base_url": "the endpoint, ending where `/chat/completions` is appended (`.../v1`); http(s) only; required",
+    "model": "the model id the endpoint expects; default: the entry's name",
+    "api_key_env": "the NAME of the environment variable that holds the API key, read once at start",
+    "max_concurrency": "calls in flight to this model, across the whole server",
+    "timeout_seconds": "per HTTP attempt, counted once the call has a concurrency slot",
+    "max_retries": "retries on 429, 5xx, connection errors and timeouts",
+    "retry_backoff_seconds": "the first pause; doubles on each retry, with jitter",
+    "extra_body": "merged into every request body, e.g. `{temperature: 0, max_tokens: 512}`",
+}
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _check_documented(kind: str, names: list[str], docs: dict[str, str]) -> None:
+    missing = [n for n in names if n not in docs]
+    stale = [n for n in docs if n not in names]
+    if missing or stale:
+        raise SystemExit(f"scripts/docgen.py: {kind}: undocumented {missing}, no longer exist {stale}")
+
+
+def cli_help(*words: str) -> str:
+    """`grpcgrade [words] --help`, as a fenced block."""
+    os.environ["COLUMNS"] = HELP_COLUMNS
+    from grpcgrade.cli import build_parser
+
+    parser = build_parser()
+    for word in words:
+        sub = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
+        parser = sub.choices[word]  # type: ignore[attr-defined]
+    return f"```\n$ grpcgrade {' '.join((*words, '--help'))}\n{parser.format_help().rstrip()}\n```"
+
+
+def cli_commands() -> list[str]:
+    from grpcgrade.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if a.__class__.__name__ == "_SubParsersAction")
+    return list(sub.choices)  # type: ignore[attr-defined]
+
+
+def cli_reference() -> str:
+    parts = [cli_help()]
+    for command in cli_commands():
+        parts.append(f"## grpcgrade {command}\n\n{cli_help(command)}")
+    return "\n\n".join(parts)
+
+
+def _param(p: Any) -> str:
+    return f"`{p.name}`" if p.required else f"`{p.name}={json.dumps(p.default)}`"
+
+
+def graders_table() -> str:
+    from grpcgrade.core.registry import get_registry
+
+    rows = ["| grader | mode | parameters (default) | plugin | description |", "|---|---|---|---|---|"]
+    entries = [e for e in get_registry().entries if e.plugin.distribution in DOCUMENTED_DISTRIBUTIONS]
+    for e in sorted(entries, key=lambda e: e.name):
+        name = f"`{e.name}`" + "".join(f" (alias `{a}`)" for a in e.aliases)
+        params = ", ".join(_param(p) for p in e.params) or "none"
+        plugin = e.plugin.name if e.plugin.distribution == "grpcgrade" else f"{e.plugin.name} ({e.plugin.distribution})"
+        rows.append(f"| {name} | {e.mode.value} | {_cell(params)} | {plugin} | {_cell(e.description)} |")
+    return "\n".join(rows)
+
+
+def config_reference() -> str:
+    from grpcgrade.core.config import ServerConfig
+    from grpcgrade.core.samples import Limits
+    from grpcgrade.llm.models import ModelConfig
+
+    top = [f.name for f in dataclasses.fields(ServerConfig) if f.name != "server_only_graders"]
+    _check_documented("ServerConfig", top, CONFIG_KEYS)
+    defaults = {"grader_timeout_seconds": ServerConfig().grader_timeout_seconds}
+    out = ["| key | default | meaning |", "|---|---|---|"]
+    out += [f"| `{k}` | {defaults.get(k, '')} | {_cell(CONFIG_KEYS[k])} |" for k in top]
+
+    limits = Limits()
+    names = [f.name for f in dataclasses.fields(Limits)]
+    _check_documented("Limits", names, LIMIT_DOCS)
+    out += ["", "`limits:`", "", "| limit | default | bounds |", "|---|---:|---|"]
+    out += [f"| `{n}` | {getattr(limits, n):,} | {_cell(LIMIT_DOCS[n])} |" for n in names]
+
+    settings = [f for f in dataclasses.fields(ModelConfig) if f.name not in ("name", "api_key")]
+    _check_documented("ModelConfig", [f.name for f in settings], MODEL_DOCS)
+    out += ["", "`models:` (each model)", "", "| setting | default | meaning |", "|---|---|---|"]
+    for f in settings:
+        if f.default is not dataclasses.MISSING:
+            default = "none" if f.default is None else f"`{json.dumps(f.default)}`"
+        elif f.default_factory is not dataclasses.MISSING:
+            default = f"`{json.dumps(f.default_factory())}`"
+        else:
+            default = "required" if f.name == "base_url" else "the entry's name"
+        out.append(f"| `{f.name}` | {default} | {_cell(MODEL_DOCS[f.name])} |")
+    return "\n".join(out)
