@@ -2,6 +2,8 @@
 
 * Pages with cog blocks (CLI help, the graders table, the configuration reference) must equal what
   `scripts/docgen.py` prints now: `cog --check` fails on a stale page (`make cog` rewrites them).
+* Every ```yaml block that is a server configuration (it has `rewards:`, `limits:` or `models:`) is read
+  and its rewards resolved against the installed graders, as `grpcgrade serve --config` does at start.
 * Every ```python block of README.md and docs/*.md runs, page by page in one namespace (a page reads as one
   session), against a real server started here with the configuration example of docs/configuration.md.
   The pages say `127.0.0.1:50051`, the address `make serve` uses; this server listens on a free port, so
@@ -11,6 +13,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -83,6 +86,39 @@ def test_not_run_blocks_say_why() -> None:
         for body in blocks(page, "python"):
             if NOT_RUN in body.splitlines()[0]:
                 assert len(body.splitlines()[0]) > len(NOT_RUN) + 3, f"{page.name}: say why a block is not run"
+
+
+CONFIG_KEYS = ("rewards:", "limits:", "models:")
+CHECK_CONFIG = """
+import sys, yaml
+from grpcgrade.core.config import parse_config
+from grpcgrade.core.engine import Engine
+from grpcgrade.core.registry import get_registry
+from grpcgrade.llm.models import configure
+config = parse_config(yaml.safe_load(sys.stdin.read()), sys.argv[1])
+configure(config.models)
+engine = Engine(get_registry(), None, rewards=config.rewards)
+for reward in config.rewards.values():
+    engine.resolve(reward.specs)
+"""
+
+
+def config_blocks() -> list[tuple[str, str]]:
+    return [
+        (f"{page.name}, yaml block {i + 1}", body)
+        for page in PAGES
+        for i, body in enumerate(blocks(page, "yaml"))
+        if any(line.startswith(CONFIG_KEYS) for line in body.splitlines())
+    ]
+
+
+@pytest.mark.parametrize(("where", "body"), config_blocks(), ids=[w for w, _ in config_blocks()])
+def test_configuration_examples_load(where: str, body: str) -> None:
+    env = {**os.environ, "JUDGE_API_KEY": "sk-docs", "OPENAI_API_KEY": "sk-docs"}  # the keys they name
+    proc = subprocess.run(
+        [sys.executable, "-c", CHECK_CONFIG, where], input=body, env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, f"{where}: {proc.stderr[-2000:]}"
 
 
 def test_readme_links_resolve() -> None:
