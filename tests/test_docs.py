@@ -5,7 +5,8 @@
 * Every ```yaml block that is a server configuration (it has `rewards:`, `limits:` or `models:`) is read
   and its rewards resolved against the installed graders, as `grpcgrade serve --config` does at start.
 * Every ```python block of README.md and docs/*.md runs, page by page in one namespace (a page reads as one
-  session), against a real server started here with the configuration example of docs/configuration.md.
+  session), against a real server started here with the configuration example of docs/configuration.md
+  and a judge model (a loopback HTTP service that always gives the top score) for the LLM judges page.
   The pages say `127.0.0.1:50051`, the address `make serve` uses; this server listens on a free port, so
   the address is swapped in. A block whose first line is `# not run: <why>` (needs an LLM endpoint, a
   reader's own data...) is only compiled; the comment is shown on the page, so readers see it too.
@@ -13,6 +14,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -20,6 +22,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from http_services import Reply, http_service
 
 from grpcgrade.testing import start_server
 
@@ -57,14 +60,23 @@ def test_cog_check_fails_on_a_stale_page(tmp_path: Path) -> None:
     assert subprocess.run(cmd, cwd=ROOT, capture_output=True).returncode != 0
 
 
+def judge_reply(number: int, body: dict) -> Reply:
+    """A judge model on loopback for the LLM judges page: it answers every prompt with the top score."""
+    content = json.dumps({"score": 5, "reason": "The response names the capital."})
+    choice = {"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}
+    return 200, {"id": f"docs-{number}", "object": "chat.completion", "choices": [choice]}, {}
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory):
     workdir = tmp_path_factory.mktemp("docs-server")
-    (config,) = blocks(DOCS / "configuration.md", "yaml")[:1]
-    (workdir / "grpcgrade.yaml").write_text(config)
-    srv = start_server(workdir, "--workers", "1", "--config", "grpcgrade.yaml", metrics=False)
-    yield srv
-    srv.stop()
+    config = blocks(DOCS / "configuration.md", "yaml")[0]
+    with http_service(judge_reply) as judge:
+        base_url = judge.url.rsplit("/", 1)[0] + "/v1"
+        (workdir / "grpcgrade.yaml").write_text(f"{config}models:\n  gpt-4o-mini: {{base_url: '{base_url}'}}\n")
+        srv = start_server(workdir, "--workers", "1", "--config", "grpcgrade.yaml", metrics=False)
+        yield srv
+        srv.stop()
 
 
 def python_pages() -> list[Path]:
