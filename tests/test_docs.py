@@ -9,7 +9,9 @@
   and a judge model (a loopback HTTP service that always gives the top score) for the LLM judges page.
   The pages say `127.0.0.1:50051`, the address `make serve` uses; this server listens on a free port, so
   the address is swapped in. A block whose first line is `# not run: <why>` (needs an LLM endpoint, a
-  reader's own data...) is only compiled; the comment is shown on the page, so readers see it too.
+  reader's own data...) is only compiled; the comment is shown on the page, so readers see it too. So is a
+  block that calls another service on loopback (the HTTP endpoints at `127.0.0.1:8080`): the page's own
+  test runs it against that service.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ DOCS = ROOT / "docs"
 PAGES = [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]
 DOCS_ADDRESS = "127.0.0.1:50051"
 NOT_RUN = "# not run:"
+OTHER_SERVICE = re.compile(r"127\.0\.0\.1:(?!50051\b)\d+")
 FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```", re.MULTILINE | re.DOTALL)
 
 
@@ -89,7 +92,7 @@ def test_python_examples_run(page: Path, server) -> None:
     for i, body in enumerate(blocks(page, "python")):
         where = f"{page.name}, python block {i + 1}"
         code = compile(body.replace(DOCS_ADDRESS, server.target), where, "exec")
-        if not body.startswith(NOT_RUN):
+        if not body.startswith(NOT_RUN) and not OTHER_SERVICE.search(body):
             exec(code, namespace)
 
 
