@@ -131,3 +131,24 @@ def config_reference() -> str:
             default = "required" if f.name == "base_url" else "the entry's name"
         out.append(f"| `{f.name}` | {default} | {_cell(MODEL_DOCS[f.name])} |")
     return "\n".join(out)
+
+
+def error_codes() -> str:
+    """The per-sample error codes with the `#:` comment each has where `ErrorCode` defines it."""
+    import inspect
+
+    from grpcgrade.core.errors import ErrorCode
+
+    comments: dict[str, str] = {}
+    pending: list[str] = []
+    for line in inspect.getsource(ErrorCode).splitlines():
+        text = line.strip()
+        if text.startswith("#:"):
+            pending.append(text[2:].strip())
+        elif "=" in text and pending:
+            comments[text.split("=")[0].strip()] = " ".join(pending)
+            pending = []
+    _check_documented("ErrorCode", [c.name for c in ErrorCode], comments)
+    rows = ["| code | meaning |", "|---|---|"]
+    rows += [f"| `{c.value}` | {_cell(comments[c.name])} |" for c in ErrorCode]
+    return "\n".join(rows)
