@@ -8,6 +8,7 @@ cannot drift from the program: a stale page fails `cog --check` in the test suit
 from __future__ import annotations
 
 import dataclasses
+import html
 import json
 import os
 from typing import Any
@@ -25,6 +26,16 @@ CONFIG_KEYS = {
     "limits": "request limits (below)",
     "rewards": "named rewards: a name -> `{description, graders: [spec, ...]}` (see [Rewards](rewards.md))",
     "models": "chat models LLM judges may name (see [LLM judges](llm-judges.md#configuring-models))",
+    "default_reward": "the reward the HTTP face's `POST /get_reward` grades with "
+    "(see [Trainers](trainers.md#openrlhf)); one of `rewards`",
+    "http": "the HTTP face (`--http-port`) (below)",
+}
+
+#: What each setting of the HTTP face means. A setting missing here fails generation.
+HTTP_DOCS = {
+    "failure_reward": "the reward a failed sample gets over HTTP, where OpenRLHF needs a number (it is also "
+    "flagged in `extra_logs.grpcgrade_failed`)",
+    "strip_suffixes": "trailing end-of-turn tokens removed, repeatedly, from each decoded query before grading",
 }
 
 #: What each request limit bounds. A limit missing here fails generation.
@@ -50,6 +61,11 @@ MODEL_DOCS = {
 
 def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _code(text: str) -> str:
+    """Text shown as code in a table cell, safe with pipes and angle brackets on GitHub and in the site."""
+    return "<code>" + html.escape(text, quote=False).replace("|", "&#124;") + "</code>"
 
 
 def _check_documented(kind: str, names: list[str], docs: dict[str, str]) -> None:
@@ -103,15 +119,23 @@ def graders_table() -> str:
 
 
 def config_reference() -> str:
-    from grpcgrade.core.config import ServerConfig
+    from grpcgrade.core.config import HttpConfig, ServerConfig
     from grpcgrade.core.samples import Limits
     from grpcgrade.llm.models import ModelConfig
 
     top = [f.name for f in dataclasses.fields(ServerConfig) if f.name != "server_only_graders"]
     _check_documented("ServerConfig", top, CONFIG_KEYS)
-    defaults = {"grader_timeout_seconds": ServerConfig().grader_timeout_seconds}
+    defaults = {"grader_timeout_seconds": ServerConfig().grader_timeout_seconds, "default_reward": "none"}
     out = ["| key | default | meaning |", "|---|---|---|"]
     out += [f"| `{k}` | {defaults.get(k, '')} | {_cell(CONFIG_KEYS[k])} |" for k in top]
+
+    http = HttpConfig()
+    names = [f.name for f in dataclasses.fields(HttpConfig)]
+    _check_documented("HttpConfig", names, HTTP_DOCS)
+    out += ["", "`http:`", "", "| setting | default | meaning |", "|---|---|---|"]
+    for n in names:
+        default = json.dumps(getattr(http, n), ensure_ascii=False)
+        out.append(f"| `{n}` | {_code(default)} | {_cell(HTTP_DOCS[n])} |")
 
     limits = Limits()
     names = [f.name for f in dataclasses.fields(Limits)]

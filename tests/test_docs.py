@@ -9,9 +9,9 @@
   and a judge model (a loopback HTTP service that always gives the top score) for the LLM judges page.
   The pages say `127.0.0.1:50051`, the address `make serve` uses; this server listens on a free port, so
   the address is swapped in. A block whose first line is `# not run: <why>` (needs an LLM endpoint, a
-  reader's own data...) is only compiled; the comment is shown on the page, so readers see it too. So is a
-  block that calls another service on loopback (the HTTP endpoints at `127.0.0.1:8080`): the page's own
-  test runs it against that service.
+  reader's own data...) is only compiled; the comment is shown on the page, so readers see it too. A page
+  whose examples need a server of their own (other rewards, the HTTP face) has its own test, named in
+  TESTED_ELSEWHERE; here its blocks are only compiled.
 """
 
 from __future__ import annotations
@@ -33,7 +33,11 @@ DOCS = ROOT / "docs"
 PAGES = [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]
 DOCS_ADDRESS = "127.0.0.1:50051"
 NOT_RUN = "# not run:"
-OTHER_SERVICE = re.compile(r"127\.0\.0\.1:(?!50051\b)\d+")
+#: Pages whose examples their own tests run (against the server they need), with those tests.
+TESTED_ELSEWHERE = {
+    "openai-graders.md": ("tests/test_openai_graders.py", "tests/test_openai_http.py"),
+    "trainers.md": ("tests/test_docs_trainers.py",),
+}
 FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```", re.MULTILINE | re.DOTALL)
 
 
@@ -92,8 +96,14 @@ def test_python_examples_run(page: Path, server) -> None:
     for i, body in enumerate(blocks(page, "python")):
         where = f"{page.name}, python block {i + 1}"
         code = compile(body.replace(DOCS_ADDRESS, server.target), where, "exec")
-        if not body.startswith(NOT_RUN) and not OTHER_SERVICE.search(body):
+        if not body.startswith(NOT_RUN) and page.name not in TESTED_ELSEWHERE:
             exec(code, namespace)
+
+
+@pytest.mark.parametrize("page", sorted(TESTED_ELSEWHERE))
+def test_pages_tested_elsewhere_are_run_by_their_tests(page: str) -> None:
+    for test in TESTED_ELSEWHERE[page]:
+        assert page in (ROOT / test).read_text(), f"{test} does not run the examples of {page}"
 
 
 def test_not_run_blocks_say_why() -> None:
