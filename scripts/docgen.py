@@ -21,8 +21,8 @@ HELP_COLUMNS = "100"
 
 #: What each top-level key of the `--config` YAML means. A key missing here fails generation.
 CONFIG_KEYS = {
-    "grader_timeout_seconds": "per grader, per sample time limit in seconds, for requests that set none "
-    "(`grader_timeout_seconds` in a request sets its own); `--grader-timeout` overrides the file",
+    "grader_timeout_seconds": "per grader, per sample time limit in seconds; a request's "
+    "`grader_timeout_seconds` may lower it, never raise it; `--grader-timeout` overrides the file",
     "limits": "request limits (below)",
     "rewards": "named rewards: a name -> `{description, graders: [spec, ...]}` (see [Rewards](rewards.md))",
     "models": "chat models LLM judges may name (see [LLM judges](llm-judges.md#configuring-models))",
@@ -42,7 +42,8 @@ HTTP_DOCS = {
 LIMIT_DOCS = {
     "max_message_bytes": "largest gRPC message received or sent; larger is `RESOURCE_EXHAUSTED`",
     "max_samples_per_batch": "samples in one `BatchEvaluate` call; more is `RESOURCE_EXHAUSTED`",
-    "max_field_chars": "characters in one text field of a sample; longer makes that sample `INVALID_SAMPLE`",
+    "max_field_chars": "characters in one text field or `responses` item of a sample, and the encoded size of its "
+    "`extra`; over it, that sample is `INVALID_SAMPLE`",
     "max_graders_per_request": "grader specs in one request; more is `INVALID_ARGUMENT`",
 }
 
