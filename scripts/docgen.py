@@ -98,7 +98,7 @@ def cli_commands() -> list[str]:
 def cli_reference() -> str:
     parts = [cli_help()]
     for command in cli_commands():
-        parts.append(f"## grpcgrade {command}\n\n{cli_help(command)}")
+        parts.append(f"### `grpcgrade {command} --help`\n\n{cli_help(command)}")
     return "\n\n".join(parts)
 
 
