@@ -387,7 +387,7 @@ def test_make_serve_takes_port_metrics_port_and_config_and_installs_no_test_tool
 
 def test_make_test_adds_the_test_extras():
     lines = make_commands("test")
-    assert any("pip install" in line and "'.[server,test]'" in line for line in lines)
+    assert any("pip install" in line and "'.[server,test,docs]'" in line for line in lines)
     assert lines[-1].endswith("-m pytest -q")
 
 
