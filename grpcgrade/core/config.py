@@ -4,7 +4,8 @@
 grader_timeout_seconds: 30
 default_reward: gsm8k     # what the HTTP face's POST /get_reward grades with (see docs/trainers.md)
 http: {failure_reward: 0.0, strip_suffixes: ["<|im_end|>", "<|endoftext|>"]}
-limits: {max_samples_per_batch: 100000, max_field_chars: 1000000, max_message_bytes: 67108864}
+limits: {max_samples_per_batch: 100000, max_field_chars: 1000000, max_message_bytes: 67108864,
+         send_timeout_seconds: 30, max_buffered_output_bytes: 268435456}
 rewards:
   gsm8k:
     description: exact answer, terse output, under 200 tokens
@@ -126,7 +127,15 @@ def parse_config(data: dict[str, Any], source: str = "config") -> ServerConfig:
     if not isinstance(raw_limits, dict):
         raise ConfigError(f"{source}: limits: must be a mapping (keys: {', '.join(limit_names)})")
     _unknown(raw_limits, limit_names, f"{source}: limits")
-    limits = Limits(**{k: _number(v, f"{source}: limits.{k}", int, 1) for k, v in raw_limits.items()})
+    kinds = {f.name: f.type for f in dataclasses.fields(Limits)}  # "int" or "float" (postponed annotations)
+    limits = Limits(
+        **{
+            k: _number(v, f"{source}: limits.{k}", float, 0.001)
+            if kinds[k] == "float"
+            else _number(v, f"{source}: limits.{k}", int, 1)
+            for k, v in raw_limits.items()
+        }
+    )
     raw_rewards = data.get("rewards") or {}
     if not isinstance(raw_rewards, dict):
         raise ConfigError(f"{source}: rewards: must be a mapping of reward names to rewards")

@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 
 from grpcgrade.grader import BaseGrader, GraderError, GraderResult, Inputs
 
+from .budget import OutputBudget
 from .errors import InvalidParams, UnknownReward
 from .grading import GraderStats, grade_async, grade_chunk_sync, grade_sync, inputs_of, usable, with_problems
 from .registry import Registry
@@ -207,10 +208,17 @@ class Engine:
         return GradedChunk(indices, columns, rewards([job.spec for job in jobs], columns))
 
     async def grade_batch(
-        self, jobs: list[Job], batch: Batch, size: int, timeout: float | None = None
+        self,
+        jobs: list[Job],
+        batch: Batch,
+        size: int,
+        timeout: float | None = None,
+        budget: OutputBudget | None = None,
     ) -> AsyncIterator[GradedChunk | WholeChunk]:
         """Grade a batch chunk after chunk, the engine choosing the path; each chunk is yielded as it
-        finishes (not necessarily in order), as a `GradedChunk`, or a `WholeChunk` from a worker."""
+        finishes (not necessarily in order), as a `GradedChunk`, or a `WholeChunk` from a worker.
+        With a `budget`, a whole chunk's answer is charged from when it is graded until the next chunk is
+        asked for (it has been handed on), and each chunk starts only when the budget has room."""
         timeout = self.timeout(timeout)
         starts = range(0, batch.size, size)
         steps: Iterator[Awaitable[GradedChunk | WholeChunk]]
@@ -218,7 +226,7 @@ class Engine:
             steps = (self._run_whole(batch.whole(a, min(a + size, batch.size), timeout)) for a in starts)
         else:
             steps = (self.grade_chunk(jobs, batch.chunk(a, min(a + size, batch.size)), timeout) for a in starts)
-        async for graded in _pipelined(steps, self.window(jobs)):
+        async for graded in _pipelined(steps, self.window(jobs), budget):
             yield graded
 
     async def _run_whole(self, work: Work) -> WholeChunk:
@@ -228,25 +236,57 @@ class Engine:
         return WholeChunk(payload, work.size)
 
 
-async def _pipelined(steps: Iterator[Awaitable[T]], window: int) -> AsyncIterator[T]:
-    """Await `steps` with `window` in flight, yielding results as they finish. A step starts only when a
-    finished one has been handed on, so a slow reader slows the work instead of growing a queue."""
-    pending: set[asyncio.Future[T]] = set()
+def _output_bytes(graded: object) -> int:
+    """What a finished chunk holds, where known without per-sample work: a whole chunk's serialized answer."""
+    payload = graded.payload if isinstance(graded, WholeChunk) else None
+    return len(payload) if isinstance(payload, bytes) else 0
 
-    def launch() -> None:
+
+async def _pipelined(
+    steps: Iterator[Awaitable[T]], window: int, budget: OutputBudget | None = None
+) -> AsyncIterator[T]:
+    """Await `steps` with `window` in flight, yielding results as they finish. A step starts only when a
+    finished one has been handed on (and the budget has room), so a slow reader slows the work instead of
+    growing a queue. A finished step's output is charged to the budget until it has been handed on."""
+    pending: set[asyncio.Future[T]] = set()
+    charged: dict[asyncio.Future[T], int] = {}
+    closed = False
+
+    def charge(task: asyncio.Future[T]) -> None:
+        if budget is not None and not closed and not task.cancelled() and task.exception() is None:
+            charged[task] = size = _output_bytes(task.result())
+            budget.charge(size)
+
+    async def launch() -> None:
         step = next(steps, None)
         if step is not None:
-            pending.add(asyncio.ensure_future(step))
+            if budget is not None:
+                try:
+                    await budget.room()
+                except BaseException:
+                    if asyncio.iscoroutine(step):
+                        step.close()  # never started: nothing to cancel, and no "never awaited" warning
+                    raise
+            task = asyncio.ensure_future(step)
+            task.add_done_callback(charge)
+            pending.add(task)
 
-    for _ in range(window):
-        launch()
     try:
+        for _ in range(window):
+            await launch()
         while pending:
             done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
             for task in done:
                 pending.discard(task)
-                yield task.result()
-                launch()
+                try:
+                    yield task.result()
+                finally:  # handed on (or the call ended): its answer is no longer held here
+                    if budget is not None:
+                        budget.release(charged.pop(task, 0))
+                await launch()
     finally:
+        closed = True
         for task in pending:
             task.cancel()
+        if budget is not None:
+            budget.release(sum(charged.values()))

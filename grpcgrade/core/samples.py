@@ -32,6 +32,10 @@ class Limits:
     max_samples_per_batch: int = 100_000
     max_field_chars: int = 1_000_000
     max_graders_per_request: int = 64
+    #: A stream whose client takes no message for this long is ended (RESOURCE_EXHAUSTED).
+    send_timeout_seconds: float = 30.0
+    #: Graded answers held server-wide for clients that have not taken them; calls wait past it.
+    max_buffered_output_bytes: int = 256 * 1024 * 1024
 
 
 def check_field(name: str, value: str, limits: Limits) -> None:

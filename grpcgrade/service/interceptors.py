@@ -220,6 +220,22 @@ def _code_of(context: grpc.aio.ServicerContext, exc: BaseException | None) -> st
     return "DEADLINE_EXCEEDED" if remaining is not None and remaining <= DEADLINE_SKEW_SECONDS else "CANCELLED"
 
 
+class _CountingWrites:
+    """A servicer context whose `write` also counts the message sent (a stream written with `context.write`);
+    everything else is the context's own."""
+
+    def __init__(self, context: grpc.aio.ServicerContext, sent: Any) -> None:
+        self._context = context
+        self._sent = sent
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._context, name)
+
+    async def write(self, message: Any) -> None:
+        await self._context.write(message)
+        self._sent.inc()
+
+
 class ObservingInterceptor(_Wrapping):
     """go-grpc-prometheus counters and latency, one debug log line per call, a warning per failure."""
 
@@ -301,11 +317,12 @@ class ObservingInterceptor(_Wrapping):
             return stream_behavior
 
         async def unary_behavior(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            """Also runs a stream written with `context.write`, whose messages it cannot count."""
+            """Also runs a stream written with `context.write`, counting the messages written."""
             request, rid, t0 = arrive(request, context)
             exc: BaseException | None = None
             try:
-                response = await behavior(request, context)
+                given = _CountingWrites(context, sent) if m is not None and streaming_out else context
+                response = await behavior(request, given)
                 if m is not None and not streaming_out:
                     sent.inc()
                 return response

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import grpc
 
+from grpcgrade.core.budget import OutputBudget
 from grpcgrade.core.engine import Batch, Chunk, Engine, Job, WholeChunk
 from grpcgrade.core.errors import InvalidParams, UnknownGrader, UnknownReward
 from grpcgrade.core.samples import Limits
@@ -75,6 +77,7 @@ class GradingServicer(pb_grpc.GradingServiceServicer):
         self.engine = engine
         self.limits = limits
         self.metrics = metrics
+        self.budget = OutputBudget(limits.max_buffered_output_bytes)
 
     def _in_flight(self, delta: int) -> None:
         """Moves the in-flight gauge once per call or streamed chunk: per sample would cost more than cheap grading."""
@@ -118,9 +121,10 @@ class GradingServicer(pb_grpc.GradingServiceServicer):
         fill_response(response, request.sample.id, self._labels(jobs), results, graded.rewards[0], _full(request))
         return response
 
-    async def BatchEvaluate(
-        self, request: pb.BatchEvaluateRequest, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[Message]:
+    async def BatchEvaluate(self, request: pb.BatchEvaluateRequest, context: grpc.aio.ServicerContext) -> None:
+        """Streams the answers with `context.write`, each write timed: a client that takes no message for
+        `send_timeout_seconds` has its call ended (RESOURCE_EXHAUSTED), its running chunks cancelled and its
+        graded answers dropped, so a reader that never reads cannot hold the server's memory."""
         n = len(request.samples)
         if n > self.limits.max_samples_per_batch:
             await context.abort(
@@ -132,22 +136,37 @@ class GradingServicer(pb_grpc.GradingServiceServicer):
         size = self.engine.chunk_size(jobs, request.chunk_size, n)
         if self.metrics is not None:
             self.metrics.batch_samples.observe(n)
-        unanswered = n
+        wait = self.limits.send_timeout_seconds
+        unanswered, stalled = n, False
         self._in_flight(n)
+        messages = self._graded(request, jobs, size, timeout)
         try:
-            async for message, count in self._graded(request, jobs, size, timeout):
-                # Answered once handed to gRPC: counted before the yield, which returns only when gRPC
-                # wants the next message, possibly after the client has read this one.
+            async for message, count in messages:
+                try:
+                    await asyncio.wait_for(context.write(message), wait)
+                except TimeoutError:
+                    stalled = True
+                    break
+                except Exception as exc:  # grpc's own error: the client cancelled or its deadline passed
+                    raise asyncio.CancelledError("the call ended before its answer was sent") from exc
                 unanswered -= count
                 self._in_flight(-count)
-                yield message
-        finally:  # cancelled, failed or done: whatever was not answered leaves the gauge too
+        finally:  # done, stalled, failed or cancelled: running chunks stop, graded ones are dropped
+            await messages.aclose()
             self._in_flight(-unanswered)
+        if stalled:
+            # The status goes out behind the message the client did not take: it sees the status once it
+            # reads again (or its deadline passes); nothing of the call is left here but that message.
+            context.set_code(grpc.StatusCode.RESOURCE_EXHAUSTED)
+            context.set_details(
+                f"the client stopped reading: no message taken for {wait:g} s (send_timeout_seconds); "
+                f"{unanswered} of {n} samples unanswered"
+            )
 
     async def _graded(
         self, request: pb.BatchEvaluateRequest, jobs: list[Job], size: int, timeout: float | None
-    ) -> AsyncIterator[tuple[Message, int]]:
-        """Response messages and how many samples each answers, in the order chunks finish."""
+    ) -> AsyncIterator[tuple[bytes, int]]:
+        """Serialized response messages and how many samples each answers, in the order chunks finish."""
         samples, limits = request.samples, self.limits
         labels = self._labels(jobs)
         full = _full(request)
@@ -161,7 +180,7 @@ class GradingServicer(pb_grpc.GradingServiceServicer):
 
         batch = Batch(len(samples), chunk, whole)
         limit = limits.max_message_bytes
-        async for graded in self.engine.grade_batch(jobs, batch, size, timeout):
+        async for graded in self.engine.grade_batch(jobs, batch, size, timeout, self.budget):
             if isinstance(graded, WholeChunk):
                 if len(graded.payload) <= limit:
                     yield graded.payload, graded.size
@@ -172,7 +191,7 @@ class GradingServicer(pb_grpc.GradingServiceServicer):
                 ids = [samples[i].id for i in graded.indices]
                 fill_items(message.items, graded.indices, ids, labels, graded.columns, graded.rewards, full)
             for part in _fitted(message, limit):
-                yield part, len(part.items)
+                yield part.SerializeToString(), len(part.items)
 
     async def ListGraders(
         self, request: pb.ListGradersRequest, context: grpc.aio.ServicerContext
