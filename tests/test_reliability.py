@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+from pathlib import Path
 
 import grpc
 import pytest
@@ -377,3 +378,68 @@ def test_idle_metrics_connections_are_closed(inline_srv):
     finally:
         for s in idle:
             s.close()
+
+
+# -- 11. a reader that never reads holds nothing for long ---------------------------------------------------
+
+SEND_TIMEOUT = 2.0
+BUDGET = 8_000_000
+STALLED_MESSAGE = 10_000_000  # 100 results with 100,000-character reasons
+
+
+@pytest.fixture(scope="module")
+def stall_srv(tmp_path_factory, plugin_env):
+    tmp = tmp_path_factory.mktemp("stall")
+    config = tmp / "limits.yaml"
+    config.write_text(
+        f"limits: {{send_timeout_seconds: {SEND_TIMEOUT}, max_buffered_output_bytes: {BUDGET}, "
+        f"max_message_bytes: {2 * STALLED_MESSAGE}}}\n"
+    )
+    server = start_server(tmp, "--workers", "2", "--config", str(config), env=plugin_env)
+    yield server
+    server.stop()
+
+
+def _rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS in /proc status")
+
+
+def test_stalled_readers_are_ended_and_release_what_they_held(stall_srv):
+    """Four clients ask for 60 MB of answers each (600 results with 100,000-character reasons, 10 MB
+    messages) and never read. Without a bound each would hold its window of graded chunks (5 with two
+    workers: 50 MB) for as long as it stays connected, 200 MB for the four. Each is ended with
+    RESOURCE_EXHAUSTED once it has taken no message for `send_timeout_seconds`, which drops what it held:
+    the server keeps at most each call's one unsent message and the transport's window (~4 MB a stream,
+    measured with grpcio 1.85; measured here: 77 MB for the four, against 280 MB before the fix). A normal
+    client is answered in full on the same server meanwhile."""
+    target = stall_srv.target
+    ok = {"name": "misbehave", "params": {"heavy": False}}
+    batch(target, [{"response": "long:10"}] * 10, [ok])  # warm: the baseline includes a served call
+    before = _rss_kib(stall_srv.proc.pid)
+    request = pb.BatchEvaluateRequest(
+        graders=specs_to_pb([ok]), samples=[pb.Sample(response="long:100000")] * 600, chunk_size=100
+    )
+    options = [("grpc.max_receive_message_length", 4 * STALLED_MESSAGE)]
+    channels = [grpc.insecure_channel(target, options=options) for _ in range(4)]
+    try:
+        streams = [stub_of(channel).BatchEvaluate(request, timeout=60) for channel in channels]
+        normal = batch(target, [{"id": str(i), "response": "long:10"} for i in range(50)], [ok], timeout=30)
+        assert [outcome(r) for r in normal] == [1.0] * 50
+        deadline = time.monotonic() + SEND_TIMEOUT + 10
+        while handled(stall_srv, "BatchEvaluate").get("RESOURCE_EXHAUSTED", 0) < 4:
+            assert time.monotonic() < deadline, handled(stall_srv, "BatchEvaluate")
+            time.sleep(0.1)
+        time.sleep(0.5)
+        grown_mb = (_rss_kib(stall_srv.proc.pid) - before) / 1024
+        # per stalled call: its unsent message, twice (Python's bytes and gRPC core's copy), and the window
+        assert grown_mb < 4 * (2 * STALLED_MESSAGE / 1e6 + 4) + 30, f"the server still holds {grown_mb:.0f} MB"
+        for stream in streams:  # reading again, each client gets what was sent, then the status
+            error = refusal(lambda stream=stream: list(stream))
+            assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "stopped reading" in error.details() and "send_timeout_seconds" in error.details()
+    finally:
+        for channel in channels:
+            channel.close()

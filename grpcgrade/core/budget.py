@@ -31,6 +31,9 @@ class OutputBudget:
         if self.held < self.max_bytes:
             self._room.set()
 
+    def has_room(self) -> bool:
+        return self.held < self.max_bytes
+
     async def room(self) -> None:
         """Returns once the bytes held are under the budget (at once when they are). A single answer may
         pass the budget: a new chunk starts whenever anything is left, so one call always makes progress."""

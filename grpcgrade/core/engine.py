@@ -247,46 +247,50 @@ async def _pipelined(
 ) -> AsyncIterator[T]:
     """Await `steps` with `window` in flight, yielding results as they finish. A step starts only when a
     finished one has been handed on (and the budget has room), so a slow reader slows the work instead of
-    growing a queue. A finished step's output is charged to the budget until it has been handed on."""
+    growing a queue. A finished step's output is charged to the budget until it has been handed on; while
+    waiting for room, finished steps are still handed on (they are what frees it)."""
     pending: set[asyncio.Future[T]] = set()
     charged: dict[asyncio.Future[T], int] = {}
     closed = False
+    room: asyncio.Future[None] | None = None
 
     def charge(task: asyncio.Future[T]) -> None:
         if budget is not None and not closed and not task.cancelled() and task.exception() is None:
             charged[task] = size = _output_bytes(task.result())
             budget.charge(size)
 
-    async def launch() -> None:
-        step = next(steps, None)
-        if step is not None:
-            if budget is not None:
-                try:
-                    await budget.room()
-                except BaseException:
-                    if asyncio.iscoroutine(step):
-                        step.close()  # never started: nothing to cancel, and no "never awaited" warning
-                    raise
-            task = asyncio.ensure_future(step)
-            task.add_done_callback(charge)
-            pending.add(task)
-
+    upcoming = next(steps, None)
     try:
-        for _ in range(window):
-            await launch()
-        while pending:
-            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            for task in done:
+        while True:
+            while upcoming is not None and len(pending) < window and (budget is None or budget.has_room()):
+                task = asyncio.ensure_future(upcoming)
+                task.add_done_callback(charge)
+                pending.add(task)
+                upcoming = next(steps, None)
+            if upcoming is None and not pending:
+                return
+            waits: set[asyncio.Future[Any]] = set(pending)
+            if upcoming is not None and len(pending) < window:  # the budget is spent: wait for room too
+                assert budget is not None
+                room = room or asyncio.ensure_future(budget.room())
+                waits.add(room)
+            done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            if room is not None and room in done:
+                room = None
+            for task in pending.intersection(done):
                 pending.discard(task)
                 try:
                     yield task.result()
                 finally:  # handed on (or the call ended): its answer is no longer held here
                     if budget is not None:
                         budget.release(charged.pop(task, 0))
-                await launch()
     finally:
         closed = True
+        if room is not None:
+            room.cancel()
         for task in pending:
             task.cancel()
+        if asyncio.iscoroutine(upcoming):
+            upcoming.close()  # never started: nothing to cancel, and no "never awaited" warning
         if budget is not None:
             budget.release(sum(charged.values()))

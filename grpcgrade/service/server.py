@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import logging
 import os
 import signal
@@ -279,8 +280,23 @@ def build_server(opts: ServeOptions) -> Service:
     return service
 
 
+#: glibc's `mallopt` parameter for the size from which an allocation gets its own memory map.
+M_MMAP_THRESHOLD = -3
+LARGE_ALLOCATION_BYTES = 1024 * 1024
+
+
+def return_large_buffers_to_the_os() -> None:
+    """Large answers (a chunk's serialized results, up to the message limit) get their own memory maps, so
+    the memory goes back to the system when they are freed: a call ended for a stalled reader leaves
+    nothing behind. glibc otherwise raises this threshold to the largest buffer freed (up to 32 MiB) and
+    keeps later ones on its heap, where freed memory stays in the process. Not glibc: nothing to do."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).mallopt(M_MMAP_THRESHOLD, LARGE_ALLOCATION_BYTES)
+
+
 async def serve(opts: ServeOptions) -> int:
     """Run until SIGTERM/SIGINT, then drain."""
+    return_large_buffers_to_the_os()
     service = build_server(opts)
     try:
         await service.start()
