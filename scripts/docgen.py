@@ -45,6 +45,10 @@ LIMIT_DOCS = {
     "max_field_chars": "characters in one text field or `responses` item of a sample, and the encoded size of its "
     "`extra`; over it, that sample is `INVALID_SAMPLE`",
     "max_graders_per_request": "grader specs in one request; more is `INVALID_ARGUMENT`",
+    "send_timeout_seconds": "seconds a `BatchEvaluate` stream waits for its client to take a message; past it "
+    "the call ends with `RESOURCE_EXHAUSTED` and its graded answers are dropped (see [Security](security.md))",
+    "max_buffered_output_bytes": "graded answers waiting for their readers, server-wide; while spent, calls "
+    "wait before starting new chunks (see [Security](security.md))",
 }
 
 #: What each model setting does. A setting missing here fails generation.
