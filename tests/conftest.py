@@ -71,6 +71,14 @@ def children(pid: int) -> list[int]:
     return out
 
 
+def memory_kib(pid: int, field: str = "VmRSS") -> int:
+    """A process's memory from /proc status: `VmRSS` (resident now) or `VmHWM` (its peak), in KiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no {field} in /proc/{pid}/status")
+
+
 def cpu_seconds(pid: int) -> float:
     """User plus system CPU time of a process so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()

@@ -17,7 +17,7 @@ from pathlib import Path
 import grpc
 import pytest
 import yaml
-from conftest import children, cpu_seconds, start_server
+from conftest import children, cpu_seconds, memory_kib, start_server
 from grpc_health.v1 import health_pb2
 
 from grpcgrade.core.budget import OutputBudget
@@ -408,13 +408,6 @@ def stall_srv(tmp_path_factory, plugin_env):
     server.stop()
 
 
-def _rss_kib(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise AssertionError("no VmRSS in /proc status")
-
-
 def test_stalled_readers_are_ended_and_release_what_they_held(stall_srv):
     """Four clients ask for 60 MB of answers each (600 results with 100,000-character reasons, 10 MB
     messages) and never read. Without a bound each would hold its window of graded chunks (5 with two
@@ -426,7 +419,7 @@ def test_stalled_readers_are_ended_and_release_what_they_held(stall_srv):
     target = stall_srv.target
     ok = {"name": "misbehave", "params": {"heavy": False}}
     batch(target, [{"response": "long:10"}] * 10, [ok])  # warm: the baseline includes a served call
-    before = _rss_kib(stall_srv.proc.pid)
+    before = memory_kib(stall_srv.proc.pid)
     request = pb.BatchEvaluateRequest(
         graders=specs_to_pb([ok]), samples=[pb.Sample(response="long:100000")] * 600, chunk_size=100
     )
@@ -441,7 +434,7 @@ def test_stalled_readers_are_ended_and_release_what_they_held(stall_srv):
             assert time.monotonic() < deadline, handled(stall_srv, "BatchEvaluate")
             time.sleep(0.1)
         time.sleep(0.5)
-        grown_mb = (_rss_kib(stall_srv.proc.pid) - before) / 1024
+        grown_mb = (memory_kib(stall_srv.proc.pid) - before) / 1024
         # per stalled call: its unsent message, twice (Python's bytes and gRPC core's copy), and the window
         assert grown_mb < 4 * (2 * STALLED_MESSAGE / 1e6 + 4) + 30, f"the server still holds {grown_mb:.0f} MB"
         for stream in streams:  # reading again, each client gets what was sent, then the status

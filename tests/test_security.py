@@ -21,7 +21,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from conftest import ROOT, ServerProcess, health_status, start_server
+from conftest import ROOT, ServerProcess, health_status, memory_kib, start_server
 from grpc_health.v1 import health_pb2
 
 from grpcgrade.client import GradingClient
@@ -203,25 +203,18 @@ def test_calls_without_a_valid_bearer_token_are_unauthenticated(auth_server, tok
     assert codes == dict.fromkeys(("Evaluate", "BatchEvaluate", "ListGraders"), grpc.StatusCode.UNAUTHENTICATED)
 
 
-def _peak_rss_kib(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1])
-    raise AssertionError("no VmHWM in /proc status")
-
-
 def test_a_refused_call_is_not_parsed(auth_server):
     """A BatchEvaluate of 1.5 million tiny samples (7.5 MB) with no token: refused on its metadata, its
     body dropped unparsed. Parsed, its samples would take the server's peak memory up by well over 100 MB."""
     sample = pb.Sample(response="x").SerializeToString()
     body = (b"\x12" + bytes([len(sample)]) + sample) * 1_500_000  # field 2 (samples), length-delimited
-    before = _peak_rss_kib(auth_server.proc.pid)
+    before = memory_kib(auth_server.proc.pid, "VmHWM")
     with grpc.insecure_channel(auth_server.target, options=[("grpc.max_send_message_length", 1 << 25)]) as channel:
         call = channel.unary_stream("/grpcgrade.v1.GradingService/BatchEvaluate")  # bytes as they are
         with pytest.raises(grpc.RpcError) as err:
             list(call(body, timeout=30))
     assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
-    assert _peak_rss_kib(auth_server.proc.pid) - before < 40_000
+    assert memory_kib(auth_server.proc.pid, "VmHWM") - before < 40_000
 
 
 def test_a_request_id_is_logged_safe_and_short(auth_server, tokens):
