@@ -146,7 +146,8 @@ class GradingServicer(pb_grpc.GradingServiceServicer):
         try:
             async for message, count in messages:
                 try:
-                    await asyncio.wait_for(context.write(message), wait)
+                    async with asyncio.timeout(wait):  # no task per message, unlike wait_for
+                        await context.write(message)
                 except TimeoutError:
                     stalled = True
                     break
