@@ -18,7 +18,7 @@ import re
 from typing import Any
 
 from grpcgrade.core.errors import ErrorCode, InvalidParams
-from grpcgrade.grader import BaseGrader, GraderError, GraderMode, GraderResult, GraderScore
+from grpcgrade.grader import BaseGrader, GraderError, GraderResult, GraderScore
 
 from ..patterns import PatternTooLong, compile_pattern
 
@@ -181,11 +181,7 @@ class StringMatchGrader(BaseGrader):
         ignore_whitespace: bool = False,
         algorithm: str = "exact_match",
     ) -> None:
-        super().__init__(
-            name="string_match",
-            mode=GraderMode.POINTWISE,
-            description="Unified string matching grader",
-        )
+        super().__init__()
         if algorithm not in _COMPUTE:
             raise InvalidParams(
                 "algorithm",
