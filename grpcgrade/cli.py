@@ -398,7 +398,7 @@ def cmd_health(args: argparse.Namespace) -> int:
     channel = grpc.secure_channel(target, creds, channel_args) if creds else grpc.insecure_channel(target, channel_args)
     with channel:
         try:
-            reply = health_pb2_grpc.HealthStub(channel).Check(
+            reply = health_pb2_grpc.HealthStub(channel).Check(  # type: ignore[attr-defined]  # the stub package omits it
                 health_pb2.HealthCheckRequest(service=args.service), timeout=args.timeout
             )
         except grpc.RpcError as exc:

@@ -201,7 +201,7 @@ class _Base:
 
     @staticmethod
     def _evaluate_request(
-        sample: Mapping[str, Any] | pb.Sample, graders: Graders, reward: str, grader_timeout: float, view: int
+        sample: Mapping[str, Any] | pb.Sample, graders: Graders, reward: str, grader_timeout: float, view: pb.ResultView
     ) -> pb.EvaluateRequest:
         return pb.EvaluateRequest(
             graders=specs_to_pb(graders),
@@ -220,7 +220,7 @@ class _Base:
         return out  # type: ignore[return-value]
 
     def _batch_request(
-        self, samples: Sequence[Any], graders: Graders, reward: str, grader_timeout: float, view: int
+        self, samples: Sequence[Any], graders: Graders, reward: str, grader_timeout: float, view: pb.ResultView
     ) -> pb.BatchEvaluateRequest:
         return pb.BatchEvaluateRequest(
             graders=specs_to_pb(graders),
@@ -268,7 +268,7 @@ class GradingClient(_Base):
         *,
         timeout: float | None = None,
         grader_timeout: float = 0.0,
-        view: int = pb.RESULT_VIEW_FULL,
+        view: pb.ResultView = pb.RESULT_VIEW_FULL,
     ) -> pb.EvaluateResponse:
         request = self._evaluate_request(sample, graders, reward, grader_timeout, view)
         return self.stub.Evaluate(request, timeout=timeout or self.timeout, metadata=self._metadata)
@@ -281,7 +281,7 @@ class GradingClient(_Base):
         *,
         timeout: float | None = None,
         grader_timeout: float = 0.0,
-        view: int = pb.RESULT_VIEW_FULL,
+        view: pb.ResultView = pb.RESULT_VIEW_FULL,
         on_progress: Progress | None = None,
     ) -> list[pb.EvaluateResponse]:
         """One result per sample, in input order; raises grpc.RpcError if any chunk's call fails.
@@ -425,7 +425,7 @@ class AsyncGradingClient(_Base):
         *,
         timeout: float | None = None,
         grader_timeout: float = 0.0,
-        view: int = pb.RESULT_VIEW_FULL,
+        view: pb.ResultView = pb.RESULT_VIEW_FULL,
     ) -> pb.EvaluateResponse:
         request = self._evaluate_request(sample, graders, reward, grader_timeout, view)
         return await self.stub.Evaluate(request, timeout=timeout or self.timeout, metadata=self._metadata)
@@ -438,7 +438,7 @@ class AsyncGradingClient(_Base):
         *,
         timeout: float | None = None,
         grader_timeout: float = 0.0,
-        view: int = pb.RESULT_VIEW_FULL,
+        view: pb.ResultView = pb.RESULT_VIEW_FULL,
         on_progress: Progress | None = None,
     ) -> list[pb.EvaluateResponse]:
         graders = list(graders or [])

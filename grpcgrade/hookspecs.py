@@ -1,5 +1,7 @@
 """The plugin hooks. Plugins implement them with `@grpcgrade.hookimpl`; the built-ins do too."""
 
+from collections.abc import Callable
+
 from pluggy import HookimplMarker, HookspecMarker
 
 hookspec = HookspecMarker("grpcgrade")
@@ -7,5 +9,5 @@ hookimpl = HookimplMarker("grpcgrade")
 
 
 @hookspec
-def register_graders(register):  # type: ignore[no-untyped-def]
+def register_graders(register: Callable[..., None]) -> None:
     """Register graders: call `register(factory, name=..., aliases=(...))` once per grader."""

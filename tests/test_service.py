@@ -249,6 +249,13 @@ def test_trl_reward_function(server):
     assert scores == [pytest.approx(1.0), pytest.approx(0.5)]
 
 
+def test_trl_reward_function_takes_every_kind_of_grader_spec(server):
+    graders = ["json_validator", {"name": "shout"}, pb.GraderSpec(name="count_word")]
+    reward = reward_function(server.target, graders=graders)
+    assert reward.__name__ == "grpcgrade_json_validator_shout_count_word"
+    assert reward(["q"], ["{}"], reference=["x"]) == [pytest.approx(1 / 3)]  # json_validator 1, others 0
+
+
 def test_a_negative_weight_is_a_penalty_term(client):
     graders = [{"name": "count_word", "weight": 3}, {"name": "shout", "weight": -1}]
     reply = client.evaluate({"response": "GRPC", "reference": "grpc"}, graders)  # count_word 0, shout 1

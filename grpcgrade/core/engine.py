@@ -27,11 +27,11 @@ from typing import Any, TypeVar
 
 from grpcgrade.grader import BaseGrader, GraderError, GraderResult, Inputs
 
-from .errors import InvalidParams, UnknownReward
+from .errors import InvalidParams, SampleProblem, UnknownReward
 from .grading import GraderStats, grade_async, grade_chunk_sync, grade_sync, inputs_of, usable, with_problems
 from .registry import Registry
 from .rewards import Reward, SpecData, check_weights, number_repeats, rewards
-from .samples import SampleProblem, select_all
+from .samples import select_all
 from .workers import Work, WorkerPool, chunk_work, grader_work
 
 T = TypeVar("T")
@@ -174,6 +174,7 @@ class Engine:
         if not batch:
             return []
         start = time.perf_counter()
+        results: list[GraderResult]
         if job.in_worker:
             assert self.pool is not None
             name = self.registry.entry(job.spec.name).name

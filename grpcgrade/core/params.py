@@ -95,9 +95,9 @@ def signature_source(factory: Callable[..., Any]) -> tuple[Callable[..., Any], s
     if isinstance(factory, functools.partial) and isinstance(factory.func, type):
         if issubclass(factory.func, FunctionGrader) and factory.args:
             return factory.args[0], set(INPUT_FIELDS) | set(factory.keywords)
-        return factory.func.__init__, set(factory.keywords)
+        return factory.func.__init__, set(factory.keywords)  # type: ignore[misc]  # a class's own __init__
     if isinstance(factory, type):
-        return factory.__init__, set()
+        return factory.__init__, set()  # type: ignore[misc]
     return factory, set()
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 
@@ -48,7 +49,7 @@ def _fitted(message: pb.BatchEvaluateResponse, limit: int) -> list[pb.BatchEvalu
 
 def add_to_server(servicer: GradingServicer, server: grpc.aio.Server) -> None:
     """The generated `add_GradingServiceServicer_to_server`, but BatchEvaluate may yield bytes."""
-    handlers = {
+    handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {
         "Evaluate": grpc.unary_unary_rpc_method_handler(
             servicer.Evaluate,
             request_deserializer=pb.EvaluateRequest.FromString,

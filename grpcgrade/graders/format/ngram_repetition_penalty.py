@@ -165,7 +165,7 @@ class NgramRepetitionPenaltyGrader(BaseGrader):
         """An n-gram as the reference reports it: tiktoken ids decoded one by one."""
         if self._encoding is not None:
             return [self._encoding.decode([token]) for token in ngram]
-        return list(ngram)
+        return [str(token) for token in ngram]
 
     def _penalty(self, rate: float) -> float:
         if self.use_soft_penalty:

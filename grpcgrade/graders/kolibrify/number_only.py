@@ -33,7 +33,7 @@ class NumberOnlyGrader(BaseGrader):
     def evaluate(self, response: str = "", **kwargs: Any) -> GraderScore:
         answer = final_answer(response or "")
         match = NUMBER_RE.search(answer) if answer is not None else None
-        if match is None:
+        if answer is None or match is None:
             return GraderScore(
                 name=self.name,
                 score=0.0,

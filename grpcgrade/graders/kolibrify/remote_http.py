@@ -143,8 +143,9 @@ class HttpGradingClient:
         results = data.get("results") if isinstance(data, dict) else None
         if not isinstance(results, list):
             raise BatchFailure(ErrorCode.INVALID_RESULT, 'the grading service\'s answer has no "results" list')
-        entries = [r if isinstance(r, dict) else {} for r in results]
-        return [GradeResult(r.get("sample_id"), r.get("reward"), r.get("completion_index")) for r in entries]
+        entries: list[dict[str, Any]] = [r if isinstance(r, dict) else {} for r in results]
+        # Taken as sent, missing or not: the adapter checks each result's sample id and reward.
+        return [GradeResult(r.get("sample_id"), r.get("reward"), r.get("completion_index")) for r in entries]  # type: ignore[arg-type]
 
 
 class RemoteHttpGrader(KolibrifyGraderAdapter):

@@ -329,8 +329,8 @@ class SimilarityGrader(BaseGrader):
             except Exception as exc:  # sacrebleu tokenisers may need extras (MeCab, sentencepiece models)
                 raise ValueError(f"sacrebleu cannot use tokenizer {tok!r}: {exc}") from exc
         if self.algorithm == "chrf":
-            args = (params["char_order"], params["beta"])
-            return self._scorer(("chrf", *args), lambda: m.make_chrf(*args)), None
+            order, beta = params["char_order"], params["beta"]
+            return self._scorer(("chrf", order, beta), lambda: m.make_chrf(order, beta)), None
         if "rouge_types" in params:
             key = (tuple(params["rouge_types"]), params["use_stemmer"])
             return self._scorer(("rouge", *key), lambda: m.make_rouge(*key)), None

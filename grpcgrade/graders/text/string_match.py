@@ -15,6 +15,7 @@ for its sample. A pattern over `MAX_PATTERN_CHARS` is that sample's INVALID_SAMP
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
 from grpcgrade.core.errors import ErrorCode, InvalidParams
@@ -144,7 +145,7 @@ def _char_overlap(reference: str, response: str, case_sensitive: bool) -> _Resul
     return _overlap(set(ref), set(cand), case_sensitive, "chars")
 
 
-_COMPUTE = {
+_COMPUTE: dict[str, Callable[..., _Result]] = {
     "exact_match": _exact_match,
     "prefix_match": _prefix_match,
     "suffix_match": _suffix_match,
