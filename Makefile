@@ -15,7 +15,12 @@ PORT ?= 50051
 METRICS_PORT ?= 9090
 CONFIG ?=
 
-.PHONY: serve test proto lint bench docs cog clean
+.PHONY: serve test proto lint proto-check bench docs cog clean
+
+# buf (lint and breaking-change checks of proto/) from the npm registry, pinned, into .tools/.
+BUF_VERSION := 1.75.0
+TOOLS := .tools
+BUF := $(TOOLS)/node_modules/.bin/buf
 
 $(SERVER_STAMP): pyproject.toml plugins/*/pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -45,6 +50,14 @@ lint: $(STAMP)
 	$(BIN)/ruff check grpcgrade tests plugins scripts
 	$(BIN)/ruff format --check grpcgrade tests plugins scripts
 
+$(TOOLS)/.buf-$(BUF_VERSION):
+	npm install --prefix $(TOOLS) --no-audit --no-fund --loglevel=error @bufbuild/buf@$(BUF_VERSION)
+	touch $@
+
+proto-check: $(TOOLS)/.buf-$(BUF_VERSION)
+	$(BUF) lint
+	$(BUF) breaking --against proto/baseline/grpcgrade-v1.json
+
 bench: $(STAMP)
 	$(BIN)/grpcgrade bench
 
@@ -57,4 +70,4 @@ cog: $(STAMP)
 	$(BIN)/cog -r -I scripts $$(grep -l '\[\[\[cog' README.md docs/*.md)
 
 clean:
-	rm -rf $(VENV) $(OLDEST) build *.egg-info
+	rm -rf $(VENV) $(OLDEST) $(TOOLS) build *.egg-info
