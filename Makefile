@@ -28,8 +28,9 @@ $(SERVER_STAMP): pyproject.toml plugins/*/pyproject.toml
 	$(BIN)/pip install --quiet -e '.[server]' $(foreach p,$(wildcard plugins/*/),-e $(p))
 	touch $(SERVER_STAMP)
 
+# The development and docs tools on top (pyproject's dependency groups; pip >= 25.1 reads them).
 $(STAMP): $(SERVER_STAMP)
-	$(BIN)/pip install --quiet -e '.[server,test,docs]'
+	$(BIN)/pip install --quiet --group dev --group docs
 	touch $(STAMP)
 
 serve: $(SERVER_STAMP)
