@@ -15,7 +15,7 @@ PORT ?= 50051
 METRICS_PORT ?= 9090
 CONFIG ?=
 
-.PHONY: serve test proto lint proto-check bench docs cog clean
+.PHONY: serve test proto lint typecheck proto-check bench docs cog clean
 
 # buf (lint and breaking-change checks of proto/) from the npm registry, pinned, into .tools/.
 BUF_VERSION := 1.75.0
@@ -50,6 +50,9 @@ proto: $(OLDEST_STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check grpcgrade tests plugins scripts
 	$(BIN)/ruff format --check grpcgrade tests plugins scripts
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
 
 $(TOOLS)/.buf-$(BUF_VERSION):
 	npm install --prefix $(TOOLS) --no-audit --no-fund --loglevel=error @bufbuild/buf@$(BUF_VERSION)
