@@ -27,12 +27,13 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
-from conftest import ROOT, start_server
 
 from grpcgrade.cli import build_parser
 from grpcgrade.client import GradingClient
 from grpcgrade.service.metrics import Metrics
+from grpcgrade.testing import start_server
 
+ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
 K8S = DEPLOY / "k8s"
 PROMETHEUS = DEPLOY / "prometheus"

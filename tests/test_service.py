@@ -7,12 +7,12 @@ import json
 
 import grpc
 import pytest
-from conftest import health_status
 from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 from rapidfuzz import fuzz
 
 from grpcgrade import AsyncGradingClient, reward_function
+from grpcgrade.testing import health_status
 from grpcgrade.v1 import grading_pb2 as pb
 from grpcgrade.v1 import grading_pb2_grpc as pb_grpc
 
