@@ -1,7 +1,5 @@
 """The plugin hooks. Plugins implement them with `@grpcgrade.hookimpl`; the built-ins do too."""
 
-from collections.abc import Callable
-
 from pluggy import HookimplMarker, HookspecMarker
 
 hookspec = HookspecMarker("grpcgrade")
@@ -9,5 +7,5 @@ hookimpl = HookimplMarker("grpcgrade")
 
 
 @hookspec
-def register_graders(register: Callable[..., None]) -> None:
+def register_graders(register):  # untyped: the signature plugin authors write, as the docs show it
     """Register graders: call `register(factory, name=..., aliases=(...))` once per grader."""
