@@ -144,7 +144,7 @@ def chunk_work(specs: list[tuple[str, dict[str, Any]]], chunk: list[Any], timeou
     `(columns, [GraderStats])` back, as `grade_chunk_sync` gives them."""
 
     def failed(code: str, message: str) -> tuple[list[list[GraderResult]], list[GraderStats]]:
-        columns = [[GraderError(name, message, code=code)] for name, _ in specs]
+        columns: list[list[GraderResult]] = [[GraderError(name, message, code=code)] for name, _ in specs]
         return columns, [GraderStats(name, 0, 1, 0.0) for name, _ in specs]
 
     def join(parts: list[tuple[list[list[GraderResult]], list[GraderStats]]]) -> Any:
