@@ -269,7 +269,7 @@ class GraderAction(argparse.Action):
 class ParamsAction(argparse.Action):
     """--params JSON: the params of the --grader just before it."""
 
-    def __call__(self, parser: Any, namespace: Any, value: Any, option: Any = None) -> None:
+    def __call__(self, parser: argparse.ArgumentParser, namespace: Any, value: Any, option: Any = None) -> None:
         specs = getattr(namespace, "graders", None)
         if not specs:
             parser.error("--params must follow the --grader it is for: --grader NAME --params JSON")

@@ -315,7 +315,7 @@ class GradingClient(_Base):
         *,
         timeout: float | None = None,
         grader_timeout: float = 0.0,
-        view: int = pb.RESULT_VIEW_FULL,
+        view: pb.ResultView = pb.RESULT_VIEW_FULL,
         linger: float = LINGER_SECONDS,
         on_progress: Callable[[int], None] | None = None,
     ) -> Generator[pb.EvaluateResponse, None, None]:

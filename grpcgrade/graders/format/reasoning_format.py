@@ -10,7 +10,7 @@ runs in a worker, where the per-sample time limit stops a slow compilation or se
 from __future__ import annotations
 
 import re
-from re import _parser as sre_parse
+from re import _parser as sre_parse  # type: ignore[attr-defined]  # CPython's regex parser; typeshed omits it
 from typing import Any
 
 from grpcgrade.core.errors import InvalidParams
