@@ -368,7 +368,9 @@ def test_graders_with_target_lists_params_plugins_and_rewards(server):
 
 def make_commands(*args: str) -> list[str]:
     """What `make` would run (-n: print only; -B: as on a fresh clone, every step)."""
-    out = subprocess.run(["make", "-n", "-B", *args], cwd=ROOT, capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        ["make", "--no-print-directory", "-n", "-B", *args], cwd=ROOT, capture_output=True, text=True, check=True
+    )
     return out.stdout.splitlines()
 
 
