@@ -15,7 +15,12 @@ PORT ?= 50051
 METRICS_PORT ?= 9090
 CONFIG ?=
 
-.PHONY: serve test proto lint bench docs cog clean
+.PHONY: serve test proto lint typecheck proto-check bench docs cog clean
+
+# buf (lint and breaking-change checks of proto/) from the npm registry, pinned, into .tools/.
+BUF_VERSION := 1.75.0
+TOOLS := .tools
+BUF := $(TOOLS)/node_modules/.bin/buf
 
 $(SERVER_STAMP): pyproject.toml plugins/*/pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -23,8 +28,9 @@ $(SERVER_STAMP): pyproject.toml plugins/*/pyproject.toml
 	$(BIN)/pip install --quiet -e '.[server]' $(foreach p,$(wildcard plugins/*/),-e $(p))
 	touch $(SERVER_STAMP)
 
+# The development and docs tools on top (pyproject's dependency groups; pip >= 25.1 reads them).
 $(STAMP): $(SERVER_STAMP)
-	$(BIN)/pip install --quiet -e '.[server,test,docs]'
+	$(BIN)/pip install --quiet --group dev --group docs
 	touch $(STAMP)
 
 serve: $(SERVER_STAMP)
@@ -45,6 +51,17 @@ lint: $(STAMP)
 	$(BIN)/ruff check grpcgrade tests plugins scripts
 	$(BIN)/ruff format --check grpcgrade tests plugins scripts
 
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+$(TOOLS)/.buf-$(BUF_VERSION):
+	npm install --prefix $(TOOLS) --no-audit --no-fund --loglevel=error @bufbuild/buf@$(BUF_VERSION)
+	touch $@
+
+proto-check: $(TOOLS)/.buf-$(BUF_VERSION)
+	$(BUF) lint
+	$(BUF) breaking --against proto/baseline/grpcgrade-v1.json
+
 bench: $(STAMP)
 	$(BIN)/grpcgrade bench
 
@@ -57,4 +74,4 @@ cog: $(STAMP)
 	$(BIN)/cog -r -I scripts $$(grep -l '\[\[\[cog' README.md docs/*.md)
 
 clean:
-	rm -rf $(VENV) $(OLDEST) build *.egg-info
+	rm -rf $(VENV) $(OLDEST) $(TOOLS) build *.egg-info

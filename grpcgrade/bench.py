@@ -11,6 +11,7 @@ items/s and as a ratio to the bare loop.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import random
@@ -365,7 +366,7 @@ PER_CALL = [
 
 def _best_of_fresh(n: int, run: Callable[[list[dict[str, Any]]], object], kwargs: list[dict[str, Any]]) -> float:
     """Items/s, the best of three runs, each on its own slice of never-seen samples (slices 1-3 of 4)."""
-    return max(_rate(n, lambda part=kwargs[k * n : (k + 1) * n]: run(part)) for k in (1, 2, 3))
+    return max(_rate(n, functools.partial(run, kwargs[k * n : (k + 1) * n])) for k in (1, 2, 3))
 
 
 def bench_per_call(n: int = 300) -> list[dict[str, Any]]:
@@ -392,9 +393,11 @@ def bench_per_call(n: int = 300) -> list[dict[str, Any]]:
         row: dict[str, Any] = {"grader": name, "params": params}
         for kw in kwargs[:n]:
             ours.evaluate(**kw)
-        row["ours_us"] = round(
-            1e6 / _best_of_fresh(n, lambda part, g=ours: [g.evaluate(**kw) for kw in part], kwargs), 1
-        )
+
+        def run_ours(part: list[dict[str, Any]], g: Any = ours) -> object:
+            return [g.evaluate(**kw) for kw in part]
+
+        row["ours_us"] = round(1e6 / _best_of_fresh(n, run_ours, kwargs), 1)
         try:
             module, cls = ref_path.split(":")
             ref_class = getattr(importlib.import_module(f"openjudge.graders.{module}"), cls)
@@ -410,9 +413,11 @@ def bench_per_call(n: int = 300) -> list[dict[str, Any]]:
                 await g._aevaluate(**kw)
 
         asyncio.run(reference(ref, ref_kwargs[:n]))
-        row["reference_us"] = round(
-            1e6 / _best_of_fresh(n, lambda part, g=ref: asyncio.run(reference(g, part)), ref_kwargs), 1
-        )
+
+        def run_reference(part: list[dict[str, Any]], g: Any = ref) -> object:
+            return asyncio.run(reference(g, part))
+
+        row["reference_us"] = round(1e6 / _best_of_fresh(n, run_reference, ref_kwargs), 1)
         row["speedup"] = round(row["reference_us"] / row["ours_us"], 2)
         rows.append(row)
     return rows
@@ -506,7 +511,7 @@ def run_bench(
         messages = [sample_to_pb(s) for s in data]
         report.figures["grpc_floor_minimal_server"] = bench_floor(grader, messages, [{"name": preset.grader}])
         if compare_metrics:  # alternate off/on runs and keep the best of each: one run is noisier than 5%
-            on, off = [figures["batch_evaluate_grpc"]], []
+            on, off = [figures["batch_evaluate_grpc"]], list[float]()
             for metrics_on in (False, True, False):
                 run, _ = bench_service(preset, data, workers, 0, concurrency, metrics_on, Path(tmp))
                 (on if metrics_on else off).append(run["batch_evaluate_grpc"])

@@ -269,7 +269,7 @@ class GraderAction(argparse.Action):
 class ParamsAction(argparse.Action):
     """--params JSON: the params of the --grader just before it."""
 
-    def __call__(self, parser: Any, namespace: Any, value: Any, option: Any = None) -> None:
+    def __call__(self, parser: argparse.ArgumentParser, namespace: Any, value: Any, option: Any = None) -> None:
         specs = getattr(namespace, "graders", None)
         if not specs:
             parser.error("--params must follow the --grader it is for: --grader NAME --params JSON")
@@ -398,7 +398,7 @@ def cmd_health(args: argparse.Namespace) -> int:
     channel = grpc.secure_channel(target, creds, channel_args) if creds else grpc.insecure_channel(target, channel_args)
     with channel:
         try:
-            reply = health_pb2_grpc.HealthStub(channel).Check(
+            reply = health_pb2_grpc.HealthStub(channel).Check(  # type: ignore[attr-defined]  # the stub package omits it
                 health_pb2.HealthCheckRequest(service=args.service), timeout=args.timeout
             )
         except grpc.RpcError as exc:

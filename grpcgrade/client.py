@@ -201,7 +201,7 @@ class _Base:
 
     @staticmethod
     def _evaluate_request(
-        sample: Mapping[str, Any] | pb.Sample, graders: Graders, reward: str, grader_timeout: float, view: int
+        sample: Mapping[str, Any] | pb.Sample, graders: Graders, reward: str, grader_timeout: float, view: pb.ResultView
     ) -> pb.EvaluateRequest:
         return pb.EvaluateRequest(
             graders=specs_to_pb(graders),
@@ -220,7 +220,7 @@ class _Base:
         return out  # type: ignore[return-value]
 
     def _batch_request(
-        self, samples: Sequence[Any], graders: Graders, reward: str, grader_timeout: float, view: int
+        self, samples: Sequence[Any], graders: Graders, reward: str, grader_timeout: float, view: pb.ResultView
     ) -> pb.BatchEvaluateRequest:
         return pb.BatchEvaluateRequest(
             graders=specs_to_pb(graders),
@@ -268,7 +268,7 @@ class GradingClient(_Base):
         *,
         timeout: float | None = None,
         grader_timeout: float = 0.0,
-        view: int = pb.RESULT_VIEW_FULL,
+        view: pb.ResultView = pb.RESULT_VIEW_FULL,
     ) -> pb.EvaluateResponse:
         request = self._evaluate_request(sample, graders, reward, grader_timeout, view)
         return self.stub.Evaluate(request, timeout=timeout or self.timeout, metadata=self._metadata)
@@ -281,7 +281,7 @@ class GradingClient(_Base):
         *,
         timeout: float | None = None,
         grader_timeout: float = 0.0,
-        view: int = pb.RESULT_VIEW_FULL,
+        view: pb.ResultView = pb.RESULT_VIEW_FULL,
         on_progress: Progress | None = None,
     ) -> list[pb.EvaluateResponse]:
         """One result per sample, in input order; raises grpc.RpcError if any chunk's call fails.
@@ -315,7 +315,7 @@ class GradingClient(_Base):
         *,
         timeout: float | None = None,
         grader_timeout: float = 0.0,
-        view: int = pb.RESULT_VIEW_FULL,
+        view: pb.ResultView = pb.RESULT_VIEW_FULL,
         linger: float = LINGER_SECONDS,
         on_progress: Callable[[int], None] | None = None,
     ) -> Generator[pb.EvaluateResponse, None, None]:
@@ -417,6 +417,13 @@ class AsyncGradingClient(_Base):
         except TimeoutError:
             raise ConnectionError(f"no grpcgrade server reachable at {self.target} within {timeout:g} s") from None
 
+    async def check(self, graders: Graders = None, reward: str = "", *, timeout: float | None = None) -> None:
+        """Ask the server to resolve `graders` or `reward` without grading anything (a BatchEvaluate of no
+        samples): an unknown name or bad params raise grpc.RpcError (NOT_FOUND, INVALID_ARGUMENT) now."""
+        request = self._batch_request([], list(graders or []), reward, 0.0, pb.RESULT_VIEW_SCORES)
+        async for _ in self.stub.BatchEvaluate(request, timeout=timeout or self.timeout, metadata=self._metadata):
+            pass
+
     async def evaluate(
         self,
         sample: Mapping[str, Any] | pb.Sample,
@@ -425,7 +432,7 @@ class AsyncGradingClient(_Base):
         *,
         timeout: float | None = None,
         grader_timeout: float = 0.0,
-        view: int = pb.RESULT_VIEW_FULL,
+        view: pb.ResultView = pb.RESULT_VIEW_FULL,
     ) -> pb.EvaluateResponse:
         request = self._evaluate_request(sample, graders, reward, grader_timeout, view)
         return await self.stub.Evaluate(request, timeout=timeout or self.timeout, metadata=self._metadata)
@@ -438,7 +445,7 @@ class AsyncGradingClient(_Base):
         *,
         timeout: float | None = None,
         grader_timeout: float = 0.0,
-        view: int = pb.RESULT_VIEW_FULL,
+        view: pb.ResultView = pb.RESULT_VIEW_FULL,
         on_progress: Progress | None = None,
     ) -> list[pb.EvaluateResponse]:
         graders = list(graders or [])
@@ -472,7 +479,7 @@ class AsyncGradingClient(_Base):
         linger: float = DEFAULT_LINGER,
         max_batch: int = DEFAULT_MAX_BATCH,
         grader_timeout: float = 0.0,
-        view: int = pb.RESULT_VIEW_SCORES,
+        view: pb.ResultView = pb.RESULT_VIEW_SCORES,
     ) -> Coalescer:
         """One-sample calls that arrive together leave as one BatchEvaluate (see `Coalescer`)."""
         return Coalescer(self, list(graders or []), reward, linger, max_batch, grader_timeout, view)
@@ -494,7 +501,7 @@ class Coalescer:
         linger: float = DEFAULT_LINGER,
         max_batch: int = DEFAULT_MAX_BATCH,
         grader_timeout: float = 0.0,
-        view: int = pb.RESULT_VIEW_SCORES,
+        view: pb.ResultView = pb.RESULT_VIEW_SCORES,
     ) -> None:
         if max_batch < 1 or linger < 0:
             raise ValueError("max_batch must be >= 1 and linger >= 0")

@@ -86,10 +86,13 @@ class BaseGrader:
         description: str = "",
         **kwargs: Any,
     ) -> None:
-        self.name = name
+        # The registry names a grader it builds after its registration; the class name serves direct use.
+        # `description` is shown for graders registered as instances (a Kolibrify configuration's own);
+        # for registered classes and functions ListGraders shows the registration's or the docstring's.
+        # Extra keyword arguments are accepted, as OpenJudge's BaseGrader does, so its graders port as they are.
+        self.name = name or type(self).__name__
         self.mode = GraderMode(mode) if mode else type(self).mode
         self.description = description
-        self.kwargs = kwargs
 
     def warm_up(self) -> None:
         """Import and load what the first sample would (dictionaries, libraries): called once per process
@@ -155,9 +158,9 @@ class FunctionGrader(BaseGrader):
             name=name or func.__name__,
             mode=mode,
             description=description or (inspect.getdoc(func) or "").split("\n")[0],
-            **kwargs,
         )
         self.func = func
+        self.kwargs = kwargs  # bound extra arguments of `func` (a request's params)
         self._async = inspect.iscoroutinefunction(func)
 
     @property

@@ -7,5 +7,5 @@ hookimpl = HookimplMarker("grpcgrade")
 
 
 @hookspec
-def register_graders(register):  # type: ignore[no-untyped-def]
+def register_graders(register):  # untyped: the signature plugin authors write, as the docs show it
     """Register graders: call `register(factory, name=..., aliases=(...))` once per grader."""

@@ -27,6 +27,34 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def children(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (a server's workers and its resource tracker)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                out.append(int(entry.name))
+    return out
+
+
+def memory_kib(pid: int, field: str = "VmRSS") -> int:
+    """A process's memory from /proc status: `VmRSS` (resident now) or `VmHWM` (its peak), in KiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no {field} in /proc/{pid}/status")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU time of a process so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def install_into(target: Path, *packages: Path | str) -> Path:
     """pip-install plugin packages (entry points and all) into `target`: put it on PYTHONPATH to use them."""
     subprocess.run(
@@ -44,7 +72,7 @@ def health_status(
     channel = grpc.secure_channel(target, credentials) if credentials else grpc.insecure_channel(target)
     with channel:
         try:
-            reply = health_pb2_grpc.HealthStub(channel).Check(
+            reply = health_pb2_grpc.HealthStub(channel).Check(  # type: ignore[attr-defined]  # the stub package omits it
                 health_pb2.HealthCheckRequest(service=service), timeout=timeout
             )
         except grpc.RpcError:
@@ -88,7 +116,7 @@ class ServerProcess:
         return sum(v for (n, tags), v in self.metrics().items() if n == name and labels.items() <= dict(tags).items())
 
     def client(self, **kwargs: object) -> GradingClient:
-        return GradingClient(self.target, **kwargs)  # type: ignore[arg-type]
+        return GradingClient(self.target, **kwargs)
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
         if self.proc.poll() is None:

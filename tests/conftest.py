@@ -1,4 +1,7 @@
-"""Shared fixtures: real servers in subprocesses on free loopback ports, and really installed plugins."""
+"""Shared fixtures: real servers in subprocesses on free loopback ports, and really installed plugins.
+
+Fixtures only: tests import their helpers from `grpcgrade.testing`, as plugin authors' suites do.
+"""
 
 from __future__ import annotations
 
@@ -10,9 +13,7 @@ from pathlib import Path
 import pytest
 
 from grpcgrade.client import GradingClient
-from grpcgrade.testing import ServerProcess, free_port, health_status, install_into, start_server
-
-__all__ = ["ServerProcess", "free_port", "health_status", "start_server"]
+from grpcgrade.testing import ServerProcess, install_into, start_server
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -55,31 +56,3 @@ def server(tmp_path_factory: pytest.TempPathFactory, plugin_env: dict[str, str])
 def client(server: ServerProcess) -> Iterator[GradingClient]:
     with server.client(timeout=120) as c:
         yield c
-
-
-def children(pid: int) -> list[int]:
-    """The processes whose parent is `pid` (a server's workers and its resource tracker)."""
-    out = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == pid:
-                out.append(int(entry.name))
-    return out
-
-
-def memory_kib(pid: int, field: str = "VmRSS") -> int:
-    """A process's memory from /proc status: `VmRSS` (resident now) or `VmHWM` (its peak), in KiB."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(f"{field}:"):
-            return int(line.split()[1])
-    raise AssertionError(f"no {field} in /proc/{pid}/status")
-
-
-def cpu_seconds(pid: int) -> float:
-    """User plus system CPU time of a process so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

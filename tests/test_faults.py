@@ -9,10 +9,9 @@ import time
 
 import grpc
 import pytest
-from conftest import children, cpu_seconds, start_server
 from grpc_health.v1 import health_pb2
 
-from grpcgrade.testing import health_status
+from grpcgrade.testing import children, cpu_seconds, health_status, start_server
 from grpcgrade.v1 import grading_pb2 as pb
 from grpcgrade.v1 import grading_pb2_grpc as pb_grpc
 

@@ -11,7 +11,8 @@ import asyncio
 
 import aiohttp
 import pytest
-from conftest import free_port, start_server
+
+from grpcgrade.testing import free_port, start_server
 
 CONFIG = """
 default_reward: gsm8k

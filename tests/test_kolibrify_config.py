@@ -19,7 +19,6 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from conftest import ServerProcess, start_server
 from http_services import Reply, Service, http_service
 
 from grpcgrade.core.config import ServerConfig
@@ -32,6 +31,7 @@ from grpcgrade.core.samples import Limits
 from grpcgrade.grader import GraderError
 from grpcgrade.graders.kolibrify.config import PLUGIN_NAME, load_kolibrify_config
 from grpcgrade.service.convert import sample_kwargs, sample_to_pb
+from grpcgrade.testing import ServerProcess, start_server
 
 # Kolibrify's example grader (examples/rl/gspo_custom_grader), written against Kolibrify's own API. It
 # answers in reverse order on purpose: grpcgrade pairs results by sample_id + completion_index.

@@ -25,7 +25,6 @@ from typing import Any
 import grpc
 import pytest
 import yaml
-from conftest import start_server
 
 import grpcgrade
 from grpcgrade.core.config import parse_config
@@ -39,6 +38,7 @@ from grpcgrade.llm.chat import ChatError
 from grpcgrade.llm.parsing import JudgeOutputError, json_objects, parse_rank, parse_score
 from grpcgrade.llm.prompt import PromptError
 from grpcgrade.service.structs import struct_to_dict
+from grpcgrade.testing import start_server
 from grpcgrade.v1 import grading_pb2 as pb
 
 KEY_ENV = "GRPCGRADE_TEST_JUDGE_KEY"

@@ -10,10 +10,10 @@ from typing import Any
 
 import grpc
 import pytest
-from conftest import health_status, start_server
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from grpcgrade.service.convert import sample_to_pb, specs_to_pb
+from grpcgrade.testing import health_status, start_server
 from grpcgrade.v1 import grading_pb2 as pb
 from grpcgrade.v1 import grading_pb2_grpc as pb_grpc
 

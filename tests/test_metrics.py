@@ -19,12 +19,12 @@ from dataclasses import dataclass
 
 import grpc
 import pytest
-from conftest import ServerProcess, start_server
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 import grpcgrade
 from grpcgrade.service.convert import sample_to_pb, specs_to_pb
+from grpcgrade.testing import ServerProcess, start_server
 from grpcgrade.v1 import grading_pb2 as pb
 from grpcgrade.v1 import grading_pb2_grpc as pb_grpc
 

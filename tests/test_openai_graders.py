@@ -16,7 +16,6 @@ from typing import Any
 import grpc
 import pytest
 import yaml
-from conftest import start_server
 from doc_examples import blocks, run_python
 from openai_judge import VECTORS, Judge, answer, models_section, running_judge
 
@@ -30,6 +29,7 @@ from grpcgrade.graders.openai.schema import GraderConfigError
 from grpcgrade.graders.openai.templating import MAX_RENDERED_CHARS
 from grpcgrade.llm import models
 from grpcgrade.service.structs import struct_to_dict
+from grpcgrade.testing import start_server
 
 
 def check(input: str, reference: str, operation: str = "eq", name: str = "check") -> dict[str, Any]:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import random
 
 import pytest
-from conftest import start_server
 from google.protobuf.json_format import MessageToDict
 
+from grpcgrade.testing import start_server
 from grpcgrade.v1 import grading_pb2 as pb
 
 WORDS = "the a cat dog sat on mat rug reward policy 机器 学习 是 人工 智能 , . ! 3.14 42".split()

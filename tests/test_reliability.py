@@ -17,7 +17,6 @@ from pathlib import Path
 import grpc
 import pytest
 import yaml
-from conftest import children, cpu_seconds, memory_kib, start_server
 from grpc_health.v1 import health_pb2
 
 from grpcgrade.core.budget import OutputBudget
@@ -26,7 +25,7 @@ from grpcgrade.core.engine import WholeChunk, _pipelined
 from grpcgrade.core.errors import ConfigError
 from grpcgrade.core.samples import Limits
 from grpcgrade.service.convert import sample_to_pb, specs_to_pb
-from grpcgrade.testing import health_status
+from grpcgrade.testing import children, cpu_seconds, health_status, memory_kib, start_server
 from grpcgrade.v1 import grading_pb2 as pb
 from grpcgrade.v1 import grading_pb2_grpc as pb_grpc
 

@@ -13,7 +13,6 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from conftest import free_port
 from http_services import Reply, Service, http_service
 
 from grpcgrade.core.errors import InvalidParams
@@ -22,6 +21,7 @@ from grpcgrade.core.samples import Limits
 from grpcgrade.grader import GraderError, GraderScore
 from grpcgrade.graders.kolibrify.remote_http import RemoteHttpGrader
 from grpcgrade.service.convert import sample_kwargs, sample_to_pb
+from grpcgrade.testing import free_port
 
 
 @pytest.fixture

@@ -16,9 +16,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from conftest import ServerProcess, start_server
 
 from grpcgrade.client import GradingClient
+from grpcgrade.testing import ServerProcess, start_server
 
 REPLICAS = 3
 CALLS = 1500  # per phase

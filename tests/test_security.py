@@ -21,12 +21,14 @@ from pathlib import Path
 
 import grpc
 import pytest
-from conftest import ROOT, ServerProcess, health_status, memory_kib, start_server
 from grpc_health.v1 import health_pb2
 
 from grpcgrade.client import GradingClient
+from grpcgrade.testing import ServerProcess, health_status, memory_kib, start_server
 from grpcgrade.v1 import grading_pb2 as pb
 from grpcgrade.v1 import grading_pb2_grpc as pb_grpc
+
+ROOT = Path(__file__).resolve().parent.parent
 
 SAMPLE = pb.Sample(id="s", response='{"a": 1}')
 COMMENT = "tokens-for-the-trainers"  # a comment line of the token file, which is no token

@@ -7,12 +7,12 @@ import json
 
 import grpc
 import pytest
-from conftest import health_status
 from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 from rapidfuzz import fuzz
 
 from grpcgrade import AsyncGradingClient, reward_function
+from grpcgrade.testing import health_status
 from grpcgrade.v1 import grading_pb2 as pb
 from grpcgrade.v1 import grading_pb2_grpc as pb_grpc
 
@@ -247,6 +247,13 @@ def test_trl_reward_function(server):
     completions = ["<think>\nr\n</think>\n72", [{"role": "assistant", "content": "<think>\nr\n</think>\n71"}]]
     scores = reward(prompts, completions, answer=["#### 72", "#### 72"], completion_tokens=[10, 10])
     assert scores == [pytest.approx(1.0), pytest.approx(0.5)]
+
+
+def test_trl_reward_function_takes_every_kind_of_grader_spec(server):
+    graders = ["json_validator", {"name": "shout"}, pb.GraderSpec(name="count_word")]
+    reward = reward_function(server.target, graders=graders)
+    assert reward.__name__ == "grpcgrade_json_validator_shout_count_word"
+    assert reward(["q"], ["{}"], reference=["x"]) == [pytest.approx(1 / 3)]  # json_validator 1, others 0
 
 
 def test_a_negative_weight_is_a_penalty_term(client):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from conftest import ROOT
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_generated_stubs_match_the_proto(tmp_path: Path, oldest_python: Path):

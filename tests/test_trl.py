@@ -206,7 +206,7 @@ def test_construction_validates(server):
         reward_function(server.target, [{"name": "completion_length_cap", "params": {"max_completion_tokens": -1}}])
     with pytest.raises(ValueError, match="not both"):
         reward_function(server.target, ["shout"], reward="gsm8k")
-    from conftest import free_port
+    from grpcgrade.testing import free_port
 
     with pytest.raises(ConnectionError, match="no grpcgrade server reachable"):
         reward_function(f"127.0.0.1:{free_port()}", ["shout"], wait_for_ready=0.3)

@@ -28,11 +28,11 @@ from typing import Any, TypeVar
 from grpcgrade.grader import BaseGrader, GraderError, GraderResult, Inputs
 
 from .budget import OutputBudget
-from .errors import InvalidParams, UnknownReward
+from .errors import InvalidParams, SampleProblem, UnknownReward
 from .grading import GraderStats, grade_async, grade_chunk_sync, grade_sync, inputs_of, usable, with_problems
 from .registry import Registry
 from .rewards import Reward, SpecData, check_weights, number_repeats, rewards
-from .samples import SampleProblem, select_all
+from .samples import select_all
 from .workers import Work, WorkerPool, chunk_work, grader_work
 
 T = TypeVar("T")
@@ -175,6 +175,7 @@ class Engine:
         if not batch:
             return []
         start = time.perf_counter()
+        results: list[GraderResult]
         if job.in_worker:
             assert self.pool is not None
             name = self.registry.entry(job.spec.name).name
@@ -277,19 +278,19 @@ async def _pipelined(
             done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
             if room is not None and room in done:
                 room = None
-            for task in pending.intersection(done):
-                pending.discard(task)
+            for finished in pending.intersection(done):
+                pending.discard(finished)
                 try:
-                    yield task.result()
+                    yield finished.result()
                 finally:  # handed on (or the call ended): its answer is no longer held here
                     if budget is not None:
-                        budget.release(charged.pop(task, 0))
+                        budget.release(charged.pop(finished, 0))
     finally:
         closed = True
         if room is not None:
             room.cancel()
-        for task in pending:
-            task.cancel()
+        for left in pending:
+            left.cancel()
         if asyncio.iscoroutine(upcoming):
             upcoming.close()  # never started: nothing to cancel, and no "never awaited" warning
         if budget is not None:

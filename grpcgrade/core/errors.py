@@ -67,7 +67,6 @@ class UnknownGrader(LookupError):
     def __init__(self, name: str, known: list[str]) -> None:
         super().__init__(f"unknown grader {_cut(name)!r}{_did_you_mean(name, known)}")
         self.name = name
-        self.suggestions = difflib.get_close_matches(name, known, n=3, cutoff=0.5)
 
 
 class UnknownReward(LookupError):

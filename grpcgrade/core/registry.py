@@ -12,34 +12,22 @@ import inspect
 import json
 import logging
 import threading
-import types
-import typing
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from grpcgrade.grader import BaseGrader, FunctionGrader, GraderMode
+from grpcgrade.grader import BaseGrader, GraderMode
 
 from .errors import InvalidParams, UnknownGrader
-from .params import MAX_PARAMS_BYTES, check_number, shown, unannotated
+from .params import MAX_PARAMS_BYTES, ParamInfo, coerce_value, describe_params, signature_source
 from .plugins import CLASHED, FAILED, LOADED, LoadedPlugin, PluginInfo, load_plugins, make_manager
-from .samples import INPUT_FIELDS
 
 log = logging.getLogger(__name__)
 
-_MISSING = object()
 #: The built-grader cache's budget, counted in the bytes of the params the graders were built from (a
 #: grader holds about that much: its params, and what it compiled from them).
 CACHE_BYTES = 32 * 1024 * 1024
-
-
-@dataclass(frozen=True)
-class ParamInfo:
-    name: str
-    type: str
-    default: Any = None
-    required: bool = False
 
 
 @dataclass
@@ -54,86 +42,6 @@ class GraderEntry:
     open_params: bool = False  # the factory takes **kwargs, so unknown names cannot be refused up front
     mode_given: bool = False  # register(..., mode=...) overrides what the built grader says
     hints: dict[str, Any] = field(default_factory=dict)
-
-
-def _signature_source(factory: Callable[..., Any]) -> tuple[Callable[..., Any], set[str]]:
-    """The callable whose parameters are the grader's params, and names that are not params."""
-    if isinstance(factory, functools.partial) and isinstance(factory.func, type):
-        if issubclass(factory.func, FunctionGrader) and factory.args:
-            return factory.args[0], set(INPUT_FIELDS) | set(factory.keywords)
-        return factory.func.__init__, set(factory.keywords)
-    if isinstance(factory, type):
-        return factory.__init__, set()
-    return factory, set()
-
-
-def _type_name(hint: Any) -> str:
-    hint = unannotated(hint)
-    if hint is inspect.Parameter.empty:
-        return "any"
-    return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, tuple):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, (str, int, float, bool, list, dict)) or value is None:
-        return value
-    return str(getattr(value, "value", value))
-
-
-def describe_params(factory: Callable[..., Any]) -> tuple[list[ParamInfo], bool, dict[str, Any]]:
-    source, skip = _signature_source(factory)
-    try:
-        sig = inspect.signature(source)
-        hints = typing.get_type_hints(source, include_extras=True)
-    except (TypeError, ValueError, NameError):
-        return [], True, {}
-    params, open_params = [], False
-    for p in sig.parameters.values():
-        if p.name in ("self", "name", "mode", "description") or p.name in skip:
-            continue
-        if p.kind is p.VAR_KEYWORD:
-            open_params = True
-            continue
-        if p.kind is p.VAR_POSITIONAL:
-            continue
-        hint = hints.get(p.name, p.annotation)
-        required = p.default is p.empty
-        params.append(ParamInfo(p.name, _type_name(hint), None if required else _jsonable(p.default), required))
-    return params, open_params, hints
-
-
-def _base_types(hint: Any) -> set[type]:
-    hint = unannotated(hint)
-    origin = typing.get_origin(hint)
-    if origin in (typing.Union, types.UnionType):
-        return set().union(*(_base_types(a) for a in typing.get_args(hint)))
-    return {origin or hint} if isinstance(origin or hint, type) else set()
-
-
-def coerce_value(param: str, value: Any, hint: Any) -> Any:
-    """JSON (protobuf Struct) has one number type; give each param the Python type its factory declares,
-    within its range (see `params`)."""
-    value = _typed(param, value, hint)
-    check_number(param, value, hint)
-    return value
-
-
-def _typed(param: str, value: Any, hint: Any) -> Any:
-    wanted = _base_types(hint) if hint is not None else set()
-    if isinstance(value, float) and int in wanted and float not in wanted:
-        if not value.is_integer():
-            raise InvalidParams(param, f"must be an integer, got {shown(value)}")
-        return int(value)
-    if isinstance(value, list) and tuple in wanted and list not in wanted:
-        return tuple(value)
-    if isinstance(value, float) and not wanted and value.is_integer():
-        return int(value)
-    if wanted and not isinstance(value, tuple(wanted)) and not (float in wanted and isinstance(value, int)):
-        names = " or ".join(sorted("null" if t is type(None) else t.__name__ for t in wanted))
-        raise InvalidParams(param, f"must be {names}, got {type(value).__name__} {shown(value)}")
-    return value
 
 
 class Registry:
@@ -182,7 +90,7 @@ class Registry:
                 plugin.status = CLASHED
             return
         params, open_params, hints = describe_params(factory)
-        doc_source = _signature_source(factory)[0] if isinstance(factory, functools.partial) else factory
+        doc_source = signature_source(factory)[0] if isinstance(factory, functools.partial) else factory
         entry = GraderEntry(
             name=name,
             factory=factory,

@@ -32,7 +32,7 @@ from typing import Any
 from grpcgrade.grader import GraderError, GraderResult
 
 from . import grading
-from .errors import GraderCancelled
+from .errors import ErrorCode, GraderCancelled
 from .grading import GraderStats, grade_chunk_sync, grade_sync, join_stats
 
 log = logging.getLogger(__name__)
@@ -144,7 +144,7 @@ def chunk_work(specs: list[tuple[str, dict[str, Any]]], chunk: list[Any], timeou
     `(columns, [GraderStats])` back, as `grade_chunk_sync` gives them."""
 
     def failed(code: str, message: str) -> tuple[list[list[GraderResult]], list[GraderStats]]:
-        columns = [[GraderError(name, message, code=code)] for name, _ in specs]
+        columns: list[list[GraderResult]] = [[GraderError(name, message, code=code)] for name, _ in specs]
         return columns, [GraderStats(name, 0, 1, 0.0) for name, _ in specs]
 
     def join(parts: list[tuple[list[list[GraderResult]], list[GraderStats]]]) -> Any:
@@ -224,7 +224,7 @@ class WorkerPool:
             except TimeoutError:
                 self._replace(executor, kill=True)
                 if work.size == 1:
-                    return work.failed("TIMEOUT", f"grader ran past its time limit of {work.timeout:g} s")
+                    return work.failed(ErrorCode.TIMEOUT, f"grader ran past its time limit of {work.timeout:g} s")
                 return await self._one_by_one(work)
             except (BrokenProcessPool, RuntimeError) as exc:
                 if id(executor) in self._killed and requeues < MAX_REQUEUES:
@@ -235,7 +235,7 @@ class WorkerPool:
                 attempts += 1
                 if work.size > 1:  # find the sample that kills workers; the others still get results
                     return await self._one_by_one(work)
-        return work.failed("WORKER_LOST", "the worker process grading this sample died twice")
+        return work.failed(ErrorCode.WORKER_LOST, "the worker process grading this sample died twice")
 
     async def _one_by_one(self, work: Work) -> Any:
         """One at a time, so the sample that kills or hangs a worker takes no other sample with it."""

@@ -33,15 +33,15 @@ patterns from many requests cannot pile up memory. Python's `re` module cache is
 
 from __future__ import annotations
 
-import _sre
+import _sre  # type: ignore[import-not-found]  # CPython's regex engine; typeshed has no stub for it
 import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
-from re import _compiler as sre_compile
-from re import _constants as sre
-from re import _parser as sre_parse
+from re import _compiler as sre_compile  # type: ignore[attr-defined]  # CPython's regex compiler
+from re import _constants as sre  # type: ignore[attr-defined]
+from re import _parser as sre_parse  # type: ignore[attr-defined]
 from typing import Any
 
 #: Longest pattern (in characters) accepted from a request; longer ones are refused before compilation.

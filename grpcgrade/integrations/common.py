@@ -50,5 +50,6 @@ def reward_of(result: pb.EvaluateResponse) -> float | None:
 def score_of(result: pb.EvaluateResponse, key: str) -> float | None:
     """One grader's score, None where it failed (or ranked instead of scoring)."""
     found = next((r for r in result.results if r.key == key), None)
-    ok = found is not None and not found.HasField("error") and not found.rank
-    return found.score if ok else None
+    if found is None or found.HasField("error") or found.rank:
+        return None
+    return found.score

@@ -168,7 +168,7 @@ class SampleBuilder:
                 value = columns[column][i]
                 sample[field] = prompt_text(value) if field == "query" and value is not None else as_text(value)
             extra = usable_extra((name, columns[name][i]) for name in extra_names)
-            if want_tokens:
+            if want_tokens and ids is not None:
                 extra["completion_tokens"] = len(ids[i])
             if tool_calls and "tool_calls" not in extra:
                 try:

@@ -43,6 +43,6 @@ def list_graders(registry: Registry, rewards: dict[str, Reward]) -> pb.ListGrade
             graders=plugin.graders,
         )
     for name, reward in sorted(rewards.items()):
-        info = out.rewards.add(name=name, description=reward.description)
-        info.graders.extend(spec_to_pb(asdict(s)) for s in reward.specs)
+        reward_info = out.rewards.add(name=name, description=reward.description)
+        reward_info.graders.extend(spec_to_pb(asdict(s)) for s in reward.specs)
     return out

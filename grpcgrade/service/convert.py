@@ -139,7 +139,10 @@ def sample_to_pb(sample: Mapping[str, Any] | pb.Sample) -> pb.Sample:
     """A dict with the Sample's field names; any other key goes into `extra`."""
     if isinstance(sample, pb.Sample):
         return sample
-    out = pb.Sample(**{k: str(sample[k]) for k in SAMPLE_FIELDS if k != "responses" and sample.get(k) is not None})
+    fields: dict[str, Any] = {
+        k: str(sample[k]) for k in SAMPLE_FIELDS if k != "responses" and sample.get(k) is not None
+    }
+    out = pb.Sample(**fields)
     if sample.get("responses"):
         out.responses.extend(sample["responses"])
     extra = dict(sample.get("extra") or {})

@@ -59,7 +59,7 @@ LATENCY_BUCKETS = (
 )
 BATCH_BUCKETS = (1, 8, 32, 128, 256, 1024, 4096, 16384, 65536, 262144)
 
-disable_created_metrics()  # process-wide in prometheus-client; see the module docstring
+disable_created_metrics()  # type: ignore[no-untyped-call]  # process-wide in prometheus-client; see the module docstring
 
 
 class _RestartsCollector(Collector):

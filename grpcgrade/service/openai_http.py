@@ -40,7 +40,10 @@ GRADER_NAME = "openai_grader"
 #: JSON nested deeper than this is refused before anything walks it (protobuf's Struct limit is the same).
 MAX_JSON_DEPTH = 100
 # grpcgrade error codes that are not an openai_grader outcome (time limit, a crash) -> OpenAI's flag
-_CODE_FLAGS = {ErrorCode.TIMEOUT: "unresponsive_reward_error", ErrorCode.INVALID_SAMPLE: "sample_parse_error"}
+_CODE_FLAGS: dict[str, str] = {
+    ErrorCode.TIMEOUT: "unresponsive_reward_error",
+    ErrorCode.INVALID_SAMPLE: "sample_parse_error",
+}
 _DETAIL_FIELDS = {
     "model_grader_server_error_details": None,
     "python_grader_runtime_error_details": None,

@@ -63,7 +63,7 @@ class DrainingHealthServicer(health.aio.HealthServicer):
 
     async def Watch(self, request: health_pb2.HealthCheckRequest, context: grpc.aio.ServicerContext) -> None:
         with contextlib.suppress(_WatchEnded):
-            await super().Watch(request, _EndAfterDrainNotice(context, self))
+            await super().Watch(request, _EndAfterDrainNotice(context, self))  # type: ignore[arg-type]  # Watch only writes
 
     async def enter_graceful_shutdown(self) -> None:
         self.draining = True

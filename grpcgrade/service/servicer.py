@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
+from typing import Any
 
 import grpc
 
@@ -50,7 +51,7 @@ def _fitted(message: pb.BatchEvaluateResponse, limit: int) -> list[pb.BatchEvalu
 
 def add_to_server(servicer: GradingServicer, server: grpc.aio.Server) -> None:
     """The generated `add_GradingServiceServicer_to_server`, but BatchEvaluate may yield bytes."""
-    handlers = {
+    handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {
         "Evaluate": grpc.unary_unary_rpc_method_handler(
             servicer.Evaluate,
             request_deserializer=pb.EvaluateRequest.FromString,
@@ -169,7 +170,7 @@ class GradingServicer(pb_grpc.GradingServiceServicer):
 
     async def _graded(
         self, request: pb.BatchEvaluateRequest, jobs: list[Job], size: int, timeout: float | None
-    ) -> AsyncIterator[tuple[bytes, int]]:
+    ) -> AsyncGenerator[tuple[bytes, int], None]:
         """Serialized response messages and how many samples each answers, in the order chunks finish."""
         samples, limits = request.samples, self.limits
         labels = self._labels(jobs)

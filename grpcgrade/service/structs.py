@@ -10,7 +10,7 @@ import json
 import math
 from typing import Any
 
-from google.protobuf.struct_pb2 import ListValue, Struct, Value
+from google.protobuf.struct_pb2 import NULL_VALUE, ListValue, Struct, Value
 
 
 def value_to_py(v: Value) -> Any:
@@ -60,7 +60,7 @@ def fill_struct(target: Struct, data: dict[str, Any]) -> None:
 def py_to_value(obj: Any) -> Value:
     v = Value()
     if obj is None:
-        v.null_value = 0
+        v.null_value = NULL_VALUE
     elif isinstance(obj, bool):
         v.bool_value = obj
     elif isinstance(obj, (int, float)):

@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from grpcgrade.core.errors import InvalidParams
+from grpcgrade.core.registry import get_registry
 from grpcgrade.graders.format import json_match
 from grpcgrade.graders.format.audacia import MAX_LITERAL_CHARS, CustomResponseGrader, JsonResponseGrader
 from grpcgrade.graders.format.json_match import JsonMatchGrader
@@ -33,18 +34,19 @@ def json_error(text: str) -> str:
 
 
 @pytest.mark.parametrize(
-    ("grader", "name"),
+    "name",
     [
-        (JsonValidatorGrader(), "json_validator"),
-        (JsonMatchGrader(), "json_match"),
-        (LengthPenaltyGrader(), "length_penalty"),
-        (ReasoningFormatGrader(), "reasoning_format"),
-        (ReasoningToolCallFormatGrader(), "reasoning_tool_call_format"),
-        (CustomResponseGrader(), "custom_response"),
-        (JsonResponseGrader(), "json_response"),
+        "json_validator",
+        "json_match",
+        "length_penalty",
+        "reasoning_format",
+        "reasoning_tool_call_format",
+        "custom_response",
+        "json_response",
     ],
 )
-def test_results_carry_the_registered_name(grader, name):
+def test_results_carry_the_registered_name(name):
+    grader = get_registry().build(name)
     assert grader.name == name
     assert grader.evaluate(response="x", reference_response="x", query="q", extra_field=1).name == name
 

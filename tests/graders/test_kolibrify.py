@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from grpcgrade.core.errors import InvalidParams
+from grpcgrade.core.registry import get_registry
 from grpcgrade.grader import GraderScore
 from grpcgrade.graders import kolibrify
 from grpcgrade.graders.kolibrify.category_match import CategoryMatchGrader
@@ -85,7 +86,7 @@ def test_think_format_scores(completion: str, score: float) -> None:
 
 
 def test_think_format_reason_and_metadata() -> None:
-    perfect = ThinkFormatGrader().evaluate(response="<think>\nr\n</think>\nans")
+    perfect = get_registry().build("think_format").evaluate(response="<think>\nr\n</think>\nans")
     assert perfect.name == "think_format"
     assert perfect.reason == "well-formed <think> block and final answer"
     assert perfect.metadata == {"open_tags": 1, "close_tags": 1, "final_answer_present": True}
@@ -553,4 +554,6 @@ def test_family_registers_every_grader_under_its_name() -> None:
     }
     params = {"category_match": {"allowed_categories": ["a"]}, "completion_length_cap": {"max_completion_tokens": 1}}
     for name, factory in registered.items():
-        assert factory(**params.get(name, {})).name == name
+        grader = get_registry().build(name, params.get(name))
+        assert isinstance(grader, factory)
+        assert grader.name == name

@@ -12,6 +12,7 @@ import math
 import pytest
 
 from grpcgrade.core.errors import InvalidParams
+from grpcgrade.core.registry import get_registry
 from grpcgrade.graders.text import similarity_metrics as metrics
 from grpcgrade.graders.text.similarity import ALGORITHM_DEFAULTS, SimilarityGrader
 from grpcgrade.graders.text.tokenize import word_tokenize
@@ -31,7 +32,8 @@ def score(algorithm: str, response: str = RESP, reference: str = REF, init=None,
 
 
 def test_registered_identity() -> None:
-    grader = SimilarityGrader()
+    grader = get_registry().build("similarity")
+    assert isinstance(grader, SimilarityGrader)
     assert grader.name == "similarity"
     assert grader.algorithm == "bleu"
     assert SimilarityGrader.heavy is True

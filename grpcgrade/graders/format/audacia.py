@@ -31,7 +31,7 @@ import json
 from typing import Any
 
 from grpcgrade.core.errors import InvalidParams
-from grpcgrade.grader import BaseGrader, GraderMode, GraderScore
+from grpcgrade.grader import BaseGrader, GraderScore
 
 from .json_validator import JSON_PARSE_ERRORS
 
@@ -97,15 +97,14 @@ def _result(name: str, passed: bool, reason: str, metadata: dict[str, Any]) -> G
 
 class CustomResponseGrader(BaseGrader):
     """1.0 when the response reads as a value of `expected_type`, 0.0 otherwise (Audacia's
-    `RunCustomResponseEvaluator`). Metadata: `format` (detected type name), `expected_type` (as given,
-    lower-cased) and `result` ("pass"/"fail")."""
+    `RunCustomResponseEvaluator`).
+
+    Metadata: `format` (detected type name), `expected_type` (as given, lower-cased) and `result`
+    ("pass"/"fail").
+    """
 
     def __init__(self, expected_type: str = "dict") -> None:
-        super().__init__(
-            name="custom_response",
-            mode=GraderMode.POINTWISE,
-            description="Checks that the response is a value of the expected type",
-        )
+        super().__init__()
         self.expected_type = str(expected_type).strip().lower()
         if self.expected_type not in _ACCEPTED_FORMATS:
             raise InvalidParams(
@@ -136,11 +135,7 @@ class JsonResponseGrader(BaseGrader):
     """
 
     def __init__(self) -> None:
-        super().__init__(
-            name="json_response",
-            mode=GraderMode.POINTWISE,
-            description="Checks that the response is a JSON object",
-        )
+        super().__init__()
 
     def evaluate(self, response: Any = "", **kwargs: Any) -> GraderScore:
         try:

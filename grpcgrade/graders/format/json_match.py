@@ -7,7 +7,7 @@ from collections import Counter, deque
 from collections.abc import Hashable, Iterable
 from typing import Any
 
-from grpcgrade.grader import BaseGrader, GraderMode, GraderScore
+from grpcgrade.grader import BaseGrader, GraderScore
 
 # What the reference catches around `json.loads` (anything else it raises: an error result, D7).
 _MALFORMED = (json.JSONDecodeError, TypeError)
@@ -35,11 +35,7 @@ class JsonMatchGrader(BaseGrader):
     """
 
     def __init__(self, strict_order: bool = True, ignore_extra_keys: bool = False) -> None:
-        super().__init__(
-            name="json_match",
-            mode=GraderMode.POINTWISE,
-            description="JSON deep comparison metric",
-        )
+        super().__init__()
         self.strict_order = bool(strict_order)
         self.ignore_extra_keys = bool(ignore_extra_keys)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from grpcgrade.grader import BaseGrader, GraderMode, GraderScore
+from grpcgrade.grader import BaseGrader, GraderScore
 
 # Every way `json.loads` rejects a text without the process being in trouble: JSONDecodeError is a
 # ValueError, so is CPython's 4300-digit limit on integers, nesting deeper than the interpreter's
@@ -24,11 +24,7 @@ class JsonValidatorGrader(BaseGrader):
     """
 
     def __init__(self) -> None:
-        super().__init__(
-            name="json_validator",
-            mode=GraderMode.POINTWISE,
-            description="JSON format validation metric",
-        )
+        super().__init__()
 
     def evaluate(self, response: str = "", **kwargs: Any) -> GraderScore:
         if not isinstance(response, str):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from grpcgrade.grader import BaseGrader, GraderMode, GraderScore
+from grpcgrade.grader import BaseGrader, GraderScore
 
 
 class LengthPenaltyGrader(BaseGrader):
@@ -17,11 +17,7 @@ class LengthPenaltyGrader(BaseGrader):
     """
 
     def __init__(self, min_length: int = 10, max_length: int = 1000, penalty_rate: float = 0.01) -> None:
-        super().__init__(
-            name="length_penalty",
-            mode=GraderMode.POINTWISE,
-            description="Text length based penalty for content that is too short or too long.",
-        )
+        super().__init__()
         self.min_length = min_length
         self.max_length = max_length
         self.penalty_rate = penalty_rate

@@ -29,7 +29,7 @@ from collections.abc import Hashable, Sequence
 from typing import Any
 
 from grpcgrade.core.errors import InvalidParams
-from grpcgrade.grader import BaseGrader, GraderMode, GraderScore
+from grpcgrade.grader import BaseGrader, GraderScore
 
 TOKENIZER_TYPES = ("tiktoken", "jieba", "simple")
 ANALYZE_SCOPES = ("full", "thought")
@@ -123,12 +123,7 @@ class NgramRepetitionPenaltyGrader(BaseGrader):
         chinese_only: bool = False,
         analyze_scope: str = "full",
     ) -> None:
-        super().__init__(
-            name="ngram_repetition_penalty",
-            mode=GraderMode.POINTWISE,
-            description="Calculate N-gram repetition penalty supporting Chinese processing "
-            "and multiple penalty strategies.",
-        )
+        super().__init__()
         if not isinstance(n, int) or n < 1:
             raise InvalidParams("n", f"must be an integer >= 1, got {n!r}")
         if tokenizer_type not in TOKENIZER_TYPES:
@@ -170,7 +165,7 @@ class NgramRepetitionPenaltyGrader(BaseGrader):
         """An n-gram as the reference reports it: tiktoken ids decoded one by one."""
         if self._encoding is not None:
             return [self._encoding.decode([token]) for token in ngram]
-        return list(ngram)
+        return [str(token) for token in ngram]
 
     def _penalty(self, rate: float) -> float:
         if self.use_soft_penalty:

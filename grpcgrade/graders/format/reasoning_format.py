@@ -10,11 +10,11 @@ runs in a worker, where the per-sample time limit stops a slow compilation or se
 from __future__ import annotations
 
 import re
-from re import _parser as sre_parse
+from re import _parser as sre_parse  # type: ignore[attr-defined]  # CPython's regex parser; typeshed omits it
 from typing import Any
 
 from grpcgrade.core.errors import InvalidParams
-from grpcgrade.grader import BaseGrader, GraderMode, GraderScore
+from grpcgrade.grader import BaseGrader, GraderScore
 
 from ..patterns import MAX_PATTERN_CHARS, compile_pattern
 
@@ -80,11 +80,7 @@ class ReasoningFormatGrader(BaseGrader):
     """
 
     def __init__(self, think_token: str = "think", answer_token: str = "answer") -> None:
-        super().__init__(
-            name="reasoning_format",
-            mode=GraderMode.POINTWISE,
-            description="Check format reward for thinking format and answer format with proper tags.",
-        )
+        super().__init__()
         self.think_token = think_token
         self.answer_token = answer_token
         self._think = TagPair(think_token, "think_token")

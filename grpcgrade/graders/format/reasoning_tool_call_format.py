@@ -6,7 +6,7 @@ import json
 import re
 from typing import Any
 
-from grpcgrade.grader import BaseGrader, GraderMode, GraderScore
+from grpcgrade.grader import BaseGrader, GraderScore
 
 from .reasoning_format import TagPair
 
@@ -64,11 +64,7 @@ class ReasoningToolCallFormatGrader(BaseGrader):
     """
 
     def __init__(self) -> None:
-        super().__init__(
-            name="reasoning_tool_call_format",
-            mode=GraderMode.POINTWISE,
-            description="Check tool call format including think, answer and tool_call tags with JSON validation.",
-        )
+        super().__init__()
 
     def evaluate(self, response: str = "", **kwargs: Any) -> GraderScore:
         has_think_tag = _THINK.present(response)

@@ -101,15 +101,16 @@ def _by_id(inputs: Sequence[GraderInput], results: Sequence[Any]) -> list[list[A
         index = getattr(result, "completion_index", None)
         if sample_id is None:
             return None
+        place: int | None
         if index is None:
             candidates = by_sample.get(str(sample_id), [])
             if len(candidates) > 1:
                 return None
-            pos = candidates[0] if candidates else None
+            place = candidates[0] if candidates else None
         else:
-            pos = exact.get((str(sample_id), _whole(index)))
-        if pos is not None:  # a result for a sample that was not asked about is dropped
-            placed[pos].append(result)
+            place = exact.get((str(sample_id), _whole(index)))
+        if place is not None:  # a result for a sample that was not asked about is dropped
+            placed[place].append(result)
     return placed
 
 
@@ -124,7 +125,7 @@ def _score(name: str, item: GraderInput, found: list[Any]) -> GraderResult:
             f"the grader returned {len(found)} results for sample {item.sample_id!r}",
             code=ErrorCode.INVALID_RESULT,
         )
-    raw = getattr(found[0], "reward", None)
+    raw: Any = getattr(found[0], "reward", None)
     try:
         reward = float(raw)  # what Kolibrify applies to a remote grader's reward
     except (TypeError, ValueError):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from grpcgrade.core.errors import InvalidParams
-from grpcgrade.grader import BaseGrader, GraderMode, GraderScore
+from grpcgrade.grader import BaseGrader, GraderScore
 
 from .parsing import answer_or_completion
 
@@ -24,11 +24,7 @@ class CategoryMatchGrader(BaseGrader):
             isinstance(category, str) for category in allowed_categories
         ):
             raise InvalidParams("allowed_categories", "must be a list of strings")
-        super().__init__(
-            name="category_match",
-            mode=GraderMode.POINTWISE,
-            description="Kolibrify category_match: the answer names the expected category",
-        )
+        super().__init__()
         self.allowed_categories = list(allowed_categories)
         self._allowed_lower = {category.lower() for category in self.allowed_categories}
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from grpcgrade.core.errors import ErrorCode, InvalidParams, SampleProblem
-from grpcgrade.grader import BaseGrader, GraderError, GraderMode, GraderResult, GraderScore
+from grpcgrade.grader import BaseGrader, GraderError, GraderResult, GraderScore
 
 from .parsing import is_number, token_count
 
@@ -30,11 +30,7 @@ class CompletionLengthCapGrader(BaseGrader):
             raise InvalidParams("min_reward", "must be a number between 0 and 1")
         if not isinstance(treat_missing_as_fail, bool):
             raise InvalidParams("treat_missing_as_fail", "must be true or false")
-        super().__init__(
-            name="completion_length_cap",
-            mode=GraderMode.POINTWISE,
-            description="Kolibrify completion_length_cap: gate on the completion's token count",
-        )
+        super().__init__()
         self.max_completion_tokens = max_completion_tokens
         self.treat_missing_as_fail = treat_missing_as_fail
         self.min_reward = float(min_reward)

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from grpcgrade.core.errors import InvalidParams
-from grpcgrade.grader import BaseGrader, GraderMode, GraderScore
+from grpcgrade.grader import BaseGrader, GraderScore
 
 from .parsing import answer_or_completion, fenced_block, is_number, record_schema
 
@@ -37,11 +37,7 @@ class JsonValidGrader(BaseGrader):
     """1.0 when the raw completion is JSON holding every `expected_json_schema.required` key, else 0.0."""
 
     def __init__(self) -> None:
-        super().__init__(
-            name="json_valid",
-            mode=GraderMode.POINTWISE,
-            description="Kolibrify json_valid: the raw completion is valid JSON with the required keys",
-        )
+        super().__init__()
 
     def evaluate(self, response: str = "", metadata: Any = None, **kwargs: Any) -> GraderScore:
         try:
@@ -132,10 +128,10 @@ def _shape_score(value: Any, schema: Mapping[str, Any]) -> tuple[float, list[Any
 class SchemaGrader(BaseGrader):
     """What `json_schema` and `xml_schema` share: the record schema and the no-schema reward."""
 
-    def __init__(self, name: str, description: str, reward_if_no_schema: float) -> None:
+    def __init__(self, reward_if_no_schema: float) -> None:
         if not is_number(reward_if_no_schema) or not math.isfinite(reward_if_no_schema):
             raise InvalidParams("reward_if_no_schema", "must be a finite number")
-        super().__init__(name=name, mode=GraderMode.POINTWISE, description=description)
+        super().__init__()
         self.reward_if_no_schema = float(reward_if_no_schema)
 
     def no_schema_result(self) -> GraderScore:
@@ -151,11 +147,7 @@ class JsonSchemaGrader(SchemaGrader):
     """Shape check against `metadata.schema` (a JSON string): required keys, optional no-extra-keys rule."""
 
     def __init__(self, reward_if_no_schema: float = 0.0) -> None:
-        super().__init__(
-            name="json_schema",
-            description="Kolibrify json_schema: the answer is a JSON object with the schema's keys",
-            reward_if_no_schema=reward_if_no_schema,
-        )
+        super().__init__(reward_if_no_schema=reward_if_no_schema)
 
     def evaluate(self, response: str = "", metadata: Any = None, **kwargs: Any) -> GraderScore:
         schema = record_schema(metadata)

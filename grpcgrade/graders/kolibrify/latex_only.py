@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from grpcgrade.grader import BaseGrader, GraderMode, GraderScore
+from grpcgrade.grader import BaseGrader, GraderScore
 
 from .parsing import final_answer, no_answer
 
@@ -22,11 +22,7 @@ class LatexOnlyGrader(BaseGrader):
     """
 
     def __init__(self) -> None:
-        super().__init__(
-            name="latex_only",
-            mode=GraderMode.POINTWISE,
-            description="Kolibrify latex_only: the final answer is only LaTeX math",
-        )
+        super().__init__()
 
     def evaluate(self, response: str = "", **kwargs: Any) -> GraderScore:
         answer = final_answer(response or "")

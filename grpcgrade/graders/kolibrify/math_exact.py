@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from grpcgrade.grader import BaseGrader, GraderMode, GraderScore
+from grpcgrade.grader import BaseGrader, GraderScore
 
 from .parsing import NUMBER_RE, final_answer, no_answer
 
@@ -17,11 +17,7 @@ class MathExactGrader(BaseGrader):
     """1.0 when any number in the final answer equals the first number of the reference, else 0.0."""
 
     def __init__(self) -> None:
-        super().__init__(
-            name="math_exact",
-            mode=GraderMode.POINTWISE,
-            description="Kolibrify math_exact: the final answer contains the reference's first number",
-        )
+        super().__init__()
 
     def evaluate(self, response: str = "", reference: str = "", **kwargs: Any) -> GraderScore:
         answer = final_answer(response or "")

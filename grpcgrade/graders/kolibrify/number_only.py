@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from grpcgrade.grader import BaseGrader, GraderMode, GraderScore
+from grpcgrade.grader import BaseGrader, GraderScore
 
 from .parsing import NO_ANSWER, NUMBER_RE, final_answer
 
@@ -22,19 +22,18 @@ def _tier(extra_chars: int) -> float:
 
 
 class NumberOnlyGrader(BaseGrader):
-    """Counts every character of the final answer except its first number (other numbers count too)."""
+    """1.0 when the final answer is a bare number, less in tiers as other characters join it (0.0 at 50).
+
+    Counts every character of the final answer except its first number (other numbers count too).
+    """
 
     def __init__(self) -> None:
-        super().__init__(
-            name="number_only",
-            mode=GraderMode.POINTWISE,
-            description="Kolibrify number_only: the final answer is a bare number",
-        )
+        super().__init__()
 
     def evaluate(self, response: str = "", **kwargs: Any) -> GraderScore:
         answer = final_answer(response or "")
         match = NUMBER_RE.search(answer) if answer is not None else None
-        if match is None:
+        if answer is None or match is None:
             return GraderScore(
                 name=self.name,
                 score=0.0,

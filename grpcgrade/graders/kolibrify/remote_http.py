@@ -26,7 +26,7 @@ from typing import Any
 
 import httpx
 
-from grpcgrade.core.errors import InvalidParams
+from grpcgrade.core.errors import ErrorCode, InvalidParams
 from grpcgrade.core.retry import backoff, error_excerpt, is_transient, retry_after
 from grpcgrade.graders.kolibrify.compat import GradeResult, GraderInput
 
@@ -105,14 +105,18 @@ class HttpGradingClient:
                     async with asyncio.timeout(self.timeout_s):
                         response = await client.post(self.url, json=body)
             except (httpx.TimeoutException, TimeoutError):
-                failure = BatchFailure("TIMEOUT", f"the grading service did not answer within {self.timeout_s:g} s")
+                failure = BatchFailure(
+                    ErrorCode.TIMEOUT, f"the grading service did not answer within {self.timeout_s:g} s"
+                )
             except httpx.TransportError as exc:
-                failure = BatchFailure("GRADER_FAILED", f"grading service unreachable: {type(exc).__name__}: {exc}")
+                failure = BatchFailure(
+                    ErrorCode.GRADER_FAILED, f"grading service unreachable: {type(exc).__name__}: {exc}"
+                )
             else:
                 if response.is_success:
                     return response
                 status, excerpt = response.status_code, error_excerpt(response.text)
-                failure = BatchFailure("GRADER_FAILED", f"grading service answered HTTP {status}: {excerpt}")
+                failure = BatchFailure(ErrorCode.GRADER_FAILED, f"grading service answered HTTP {status}: {excerpt}")
                 if not is_transient(status):
                     raise failure  # the request itself is wrong: sending it again cannot help
                 after = retry_after(response.headers)
@@ -135,12 +139,13 @@ class HttpGradingClient:
         try:
             data = response.json()
         except ValueError as exc:
-            raise BatchFailure("INVALID_RESULT", f"the grading service's answer is not JSON: {exc}") from exc
+            raise BatchFailure(ErrorCode.INVALID_RESULT, f"the grading service's answer is not JSON: {exc}") from exc
         results = data.get("results") if isinstance(data, dict) else None
         if not isinstance(results, list):
-            raise BatchFailure("INVALID_RESULT", 'the grading service\'s answer has no "results" list')
-        entries = [r if isinstance(r, dict) else {} for r in results]
-        return [GradeResult(r.get("sample_id"), r.get("reward"), r.get("completion_index")) for r in entries]
+            raise BatchFailure(ErrorCode.INVALID_RESULT, 'the grading service\'s answer has no "results" list')
+        entries: list[dict[str, Any]] = [r if isinstance(r, dict) else {} for r in results]
+        # Taken as sent, missing or not: the adapter checks each result's sample id and reward.
+        return [GradeResult(r.get("sample_id"), r.get("reward"), r.get("completion_index")) for r in entries]  # type: ignore[arg-type]
 
 
 class RemoteHttpGrader(KolibrifyGraderAdapter):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from grpcgrade.grader import BaseGrader, GraderMode, GraderScore
+from grpcgrade.grader import BaseGrader, GraderScore
 
 from .parsing import CLOSE_TAG, OPEN_TAG
 
@@ -18,11 +18,7 @@ class ThinkFormatGrader(BaseGrader):
     """Score in [0, 1]: tags present, opening tag first, ordered tags, newline divider, a final answer."""
 
     def __init__(self) -> None:
-        super().__init__(
-            name="think_format",
-            mode=GraderMode.POINTWISE,
-            description="Kolibrify reasoning format: <think>...</think> followed by a final answer",
-        )
+        super().__init__()
 
     def evaluate(self, response: str = "", **kwargs: Any) -> GraderScore:
         text = (response or "").strip()

@@ -68,7 +68,7 @@ def parse_xml(text: str) -> str | None:
     parser = ET.XMLParser(target=_RootOnly())
     try:
         parser.feed(text.strip())
-        return parser.close()
+        return parser.close()  # type: ignore[return-value]  # the target's close(): the root tag
     except (ET.ParseError, _OverLimit):
         return None
 
@@ -77,11 +77,7 @@ class XmlSchemaGrader(SchemaGrader):
     """0.5 for well-formed XML, 0.8 for a wrong root tag, 1.0 for the right one; x0.9 if fenced."""
 
     def __init__(self, reward_if_no_schema: float = 0.0) -> None:
-        super().__init__(
-            name="xml_schema",
-            description="Kolibrify xml_schema: the answer is well-formed XML with the schema's root tag",
-            reward_if_no_schema=reward_if_no_schema,
-        )
+        super().__init__(reward_if_no_schema=reward_if_no_schema)
 
     def evaluate(self, response: str = "", metadata: Any = None, **kwargs: Any) -> GraderScore:
         schema = record_schema(metadata)

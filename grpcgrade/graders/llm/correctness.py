@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import textwrap
 
-from grpcgrade.grader import GraderMode, GraderScore
+from grpcgrade.grader import GraderScore
 from grpcgrade.llm.grader import LLMGrader
 from grpcgrade.llm.models import DEFAULT_MODEL
 from grpcgrade.llm.prompt import ChatMessage, LanguageEnum, PromptTemplate
@@ -98,10 +98,7 @@ class LLMCorrectnessGrader(LLMGrader):
     ) -> None:
         super().__init__(
             model=model,
-            name="llm_correctness",
-            mode=GraderMode.POINTWISE,
             language=language,
-            description="A judge model scores the response's correctness against the reference answer",
             template=DEFAULT_CORRECTNESS_TEMPLATE,
             min_score=min_score,
             max_score=max_score,

@@ -99,10 +99,7 @@ class LLMRankGrader(LLMGrader):
     def __init__(self, rubric: str = "", model: str = DEFAULT_MODEL, language: str = LanguageEnum.EN.value) -> None:
         super().__init__(
             model=model,
-            name="llm_rank",
-            mode=GraderMode.LISTWISE,
             language=language,
-            description="A judge model ranks the responses, 1 being the best",
             template=DEFAULT_RANK_TEMPLATE,
             rubric=rubric or DEFAULT_RANK_RUBRIC[parse_language(language)],
         )

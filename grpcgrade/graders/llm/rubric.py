@@ -9,7 +9,7 @@ from __future__ import annotations
 import textwrap
 
 from grpcgrade.core.errors import InvalidParams
-from grpcgrade.grader import GraderMode, GraderScore
+from grpcgrade.grader import GraderScore
 from grpcgrade.llm.grader import LLMGrader
 from grpcgrade.llm.models import DEFAULT_MODEL
 from grpcgrade.llm.prompt import ChatMessage, LanguageEnum, PromptTemplate
@@ -98,10 +98,7 @@ class LLMRubricGrader(LLMGrader):
             raise InvalidParams("rubric", "must be a non-empty string")
         super().__init__(
             model=model,
-            name="llm_rubric",
-            mode=GraderMode.POINTWISE,
             language=language,
-            description="A judge model scores the response against a rubric",
             template=DEFAULT_RUBRIC_TEMPLATE,
             min_score=min_score,
             max_score=max_score,

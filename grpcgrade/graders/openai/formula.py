@@ -17,6 +17,7 @@ import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import cast
 
 MAX_FORMULA_CHARS = 4096
 MAX_DEPTH = 200  # grammar levels: each pair of parentheses takes four
@@ -75,7 +76,7 @@ class Formula:
                     right = stack.pop()
                     stack.append(_BINARY[arg](stack.pop(), right))  # type: ignore[index]
                 else:
-                    name, argc = arg  # type: ignore[misc]
+                    name, argc = cast(tuple[str, int], arg)
                     args = stack[len(stack) - argc :]
                     del stack[len(stack) - argc :]
                     stack.append(_UNARY[name](args[0]) if name in _UNARY else _VARIADIC[name](args))

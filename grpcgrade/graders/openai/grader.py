@@ -20,7 +20,7 @@ import asyncio
 from typing import Any
 
 from grpcgrade.core.errors import InvalidParams
-from grpcgrade.grader import BaseGrader, GraderError, GraderMode, GraderResult, GraderScore
+from grpcgrade.grader import BaseGrader, GraderError, GraderResult, GraderScore
 
 from .formula import FormulaError
 from .judges import LabelModelNode, ScoreModelNode
@@ -48,7 +48,7 @@ class MultiNode:
         self.heavy = any(node.heavy for node in self.nodes.values())
 
     def run(self, ns: Namespaces) -> Outcome:
-        return self._combine({key: node.run(ns) for key, node in self.nodes.items()})  # type: ignore[attr-defined]
+        return self._combine({key: node.run(ns) for key, node in self.nodes.items()})
 
     async def arun(self, ns: Namespaces) -> Outcome:
         outcomes = await asyncio.gather(*(node.arun(ns) for node in self.nodes.values()))
@@ -122,7 +122,7 @@ class OpenAIGraderBase(BaseGrader):
     """What the synchronous and the asynchronous form share."""
 
     def __init__(self, config: Config, node: Any) -> None:
-        super().__init__(name="openai_grader", mode=GraderMode.POINTWISE, description="An OpenAI grader config")
+        super().__init__()
         self.config = config
         self.node = node
         self.heavy = node.heavy

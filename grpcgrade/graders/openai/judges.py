@@ -57,7 +57,7 @@ def chat_messages(messages: tuple[Message, ...], ns: Namespaces) -> list[dict[st
             raise RenderedTooLong(f"the filled messages are over the limit of {MAX_RENDERED_CHARS} characters")
         return text
 
-    out = []
+    out: list[dict[str, Any]] = []
     for message in messages:
         role = "system" if message.role == "developer" else message.role
         if message.plain:

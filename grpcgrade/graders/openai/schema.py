@@ -180,7 +180,7 @@ def _string(raw: Any, path: str, limit: int = MAX_TEXT_CHARS) -> str:
 def _choice(raw: Any, path: str, options: tuple[str, ...]) -> str:
     if raw not in options:
         raise GraderConfigError(path, f"must be one of {', '.join(options)}; got {raw!r}")
-    return raw  # type: ignore[no-any-return]
+    return str(raw)
 
 
 def _number(raw: Any, path: str) -> float:
@@ -226,7 +226,7 @@ def parse_grader(raw: Any, path: str = "grader", nested: bool = False) -> Config
     """The typed config of grader JSON `raw`; raises GraderConfigError naming the bad field's path."""
     raw = _object(raw, path)
     kind = raw.get("type")
-    readers = {
+    readers: dict[str, Callable[..., Config]] = {
         "string_check": _string_check,
         "text_similarity": _text_similarity,
         "score_model": _score_model,
@@ -242,7 +242,7 @@ def parse_grader(raw: Any, path: str = "grader", nested: bool = False) -> Config
     if not isinstance(name, str):
         problem = "is required" if name is None else f"must be a string, got {_kind(name)}"
         raise GraderConfigError(f"{path}.name", problem)
-    return readers[kind](raw, path)  # type: ignore[no-any-return]
+    return readers[kind](raw, path)
 
 
 def _string_check(raw: Mapping[str, Any], path: str) -> StringCheck:

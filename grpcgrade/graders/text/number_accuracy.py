@@ -16,7 +16,7 @@ import re
 from typing import Any
 
 from grpcgrade.core.errors import InvalidParams
-from grpcgrade.grader import BaseGrader, GraderMode, GraderScore
+from grpcgrade.grader import BaseGrader, GraderScore
 
 # The leading lookahead only skips positions where no number can start; it makes the scan faster than the
 # reference's simpler pattern (Python's engine otherwise tries both branches at every character).
@@ -32,12 +32,7 @@ class NumberAccuracyGrader(BaseGrader):
     """Fraction of the reference's numbers that the response reproduces at the same position."""
 
     def __init__(self, tolerance: float = 1e-6) -> None:
-        super().__init__(
-            name="number_accuracy",
-            mode=GraderMode.POINTWISE,
-            description="Check numerical calculation accuracy by comparing numbers in response "
-            "vs reference_response content",
-        )
+        super().__init__()
         if not (isinstance(tolerance, (int, float)) and math.isfinite(tolerance) and tolerance >= 0):
             raise InvalidParams("tolerance", f"must be a finite number >= 0, got {tolerance!r}")
         self.tolerance = tolerance

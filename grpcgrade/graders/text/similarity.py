@@ -22,7 +22,7 @@ from typing import Any
 
 from grpcgrade.core.errors import InvalidParams
 from grpcgrade.core.params import shown
-from grpcgrade.grader import BaseGrader, GraderMode, GraderScore
+from grpcgrade.grader import BaseGrader, GraderScore
 
 from . import similarity_metrics as m
 from .tokenize import contains_cjk
@@ -244,7 +244,7 @@ class SimilarityGrader(BaseGrader):
     ) -> None:
         # Taken before any other local exists: the explicitly given algorithm parameters.
         given = {k: v for k, v in locals().items() if k in _CHECKERS and k not in _WEAK_PARAMS and v is not None}
-        super().__init__(name="similarity", mode=GraderMode.POINTWISE, description="Unified text similarity grader")
+        super().__init__()
         if algorithm not in ALGORITHM_DEFAULTS:
             raise InvalidParams(
                 "algorithm",
@@ -329,8 +329,8 @@ class SimilarityGrader(BaseGrader):
             except Exception as exc:  # sacrebleu tokenisers may need extras (MeCab, sentencepiece models)
                 raise ValueError(f"sacrebleu cannot use tokenizer {tok!r}: {exc}") from exc
         if self.algorithm == "chrf":
-            args = (params["char_order"], params["beta"])
-            return self._scorer(("chrf", *args), lambda: m.make_chrf(*args)), None
+            order, beta = params["char_order"], params["beta"]
+            return self._scorer(("chrf", order, beta), lambda: m.make_chrf(order, beta)), None
         if "rouge_types" in params:
             key = (tuple(params["rouge_types"]), params["use_stemmer"])
             return self._scorer(("rouge", *key), lambda: m.make_rouge(*key)), None

@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .tokenize import smart_tokenize, word_tokenize
@@ -100,7 +100,7 @@ def gleu(reference: str, response: str, min_len: int, max_len: int) -> tuple[flo
 def make_chrf(char_order: int, beta: float) -> Any:
     from sacrebleu.metrics import CHRF
 
-    return CHRF(char_order=char_order, beta=beta)
+    return CHRF(char_order=char_order, beta=beta)  # type: ignore[arg-type]  # annotated int; any beta > 0 works
 
 
 def chrf(scorer: Any, reference: str, response: str, char_order: int, beta: float) -> tuple[float, Details]:
@@ -348,7 +348,7 @@ def edit_distance(reference: str, response: str, normalize_by_length: bool) -> t
     return max(0.0, min(1.0, score)), details
 
 
-def _cosine(v1: dict[Any, float], v2: dict[Any, float]) -> float:
+def _cosine(v1: Mapping[Any, float], v2: Mapping[Any, float]) -> float:
     norm1 = math.sqrt(sum(x * x for x in v1.values()))
     norm2 = math.sqrt(sum(x * x for x in v2.values()))
     if norm1 == 0 or norm2 == 0:

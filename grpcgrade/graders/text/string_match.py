@@ -15,10 +15,11 @@ for its sample. A pattern over `MAX_PATTERN_CHARS` is that sample's INVALID_SAMP
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
 from grpcgrade.core.errors import ErrorCode, InvalidParams
-from grpcgrade.grader import BaseGrader, GraderError, GraderMode, GraderResult, GraderScore
+from grpcgrade.grader import BaseGrader, GraderError, GraderResult, GraderScore
 
 from ..patterns import PatternTooLong, compile_pattern
 
@@ -144,7 +145,7 @@ def _char_overlap(reference: str, response: str, case_sensitive: bool) -> _Resul
     return _overlap(set(ref), set(cand), case_sensitive, "chars")
 
 
-_COMPUTE = {
+_COMPUTE: dict[str, Callable[..., _Result]] = {
     "exact_match": _exact_match,
     "prefix_match": _prefix_match,
     "suffix_match": _suffix_match,
@@ -181,11 +182,7 @@ class StringMatchGrader(BaseGrader):
         ignore_whitespace: bool = False,
         algorithm: str = "exact_match",
     ) -> None:
-        super().__init__(
-            name="string_match",
-            mode=GraderMode.POINTWISE,
-            description="Unified string matching grader",
-        )
+        super().__init__()
         if algorithm not in _COMPUTE:
             raise InvalidParams(
                 "algorithm",

@@ -1,0 +1,329 @@
+"""The pure core, in process: no server, no worker pool, no gRPC. These run in milliseconds, beside the
+real-server tests that check the same rules over the wire.
+
+Expected values come from the definitions, not from the code's output: the reward formula of
+core/rewards.py (reward = prod(gate scores) * sum(w_i * s_i) / sum(w_i) over the non-gate pointwise
+graders, a missing weight counting 1, and no reward when any grader of the combination failed), the weight
+rule (a negative weight is a penalty term; only the non-gate total must be > 0), and the param rule (JSON
+has one number type, so a param gets the Python type its factory declares, or the request is refused).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from grpcgrade.core.engine import Batch, Engine, GradedChunk
+from grpcgrade.core.errors import ErrorCode, InvalidParams, SampleProblem, UnknownGrader, UnknownReward
+from grpcgrade.core.params import ParamInfo, coerce_value, describe_params
+from grpcgrade.core.plugins import PluginInfo, make_manager
+from grpcgrade.core.registry import Registry
+from grpcgrade.core.rewards import Reward, SpecData, check_weights, combine, rewards
+from grpcgrade.grader import BaseGrader, FunctionGrader, GraderError, GraderMode, GraderRank, GraderScore
+
+# -- reward combination ----------------------------------------------------------------------------------
+
+
+def score(value: float) -> GraderScore:
+    return GraderScore(name="g", score=value)
+
+
+def failed() -> GraderError:
+    return GraderError(name="g", error="boom")
+
+
+def test_the_reward_is_the_weighted_mean_of_the_scores() -> None:
+    specs = [SpecData("a", weight=2.0), SpecData("b", weight=1.0), SpecData("c")]  # c: weight 1
+    assert combine(specs, [score(1.0), score(0.4), score(0.1)]) == pytest.approx((2 * 1.0 + 0.4 + 0.1) / 4)
+
+
+def test_gates_multiply_the_weighted_mean() -> None:
+    specs = [SpecData("a", weight=3.0), SpecData("g1", gate=True), SpecData("b", weight=1.0), SpecData("g2", gate=True)]
+    results = [score(0.5), score(0.5), score(1.0), score(0.8)]
+    assert combine(specs, results) == pytest.approx(0.5 * 0.8 * (3 * 0.5 + 1 * 1.0) / 4)
+
+
+def test_a_gate_weight_is_not_part_of_the_mean() -> None:
+    specs = [SpecData("a", weight=1.0), SpecData("g", weight=100.0, gate=True)]
+    assert combine(specs, [score(0.6), score(0.5)]) == pytest.approx(0.5 * 0.6)
+
+
+def test_a_negative_weight_is_a_penalty_term() -> None:
+    specs = [SpecData("a", weight=3.0), SpecData("penalty", weight=-1.0)]
+    assert combine(specs, [score(0.0), score(1.0)]) == pytest.approx((3 * 0.0 - 1 * 1.0) / (3 - 1))
+    assert combine(specs, [score(1.0), score(1.0)]) == pytest.approx((3 - 1) / (3 - 1))
+
+
+@pytest.mark.parametrize("failing", [0, 1, 2])
+def test_any_failed_grader_leaves_the_sample_without_a_reward(failing: int) -> None:
+    specs = [SpecData("a"), SpecData("b", weight=2.0), SpecData("g", gate=True)]
+    results: list[Any] = [score(1.0), score(1.0), score(1.0)]
+    results[failing] = failed()
+    assert combine(specs, results) is None
+
+
+def test_listwise_results_take_no_part_in_the_reward() -> None:
+    specs = [SpecData("rank"), SpecData("a", weight=2.0)]
+    assert combine(specs, [GraderRank(name="rank", rank=[2, 1]), score(0.7)]) == pytest.approx(0.7)
+    assert combine([SpecData("rank")], [GraderRank(name="rank", rank=[1])]) is None  # nothing scores
+
+
+def test_rewards_by_column_agree_with_combine_row_by_row() -> None:
+    specs = [SpecData("a", weight=2.0), SpecData("b", weight=-0.5), SpecData("g", gate=True)]
+    rows = [
+        [score(1.0), score(0.0), score(1.0)],
+        [score(0.2), score(1.0), score(0.5)],
+        [score(0.2), failed(), score(0.5)],
+    ]
+    columns = [list(column) for column in zip(*rows, strict=True)]
+    assert rewards(specs, columns) == [combine(specs, row) for row in rows]
+    assert rewards(specs, columns)[:2] == [
+        pytest.approx(1.0 * (2 * 1.0 - 0.5 * 0.0) / 1.5),
+        pytest.approx(0.5 * (2 * 0.2 - 0.5 * 1.0) / 1.5),
+    ]
+
+
+def test_a_single_grader_s_score_is_the_reward() -> None:
+    column = [score(0.25), failed(), GraderRank(name="g", rank=[1])]
+    assert rewards([SpecData("a", weight=7.0)], [column]) == [0.25, None, None]
+    assert rewards([SpecData("g", gate=True)], [column]) == [0.25, None, None]
+
+
+# -- weight checks ---------------------------------------------------------------------------------------
+
+
+def refused(specs: list[SpecData]) -> InvalidParams:
+    with pytest.raises(InvalidParams) as info:
+        check_weights(specs)
+    return info.value
+
+
+def test_weights_must_be_finite() -> None:
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        error = refused([SpecData("a", weight=bad)])
+        assert error.param == "weight" and "'a'" in str(error)
+
+
+def test_the_non_gate_weights_must_sum_above_zero() -> None:
+    assert "sum to 0" in str(refused([SpecData("a", weight=1.0), SpecData("b", weight=-1.0)]))
+    assert "sum to -1" in str(refused([SpecData("a", weight=-1.0)]))
+    check_weights([SpecData("a", weight=3.0), SpecData("b", weight=-1.0)])  # a penalty, total 2
+    check_weights([SpecData("a", weight=1.0), SpecData("g", weight=-5.0, gate=True)])  # gates are not summed
+    check_weights([SpecData("g", gate=True)])  # gates alone: no sum to check
+
+
+def test_each_spec_needs_a_distinct_key() -> None:
+    error = refused([SpecData("a"), SpecData("a")])
+    assert error.param == "key" and "'a'" in str(error)
+    check_weights([SpecData("a"), SpecData("a", key="a_strict")])
+
+
+# -- params: the schema and coercion ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "hint", "expected"),
+    [
+        (3.0, int, 3),  # JSON's one number type, as the factory's int
+        (3.0, int | None, 3),
+        (None, int | None, None),
+        (2, float, 2),  # an int is a float param's value as it is
+        (0.5, float, 0.5),
+        ([1, 2], tuple, (1, 2)),  # JSON has lists; a tuple param gets a tuple
+        ([1, 2], list, [1, 2]),
+        (4.0, None, 4),  # undeclared type: a whole number is an int
+        (4.5, None, 4.5),
+        ("x", str, "x"),
+    ],
+)
+def test_coerce_value_gives_the_declared_type(value: Any, hint: Any, expected: Any) -> None:
+    coerced = coerce_value("p", value, hint)
+    assert coerced == expected and type(coerced) is type(expected)
+
+
+@pytest.mark.parametrize(
+    ("value", "hint", "message"),
+    [
+        (2.5, int, "must be an integer, got 2.5"),
+        ("3", int, "must be int, got str '3'"),
+        (3, str, "must be str, got int 3"),
+        ("x", int | None, "must be int or null, got str 'x'"),
+        ({"a": 1}, list, "must be list, got dict"),
+    ],
+)
+def test_coerce_value_refuses_other_types_naming_the_param(value: Any, hint: Any, message: str) -> None:
+    with pytest.raises(InvalidParams) as info:
+        coerce_value("p", value, hint)
+    assert info.value.param == "p" and message in str(info.value)
+
+
+class Configurable(BaseGrader):
+    """A grader with one param of each kind."""
+
+    def __init__(self, n: int, ratio: float = 0.5, words: tuple[str, ...] = ("a", "b"), label: str = "") -> None:
+        super().__init__()
+
+
+class Open(BaseGrader):
+    def __init__(self, n: int = 1, **options: Any) -> None:
+        super().__init__()
+
+
+def test_describe_params_reads_the_factory_signature() -> None:
+    params, open_params, hints = describe_params(Configurable)
+    assert [(p.name, p.required) for p in params] == [("n", True), ("ratio", False), ("words", False), ("label", False)]
+    assert params[0] == ParamInfo("n", "int", None, True)
+    assert params[1] == ParamInfo("ratio", "float", 0.5, False)
+    assert params[2].default == ["a", "b"]  # defaults are shown as JSON
+    assert not open_params and hints["n"] is int
+    assert describe_params(Open)[1] is True  # **kwargs: any name may be a param
+
+
+def test_a_function_grader_s_params_are_its_arguments_that_are_not_sample_fields() -> None:
+    def mentions(response: str, reference: str, word: str = "grpc", times: int = 1) -> float:
+        return float(response.count(word) >= times)
+
+    params, open_params, _ = describe_params(FunctionGrader.wrap(mentions))
+    assert [p.name for p in params] == ["word", "times"] and not open_params
+
+
+# -- the registry and the engine, in process ------------------------------------------------------------
+
+
+def exact(response: str, reference: str) -> float:
+    """1.0 when the response is the reference."""
+    return float(response == reference)
+
+
+def short(response: str, limit: int = 3) -> float:
+    """1.0 for a response of at most `limit` characters, else 0.0."""
+    return float(len(response) <= limit)
+
+
+async def nonempty(response: str) -> float:
+    """1.0 for a non-empty response (async, so the engine gathers it on the loop)."""
+    await asyncio.sleep(0)
+    return float(bool(response))
+
+
+def picky(response: str) -> float:
+    """Raises on the response "boom"."""
+    if response == "boom":
+        raise RuntimeError("boom")
+    return 1.0
+
+
+def longest_first(responses: list[str]) -> list[int]:
+    order = sorted(range(len(responses)), key=lambda i: -len(responses[i]))
+    return [order.index(i) + 1 for i in range(len(responses))]
+
+
+@pytest.fixture
+def registry() -> Registry:
+    registry = Registry([], make_manager())
+    plugin = PluginInfo(name="unit", distribution="tests", version="0")
+    for func in (exact, short, nonempty, picky):
+        registry.add(plugin, FunctionGrader.wrap(func), name=func.__name__)
+    registry.add(plugin, FunctionGrader.wrap(longest_first, mode=GraderMode.LISTWISE), name="longest_first")
+    registry.add(plugin, Configurable, name="configurable")
+    return registry
+
+
+def test_the_registry_refuses_unknown_and_missing_params(registry: Registry) -> None:
+    with pytest.raises(InvalidParams) as unknown:
+        registry.build("short", {"limt": 3})
+    assert unknown.value.param == "limt" and "allowed: limit" in str(unknown.value)
+    with pytest.raises(InvalidParams) as missing:
+        registry.build("configurable", {})
+    assert missing.value.param == "n"
+    with pytest.raises(InvalidParams) as wrong:
+        registry.build("short", {"limit": 2.5})
+    assert wrong.value.param == "limit"
+    with pytest.raises(UnknownGrader, match="did you mean 'short'"):
+        registry.build("shrt")
+
+
+def test_the_registry_builds_once_per_params_and_names_what_it_built(registry: Registry) -> None:
+    built = registry.build("short", {"limit": 5.0})
+    assert built is registry.build("short", {"limit": 5.0})
+    assert built is not registry.build("short", {"limit": 4})
+    assert built.name == "short"
+    assert built.evaluate(response="12345").score == 1.0 and built.evaluate(response="123456").score == 0.0
+    assert registry.entry("longest_first").mode is GraderMode.LISTWISE
+
+
+def engine_for(registry: Registry, **rewards_by_name: list[SpecData]) -> Engine:
+    named = {name: Reward(name, specs) for name, specs in rewards_by_name.items()}
+    return Engine(registry, pool=None, rewards=named)
+
+
+def test_resolve_refuses_a_request_that_names_nothing_or_both(registry: Registry) -> None:
+    engine = engine_for(registry, r=[SpecData("exact")])
+    with pytest.raises(InvalidParams, match="either"):
+        engine.resolve([SpecData("exact")], reward="r")
+    with pytest.raises(InvalidParams, match="no grader"):
+        engine.resolve([])
+    with pytest.raises(UnknownReward):
+        engine.resolve([], reward="nope")
+    with pytest.raises(InvalidParams, match="sum to 0"):
+        engine.resolve([SpecData("exact"), SpecData("short", weight=-1.0)])
+
+
+def test_without_a_pool_every_grader_runs_inline(registry: Registry) -> None:
+    engine = engine_for(registry)
+    jobs = engine.resolve([SpecData("exact"), SpecData("nonempty")])
+    assert [job.worker_capable for job in jobs] == [False, False]
+    assert not engine.whole_chunks(jobs) and not any(job.in_worker for job in jobs)
+
+
+def test_a_chunk_is_graded_by_every_grader_and_combined_by_the_formula(registry: Registry) -> None:
+    specs = [
+        SpecData("exact", weight=3.0),
+        SpecData("nonempty", weight=1.0),
+        SpecData("short", params={"limit": 2}, gate=True),
+        SpecData("picky", weight=1.0),
+    ]
+    engine = engine_for(registry, r=specs)
+    jobs = engine.resolve([], reward="r")
+    chunk: list[tuple[int, Any]] = [
+        (10, {"response": "ab", "reference": "ab"}),  # exact 1, nonempty 1, short 1, picky 1
+        (11, {"response": "abc", "reference": "x"}),  # exact 0, nonempty 1, short 0, picky 1
+        (12, SampleProblem("field 'response' is too long")),  # no grader sees it
+        (13, {"response": "boom", "reference": "boom"}),  # picky raises: this sample only
+    ]
+    graded = asyncio.run(engine.grade_chunk(jobs, chunk))
+    assert graded.indices == [10, 11, 12, 13]
+    exact_column, nonempty_column, short_column, picky_column = graded.columns
+    assert [r.score for r in exact_column if isinstance(r, GraderScore)] == [1.0, 0.0, 1.0]
+    assert [r.score for r in short_column if isinstance(r, GraderScore)] == [1.0, 0.0, 0.0]
+    for column in graded.columns:
+        problem = column[2]
+        assert isinstance(problem, GraderError) and problem.code == ErrorCode.INVALID_SAMPLE
+        assert "too long" in problem.error
+    assert isinstance(picky_column[3], GraderError) and picky_column[3].code == ErrorCode.GRADER_FAILED
+    assert all(isinstance(r, GraderScore) for r in (*nonempty_column[:2], nonempty_column[3], *picky_column[:2]))
+    assert graded.rewards == [
+        pytest.approx(1.0 * (3 * 1.0 + 1.0 + 1.0) / 5),
+        pytest.approx(0.0 * (3 * 0.0 + 1.0 + 1.0) / 5),
+        None,
+        None,
+    ]
+
+
+def test_a_batch_comes_back_in_chunks_covering_every_sample_once(registry: Registry) -> None:
+    engine = engine_for(registry)
+    jobs = engine.resolve([SpecData("short", params={"limit": 2}), SpecData("nonempty")])
+    samples = [{"response": "x" * n} for n in range(7)]
+    batch = Batch(size=len(samples), chunk=lambda a, b: [(i, samples[i]) for i in range(a, b)])
+
+    async def collect() -> list[GradedChunk]:
+        return [chunk async for chunk in engine.grade_batch(jobs, batch, size=3) if isinstance(chunk, GradedChunk)]
+
+    chunks = asyncio.run(collect())
+    assert sorted(len(c.indices) for c in chunks) == [1, 3, 3]
+    by_index = {i: reward for c in chunks for i, reward in zip(c.indices, c.rewards, strict=True)}
+    # mean of short (len <= 2) and nonempty (len > 0), each of weight 1
+    expected = {n: ((n <= 2) + (n > 0)) / 2 for n in range(7)}
+    assert by_index == pytest.approx(expected)
