@@ -31,6 +31,9 @@ class ErrorCode(StrEnum):
     WORKER_LOST = "WORKER_LOST"
     #: The call was cancelled (or passed its deadline) before this sample was graded; nobody reads it.
     CANCELLED = "CANCELLED"
+    #: The code sandbox could not run the sample's program (it failed to start, its service answered 5xx
+    #: or was overloaded): nothing about the program was judged, and grading it again later may succeed.
+    SANDBOX_UNAVAILABLE = "SANDBOX_UNAVAILABLE"
 
 
 class InvalidParams(ValueError):
