@@ -299,8 +299,9 @@ class BubblewrapBackend:
                 async with asyncio.timeout(KILL_GRACE_SECONDS):
                     await asyncio.wait({out, err})
                     status = await proc.wait()
-            except TimeoutError:
-                raise SandboxUnavailable(f"the sandbox did not stop within {KILL_GRACE_SECONDS:g} s of being killed")
+            except TimeoutError as exc:
+                message = f"the sandbox did not stop within {KILL_GRACE_SECONDS:g} s of being killed"
+                raise SandboxUnavailable(message) from exc
         finally:
             if proc.returncode is None:  # cancelled (the caller gave up): the run must not outlive it
                 _kill(proc)

@@ -131,10 +131,12 @@ def _is_int(text: str) -> bool:
 
 def _close(output: list[str], expected: list[str]) -> bool:
     """Rule 5: line for line as floats (numpy.allclose(output, expected) with its default tolerances)."""
-    if len(output) != len(expected) or all(_is_int(a) and _is_int(b) for a, b in zip(output, expected)):
+    if len(output) != len(expected):
+        return False
+    if all(_is_int(a) and _is_int(b) for a, b in zip(output, expected, strict=True)):
         return False
     try:
-        pairs = [(float(a), float(b)) for a, b in zip(output, expected)]
+        pairs = [(float(a), float(b)) for a, b in zip(output, expected, strict=True)]
     except ValueError:
         return False
     return all(a == b if math.isinf(b) else abs(a - b) <= ATOL + RTOL * abs(b) for a, b in pairs)

@@ -5,16 +5,15 @@ and call one of its functions with JSON arguments. The module's source travels i
 Python literal, so the harness is one self-contained program any backend can run. The harness reads the
 request from stdin before the module runs (so the module cannot consume it), runs the module under the
 name `solution` (so its `if __name__ == "__main__":` block does not run, as veRL loads it), calls the
-function, and writes the JSON of its return value as the last line of stdout. A return value JSON cannot hold is the program's
-error, as in veRL. Nothing the module does can make another run pass: expected values never enter the
-sandbox.
+function, and writes the JSON of its return value as the last line of stdout. A return value JSON cannot
+hold is the program's error, as in veRL. Nothing the module does can make another run pass: expected
+values never enter the sandbox.
 """
 
 from __future__ import annotations
 
 import json
 from typing import Any
-
 
 #: veRL's prime_code and SandboxFusion scorers put these imports before a solution, which many APPS and
 #: LeetCode solutions rely on (`List`, `defaultdict`, `heappush`... without importing them); prime_code

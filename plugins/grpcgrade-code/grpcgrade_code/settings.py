@@ -29,6 +29,7 @@ URL_ENV = "GRPCGRADE_CODE_SANDBOX_FUSION_URL"
 CONCURRENCY_ENV = "GRPCGRADE_CODE_MAX_CONCURRENCY"
 RETRIES_ENV = "GRPCGRADE_CODE_MAX_RETRIES"
 BACKENDS = ("bubblewrap", "sandbox_fusion")
+DEFAULT_RETRIES = 2
 
 
 def _whole(environ: Mapping[str, str], name: str, minimum: int) -> int | None:
