@@ -1,0 +1,252 @@
+"""The bubblewrap sandbox against hostile programs: each one's outcome, and nothing of the host reached.
+
+These run real bwrap sandboxes (Debian's bubblewrap, installed by .ci/run) through the public API. The
+host side of each check is looked at from here: the file a program tried to write does not exist, the
+socket it tried to reach saw no connection, no process of the run is left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+from pathlib import Path
+
+import pytest
+from grpcgrade_code import Limits, Outcome, RunResult, SandboxUnavailable, run
+from grpcgrade_code.bubblewrap import BubblewrapBackend
+
+LIMITS = Limits(time_seconds=1.0, memory_mb=256)
+SECRET_NAME, SECRET = "GRPCGRADE_TEST_SECRET", "sandbox-must-not-see-this"
+
+
+@pytest.fixture(scope="module")
+def backend() -> BubblewrapBackend:
+    return BubblewrapBackend(max_concurrency=4)
+
+
+def go(backend: BubblewrapBackend, code: str, stdin: str = "", language: str = "python", **limits: object) -> RunResult:
+    chosen = Limits(**{**LIMITS.__dict__, **limits}) if limits else LIMITS  # type: ignore[arg-type]
+    return asyncio.run(run(backend, language, code, stdin, chosen))
+
+
+def sandbox_processes() -> list[int]:
+    """Processes on this machine running a sandboxed program (its source is always under /box)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and b"/box/main" in (proc / "cmdline").read_bytes():
+                found.append(int(proc.name))
+        except OSError:
+            continue
+    return found
+
+
+def test_a_correct_program(backend: BubblewrapBackend) -> None:
+    result = go(backend, "print(input()[::-1])", "stressed\n")
+    assert (result.outcome, result.stdout, result.exit_code) == (Outcome.OK, "desserts\n", 0)
+
+
+def test_a_runtime_error(backend: BubblewrapBackend) -> None:
+    result = go(backend, "print('before')\n1 / 0")
+    assert result.outcome is Outcome.RUNTIME_ERROR and result.exit_code == 1
+    assert result.stdout == "before\n" and "ZeroDivisionError" in result.stderr
+
+
+def test_a_syntax_error_is_a_compile_error(backend: BubblewrapBackend) -> None:
+    result = go(backend, "def f(:\n    pass")
+    assert result.outcome is Outcome.COMPILE_ERROR and "SyntaxError" in result.stderr
+
+
+def test_an_infinite_loop_hits_the_time_limit(backend: BubblewrapBackend) -> None:
+    result = go(backend, "while True:\n    pass")
+    assert result.outcome is Outcome.TIME_LIMIT and result.exit_code is None
+
+
+def test_a_sleep_past_the_wall_limit(backend: BubblewrapBackend) -> None:
+    result = go(backend, "import time\nprint('zzz', flush=True)\ntime.sleep(30)")
+    assert (result.outcome, result.stdout) == (Outcome.TIME_LIMIT, "zzz\n")
+
+
+def test_a_fork_bomb_is_capped_and_killed_as_a_whole(backend: BubblewrapBackend) -> None:
+    bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass"
+    result = go(backend, bomb)
+    assert result.outcome is Outcome.TIME_LIMIT
+    assert sandbox_processes() == []  # every fork went with the sandbox
+
+
+def test_children_do_not_outlive_a_program_that_exits(backend: BubblewrapBackend) -> None:
+    code = "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(60)\nprint('parent done')"
+    result = go(backend, code)
+    assert (result.outcome, result.stdout) == (Outcome.OK, "parent done\n")
+    assert sandbox_processes() == []
+
+
+def test_the_process_limit_counts_this_run_only(backend: BubblewrapBackend) -> None:
+    code = (
+        "import os\nn = 0\ntry:\n    while True:\n        if os.fork() == 0:\n            import time; time.sleep(5)\n"
+    )
+    code += "        n += 1\nexcept OSError:\n    print(n)"
+    result = go(backend, code, processes=8)
+    assert result.outcome is Outcome.OK
+    assert 0 < int(result.stdout) < 8  # the sandbox's PID 1 and the program itself count too
+
+
+def test_a_memory_bomb(backend: BubblewrapBackend) -> None:
+    for code in ("x = bytearray(10**10)", "x = []\nwhile True:\n    x.append(bytearray(10**7))"):
+        result = go(backend, code, time_seconds=20)  # ends at the memory limit, long before this
+        assert result.outcome is Outcome.MEMORY_LIMIT, result.stderr
+
+
+def test_a_gigabyte_of_output_stops_at_the_output_limit(backend: BubblewrapBackend) -> None:
+    code = "import sys\nchunk = 'x' * 65536\nfor _ in range(16384):\n    sys.stdout.write(chunk)"
+    result = go(backend, code, output_bytes=1 << 20)
+    assert result.outcome is Outcome.OUTPUT_LIMIT
+    assert result.stdout == "x" * (1 << 20)
+
+
+def test_a_file_over_the_size_limit(backend: BubblewrapBackend) -> None:
+    result = go(backend, "open('/tmp/big', 'wb').write(b'x' * (4 << 20))", file_bytes=1 << 20)
+    assert result.outcome is Outcome.OUTPUT_LIMIT
+
+
+WRITE_EVERYWHERE = """
+import sys
+for path in sys.stdin.read().split():
+    try:
+        with open(path, "w") as f:
+            f.write("pwned")
+        print(path, "written")
+    except OSError as e:
+        print(path, type(e).__name__)
+"""
+
+
+def test_only_tmp_is_writable(backend: BubblewrapBackend, tmp_path: Path) -> None:
+    host_file = tmp_path / "outside.txt"
+    targets = ["/tmp/mine", "/box/x", "/usr/x", "/x", "/etc/passwd", "/dev/shm/x", str(host_file)]
+    result = go(backend, WRITE_EVERYWHERE, "\n".join(targets))
+    verdicts = dict(line.split() for line in result.stdout.splitlines())
+    assert verdicts.pop("/tmp/mine") == "written"
+    assert all(v in ("OSError", "PermissionError", "FileNotFoundError") for v in verdicts.values()), verdicts
+    assert not host_file.exists()
+
+
+def test_the_server_environment_and_files_are_invisible(
+    backend: BubblewrapBackend, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(SECRET_NAME, SECRET)
+    secret_file = tmp_path / "secret.txt"
+    secret_file.write_text(SECRET)
+    code = (
+        "import os, sys\nprint(sorted(os.environ))\n"
+        "for path in sys.stdin.read().split():\n"
+        "    try:\n        print(open(path).read())\n    except OSError as e:\n        print(type(e).__name__)"
+    )
+    paths = [str(secret_file), "/proc/1/environ", f"/proc/{os.getpid()}/environ", "/etc/hostname", "/root/.bashrc"]
+    result = go(backend, code, "\n".join(paths))
+    assert result.outcome is Outcome.OK
+    assert SECRET not in result.stdout and SECRET_NAME not in result.stdout
+    names = set(eval(result.stdout.splitlines()[0]))  # the program's own print of a list of names
+    assert names <= {"PATH", "HOME", "TMPDIR", "LANG", "PWD", "LC_CTYPE"}
+    assert result.stdout.splitlines()[1:] == ["FileNotFoundError"] * len(paths)
+
+
+def test_no_network(backend: BubblewrapBackend) -> None:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        listener.settimeout(0.2)
+        port = listener.getsockname()[1]
+        code = (
+            "import socket, sys\n"
+            "for host, port in [('127.0.0.1', int(sys.stdin.read())), ('1.1.1.1', 53)]:\n"
+            "    try:\n        socket.create_connection((host, port), timeout=2)\n        print('connected')\n"
+            "    except OSError as e:\n        print(type(e).__name__)"
+        )
+        result = go(backend, code, str(port))
+        with pytest.raises(TimeoutError):
+            listener.accept()  # nothing from the sandbox reached the host's loopback
+    assert result.stdout.split() == ["ConnectionRefusedError", "OSError"]  # its own loopback; no route out
+
+
+def test_killing_its_parent_or_the_server_reaches_nothing(backend: BubblewrapBackend) -> None:
+    code = (
+        "import os, signal, sys\n"
+        "for pid in (os.getppid(), int(sys.stdin.read()), -1):\n"
+        "    try:\n        os.kill(pid, signal.SIGKILL)\n        print(pid, 'sent')\n"
+        "    except OSError as e:\n        print(pid, type(e).__name__)\n"
+        "print('still here')"
+    )
+    result = go(backend, code, str(os.getpid()))
+    assert result.outcome is Outcome.OK
+    lines = result.stdout.splitlines()
+    assert lines[0] == "1 sent"  # its parent is the sandbox's PID 1, which ignores it
+    assert lines[1:] == [f"{os.getpid()} ProcessLookupError", "-1 ProcessLookupError", "still here"]
+    assert go(backend, "print('next')").stdout == "next\n"  # and the next run is fine
+
+
+def test_the_limits_are_set_inside(backend: BubblewrapBackend) -> None:
+    code = (
+        "import resource as r\n"
+        "for name in ('CPU', 'AS', 'NPROC', 'FSIZE', 'NOFILE', 'CORE'):\n"
+        "    print(name, *r.getrlimit(getattr(r, 'RLIMIT_' + name)))"
+    )
+    result = go(backend, code, time_seconds=1.5, memory_mb=300, processes=16, file_bytes=12345, open_files=64)
+    limits = {
+        name: (int(soft), int(hard)) for name, soft, hard in (line.split() for line in result.stdout.splitlines())
+    }
+    assert limits == {
+        "CPU": (2, 3),  # whole seconds, rounded up; SIGXCPU first, then SIGKILL
+        "AS": (300 << 20, 300 << 20),
+        "NPROC": (16, 16),
+        "FSIZE": (12345, 12345),
+        "NOFILE": (64, 64),
+        "CORE": (0, 0),
+    }
+
+
+def test_an_unprivileged_user_without_capabilities(backend: BubblewrapBackend) -> None:
+    code = "import os\nprint(os.getuid(), os.getgid())\nprint(open('/proc/self/status').read())"
+    result = go(backend, code)
+    assert result.stdout.splitlines()[0] == "65534 65534"
+    assert "FileNotFoundError" in result.stderr  # not even /proc is there
+
+
+def test_waiting_for_a_slot_is_not_run_time() -> None:
+    """One slot, three programs of 0.6 s each under a 1 s limit: none times out while it waits."""
+    single = BubblewrapBackend(max_concurrency=1)
+
+    async def three() -> list[RunResult]:
+        runs = [run(single, "python", "import time\ntime.sleep(0.6)\nprint('ok')", "", LIMITS) for _ in range(3)]
+        return await asyncio.gather(*runs)
+
+    assert [r.outcome for r in asyncio.run(three())] == [Outcome.OK] * 3
+
+
+def test_cpp_programs(backend: BubblewrapBackend) -> None:
+    add = "#include <iostream>\nint main() { long a, b; std::cin >> a >> b; std::cout << a + b << std::endl; }"
+    assert go(backend, add, "40 2", language="cpp").stdout == "42\n"
+    broken = go(backend, "int main() { return undeclared; }", language="cpp")
+    assert broken.outcome is Outcome.COMPILE_ERROR and "undeclared" in broken.stderr
+    crash = go(backend, "#include <cstdlib>\nint main() { std::abort(); }", language="cpp")
+    assert (crash.outcome, crash.signal) == (Outcome.RUNTIME_ERROR, 6)
+
+
+def test_javascript_programs(backend: BubblewrapBackend) -> None:
+    echo = "const s = require('fs').readFileSync(0, 'utf8'); console.log(s.trim().toUpperCase());"
+    assert go(backend, echo, "shout", language="javascript").stdout == "SHOUT\n"
+    bomb = go(backend, "const a = []; while (true) a.push(new Array(1e6).fill(1.5));", language="javascript")
+    assert bomb.outcome is Outcome.MEMORY_LIMIT
+
+
+def test_a_program_cannot_pass_itself_off_as_a_sandbox_failure(backend: BubblewrapBackend) -> None:
+    result = go(backend, "import sys\nsys.stderr.write('bwrap: Creating new namespace failed\\n')\nsys.exit(1)")
+    assert result.outcome is Outcome.RUNTIME_ERROR
+
+
+@pytest.mark.parametrize("bwrap", ["/usr/bin/false", "/nonexistent/bwrap"])
+def test_a_sandbox_that_cannot_start_is_unavailable_not_a_result(bwrap: str) -> None:
+    broken = BubblewrapBackend(bwrap=bwrap)
+    with pytest.raises(SandboxUnavailable):
+        asyncio.run(run(broken, "python", "print(1)", "", LIMITS))
