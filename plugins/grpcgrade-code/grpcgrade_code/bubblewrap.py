@@ -10,7 +10,7 @@ namespaces. Each run gets:
   the host's filesystem is written or even reachable;
 * an empty environment (PATH, HOME, LANG only): the server's secrets are not visible;
 * no capabilities, a new session, an unprivileged user: a server running as root hands the sandbox to
-  `nobody` (65534) before bwrap starts; otherwise it runs as the server's own unprivileged user;
+  `nobody` (65534) before bwrap starts (util-linux `setpriv`, with no_new_privs); otherwise it runs as the server's own unprivileged user;
 * rlimits set inside the sandbox by util-linux `prlimit`: CPU seconds, memory, processes, file size, open
   files, no core dumps. RLIMIT_NPROC is counted per user namespace, so it bounds this run only;
 * wall-clock time, stdout and stderr bounded here. On timeout or too much output the outer bwrap process
@@ -44,6 +44,10 @@ KILL_GRACE_SECONDS = 5.0
 #: How much of bwrap's own complaint goes into a SandboxUnavailable message.
 MESSAGE_CHARS = 300
 PRLIMIT = "/usr/bin/prlimit"
+#: util-linux's setpriv: how a root server hands bwrap to SANDBOX_UID. Not Popen(user=...), which must
+#: fork() where it could vfork(); a fork() runs the atfork handlers of libraries such as gRPC in the
+#: child, and gRPC's crash there.
+SETPRIV = "/usr/bin/setpriv"
 
 
 def usable_cpus() -> int:
@@ -256,7 +260,9 @@ class BubblewrapBackend:
             for path, (data, mode) in files.items():
                 fds[path] = (_memfd(data), mode)
             argv = self._argv(command, fds, limits, lang)
-            as_nobody = {"user": SANDBOX_UID, "group": SANDBOX_UID, "extra_groups": []} if self._as_root else {}
+            if self._as_root:
+                uid = str(SANDBOX_UID)
+                argv = [SETPRIV, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--no-new-privs", "--", *argv]
             try:
                 proc = await asyncio.create_subprocess_exec(
                     *argv,
@@ -266,7 +272,6 @@ class BubblewrapBackend:
                     pass_fds=tuple(fd for fd, _ in fds.values()),
                     env={},
                     start_new_session=True,
-                    **as_nobody,
                 )
             except OSError as exc:
                 raise SandboxUnavailable(f"bwrap could not be started: {exc}") from exc
@@ -309,7 +314,8 @@ class BubblewrapBackend:
                 task.cancel()
         stdout, stderr = out.result(), err.result()
         if not stdout.startswith(READY):
-            reason = "did not start in time" if timed_out else f"failed to start: {_text(stderr)[:MESSAGE_CHARS]}"
+            said = _text(stderr)[:MESSAGE_CHARS].strip() or "no message"
+            reason = "did not start in time" if timed_out else f"failed to start (status {status}): {said}"
             raise SandboxUnavailable(f"the sandbox {reason.strip()}")
         return _Exit(status, stdout[len(READY) :], stderr, timed_out, overflow.is_set(), seconds)
 
