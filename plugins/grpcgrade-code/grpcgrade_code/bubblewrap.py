@@ -9,13 +9,15 @@ namespaces. Each run gets:
   private /tmp of `tmp_bytes`; its files are copied in read-only under /box from memory, so nothing of
   the host's filesystem is written or even reachable;
 * an empty environment (PATH, HOME, LANG only): the server's secrets are not visible;
-* no capabilities, a new session, an unprivileged user: a server running as root hands the sandbox to
-  `nobody` (65534) before bwrap starts (util-linux `setpriv`, with no_new_privs); otherwise it runs as the server's own unprivileged user;
+* no capabilities, no_new_privs, a new session, an unprivileged user: a server running as root hands the
+  sandbox to `nobody` (65534) before bwrap starts (util-linux `setpriv`); otherwise it runs as the
+  server's own unprivileged user;
 * rlimits set inside the sandbox by util-linux `prlimit`: CPU seconds, memory, processes, file size, open
   files, no core dumps. RLIMIT_NPROC is counted per user namespace, so it bounds this run only;
 * wall-clock time, stdout and stderr bounded here. On timeout or too much output the outer bwrap process
   is killed; its child, the sandbox's PID 1, dies with it (`--die-with-parent`), and the kernel kills
-  every other process of the PID namespace: the run is killed as a whole.
+  every other process of the PID namespace: the run is killed as a whole. bwrap itself dies with the
+  server (a parent-death signal), so a killed server leaves no sandbox behind.
 
 A run that never reaches its program (bwrap cannot create the namespaces, a runtime is missing) raises
 `SandboxUnavailable`: a line the sandbox prints just before it executes the program tells the two apart, so
@@ -29,8 +31,10 @@ import contextlib
 import os
 import shutil
 import signal
+import subprocess
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from .languages import BOX, FILE_SIZE_MARKERS, MEMORY_MARKERS, RUNTIME_PATH, Language, known_languages
 from .sandbox import COMPILE_LIMITS, Limits, Outcome, Program, RunResult, SandboxUnavailable, Slots
@@ -44,9 +48,10 @@ KILL_GRACE_SECONDS = 5.0
 #: How much of bwrap's own complaint goes into a SandboxUnavailable message.
 MESSAGE_CHARS = 300
 PRLIMIT = "/usr/bin/prlimit"
-#: util-linux's setpriv: how a root server hands bwrap to SANDBOX_UID. Not Popen(user=...), which must
-#: fork() where it could vfork(); a fork() runs the atfork handlers of libraries such as gRPC in the
-#: child, and gRPC's crash there.
+#: util-linux's setpriv starts bwrap: with a parent-death signal, so the sandbox dies with the server even
+#: when the server is killed, and for a root server as SANDBOX_UID. Not Popen(user=...), which must fork()
+#: where it could vfork(): a fork() runs the atfork handlers of libraries such as gRPC in the child, and
+#: gRPC's crash there.
 SETPRIV = "/usr/bin/setpriv"
 
 
@@ -113,27 +118,41 @@ def classify(language: Language, done: _Exit) -> RunResult:
     )
 
 
-async def _drain(stream: asyncio.StreamReader, limit: int, overflow: asyncio.Event) -> bytes:
-    """Read to EOF, keeping the first `limit` bytes; past them, signal `overflow` and discard the rest."""
-    kept = bytearray()
-    while chunk := await stream.read(1 << 16):
-        if overflow.is_set():
-            continue
-        room = limit - len(kept)
-        kept += chunk[:room]
-        if len(chunk) > room:
-            overflow.set()
-    return bytes(kept)
+class _Collector(asyncio.SubprocessProtocol):
+    """bwrap's stdout and stderr, each kept up to its limit; past it, the sandbox is killed at once.
 
+    `finished` resolves once bwrap has exited and both pipes are closed, which happens only when every
+    process of the sandbox is gone: they all share those pipes.
+    """
 
-async def _feed(stream: asyncio.StreamWriter, data: bytes) -> None:
-    """Write stdin and close it; a program that exits without reading it all is its own business."""
-    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-        if data:
-            stream.write(data)
-            await stream.drain()
-        stream.close()
-        await stream.wait_closed()
+    def __init__(self, limits: dict[int, int]) -> None:
+        self.limits = limits
+        self.data: dict[int, bytearray] = {fd: bytearray() for fd in limits}
+        self.overflowed = False
+        self.exited_at = 0.0
+        self.transport: asyncio.SubprocessTransport | None = None
+        self.finished: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.SubprocessTransport)
+        self.transport = transport
+
+    def pipe_data_received(self, fd: int, data: bytes) -> None:
+        if self.overflowed:
+            return
+        kept = self.data[fd]
+        room = self.limits[fd] - len(kept)
+        kept += data[:room]
+        if len(data) > room and self.transport is not None:
+            self.overflowed = True
+            _kill(self.transport)
+
+    def process_exited(self) -> None:
+        self.exited_at = time.perf_counter()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.finished.done():
+            self.finished.set_result(None)
 
 
 def _memfd(data: bytes) -> int:
@@ -256,70 +275,81 @@ class BubblewrapBackend:
         if self._bwrap is None:
             raise SandboxUnavailable("bubblewrap (bwrap) is not installed on this server (Debian: bubblewrap)")
         fds: dict[str, tuple[int, int]] = {}
+        loop = asyncio.get_running_loop()
+        collector = _Collector({1: limits.output_bytes + len(READY), 2: limits.output_bytes})
         try:
             for path, (data, mode) in files.items():
                 fds[path] = (_memfd(data), mode)
             argv = self._argv(command, fds, limits, lang)
-            if self._as_root:
-                uid = str(SANDBOX_UID)
-                argv = [SETPRIV, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--no-new-privs", "--", *argv]
-            try:
-                proc = await asyncio.create_subprocess_exec(
+            user = [f"--reuid={SANDBOX_UID}", f"--regid={SANDBOX_UID}", "--clear-groups"] if self._as_root else []
+            argv = [SETPRIV, "--pdeathsig=SIGKILL", *user, "--no-new-privs", "--", *argv]
+            # Never cancelled: asyncio (3.11) can hang for good when subprocess_exec itself is cancelled. A
+            # caller that gives up meanwhile still waits the few milliseconds the spawn takes, then closes
+            # (kills) what it made.
+            spawn = asyncio.ensure_future(
+                loop.subprocess_exec(
+                    lambda: collector,
                     *argv,
-                    stdin=asyncio.subprocess.PIPE,
-                    stdout=asyncio.subprocess.PIPE,
-                    stderr=asyncio.subprocess.PIPE,
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
                     pass_fds=tuple(fd for fd, _ in fds.values()),
                     env={},
                     start_new_session=True,
                 )
+            )
+            try:
+                transport, _ = await asyncio.shield(spawn)
+            except asyncio.CancelledError:
+                while not spawn.done():
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await asyncio.shield(spawn)
+                _close_spawned(spawn)
+                raise
             except OSError as exc:
                 raise SandboxUnavailable(f"bwrap could not be started: {exc}") from exc
         finally:
             for fd, _ in fds.values():
                 os.close(fd)
-        return await self._supervise(proc, stdin, limits)
+        try:
+            return await self._supervise(transport, collector, stdin, limits)
+        finally:
+            transport.close()  # kills bwrap if still running (the caller gave up): no run outlives its call
 
-    async def _supervise(self, proc: asyncio.subprocess.Process, stdin: bytes, limits: Limits) -> _Exit:
+    async def _supervise(
+        self, transport: asyncio.SubprocessTransport, collector: _Collector, stdin: bytes, limits: Limits
+    ) -> _Exit:
         started = time.perf_counter()
-        overflow = asyncio.Event()
-        assert proc.stdin and proc.stdout and proc.stderr
-        feeder = asyncio.create_task(_feed(proc.stdin, stdin))
-        out = asyncio.create_task(_drain(proc.stdout, limits.output_bytes + len(READY), overflow))
-        err = asyncio.create_task(_drain(proc.stderr, limits.output_bytes, overflow))
-        overflowed = asyncio.create_task(overflow.wait())
+        feed = transport.get_pipe_transport(0)
+        assert isinstance(feed, asyncio.WriteTransport)
+        feed.write(stdin)  # a program that exits without reading it all closes the pipe: no error here
+        feed.write_eof()
         timed_out = False
         try:
-            try:
-                async with asyncio.timeout(limits.time_seconds):
-                    await asyncio.wait({asyncio.gather(out, err), overflowed}, return_when=asyncio.FIRST_COMPLETED)
-                    if not overflow.is_set():
-                        await proc.wait()
-            except TimeoutError:
-                timed_out = True
-            seconds = time.perf_counter() - started
-            if proc.returncode is None:
-                _kill(proc)
-            try:
-                async with asyncio.timeout(KILL_GRACE_SECONDS):
-                    await asyncio.wait({out, err})
-                    status = await proc.wait()
-            except TimeoutError as exc:
-                message = f"the sandbox did not stop within {KILL_GRACE_SECONDS:g} s of being killed"
-                raise SandboxUnavailable(message) from exc
-        finally:
-            if proc.returncode is None:  # cancelled (the caller gave up): the run must not outlive it
-                _kill(proc)
-            for task in (feeder, out, err, overflowed):
-                task.cancel()
-        stdout, stderr = out.result(), err.result()
-        if not stdout.startswith(READY):
+            await asyncio.wait_for(asyncio.shield(collector.finished), limits.time_seconds)
+        except TimeoutError:
+            timed_out = True
+            _kill(transport)
+        seconds = (collector.exited_at or time.perf_counter()) - started
+        try:
+            await asyncio.wait_for(asyncio.shield(collector.finished), KILL_GRACE_SECONDS)
+        except TimeoutError as exc:
+            message = f"the sandbox did not stop within {KILL_GRACE_SECONDS:g} s of being killed"
+            raise SandboxUnavailable(message) from exc
+        status = transport.get_returncode()
+        stdout, stderr = bytes(collector.data[1]), bytes(collector.data[2])
+        if not stdout.startswith(READY) or status is None:
             said = _text(stderr)[:MESSAGE_CHARS].strip() or "no message"
             reason = "did not start in time" if timed_out else f"failed to start (status {status}): {said}"
-            raise SandboxUnavailable(f"the sandbox {reason.strip()}")
-        return _Exit(status, stdout[len(READY) :], stderr, timed_out, overflow.is_set(), seconds)
+            raise SandboxUnavailable(f"the sandbox {reason}")
+        return _Exit(status, stdout[len(READY) :], stderr, timed_out, collector.overflowed, seconds)
 
 
-def _kill(proc: asyncio.subprocess.Process) -> None:
+def _close_spawned(spawn: asyncio.Future[tuple[asyncio.SubprocessTransport, Any]]) -> None:
+    if not spawn.cancelled() and spawn.exception() is None:
+        spawn.result()[0].close()
+
+
+def _kill(transport: asyncio.SubprocessTransport) -> None:
     with contextlib.suppress(ProcessLookupError):
-        proc.kill()
+        transport.kill()
