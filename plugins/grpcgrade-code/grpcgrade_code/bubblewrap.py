@@ -26,25 +26,19 @@ nothing the program writes can make its failure look like the sandbox's, or the 
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import os
 import shutil
 import signal
-import subprocess
-import time
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import replace
 
 from .languages import BOX, FILE_SIZE_MARKERS, MEMORY_MARKERS, RUNTIME_PATH, Language, known_languages
+from .process import Exit, StuckSandbox, run_process
 from .sandbox import COMPILE_LIMITS, Limits, Outcome, Program, RunResult, SandboxUnavailable, Slots
 
 #: The user a server running as root hands the sandbox to.
 SANDBOX_UID = 65534
 #: Printed by the sandbox's shell right before it executes the program: proof the sandbox started.
 READY = b"grpcgrade-sandbox-ready\n"
-#: How long a killed sandbox may take to go away before the run is reported as a sandbox failure.
-KILL_GRACE_SECONDS = 5.0
 #: How much of bwrap's own complaint goes into a SandboxUnavailable message.
 MESSAGE_CHARS = 300
 PRLIMIT = "/usr/bin/prlimit"
@@ -75,23 +69,11 @@ def _host_links() -> list[str]:
     return args
 
 
-@dataclass(frozen=True)
-class _Exit:
-    """What came out of bwrap, before any classification."""
-
-    status: int
-    stdout: bytes
-    stderr: bytes
-    timed_out: bool
-    overflowed: bool
-    seconds: float
-
-
 def _text(data: bytes) -> str:
     return data.decode("utf-8", errors="replace")
 
 
-def classify(language: Language, done: _Exit) -> RunResult:
+def classify(language: Language, done: Exit) -> RunResult:
     """The outcome of a run that reached its program. bwrap exits 128 + n for a program killed by signal n."""
     stderr = _text(done.stderr)
     killed = done.timed_out or done.overflowed  # by us: bwrap's own status then says nothing of the program
@@ -116,43 +98,6 @@ def classify(language: Language, done: _Exit) -> RunResult:
         signal=sig,
         seconds=round(done.seconds, 4),
     )
-
-
-class _Collector(asyncio.SubprocessProtocol):
-    """bwrap's stdout and stderr, each kept up to its limit; past it, the sandbox is killed at once.
-
-    `finished` resolves once bwrap has exited and both pipes are closed, which happens only when every
-    process of the sandbox is gone: they all share those pipes.
-    """
-
-    def __init__(self, limits: dict[int, int]) -> None:
-        self.limits = limits
-        self.data: dict[int, bytearray] = {fd: bytearray() for fd in limits}
-        self.overflowed = False
-        self.exited_at = 0.0
-        self.transport: asyncio.SubprocessTransport | None = None
-        self.finished: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.SubprocessTransport)
-        self.transport = transport
-
-    def pipe_data_received(self, fd: int, data: bytes) -> None:
-        if self.overflowed:
-            return
-        kept = self.data[fd]
-        room = self.limits[fd] - len(kept)
-        kept += data[:room]
-        if len(data) > room and self.transport is not None:
-            self.overflowed = True
-            _kill(self.transport)
-
-    def process_exited(self) -> None:
-        self.exited_at = time.perf_counter()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if not self.finished.done():
-            self.finished.set_result(None)
 
 
 def _memfd(data: bytes) -> int:
@@ -219,7 +164,7 @@ class BubblewrapBackend:
     # -- one sandbox --------------------------------------------------------------------------------
 
     def _argv(
-        self, command: tuple[str, ...], files: dict[str, tuple[int, int]], limits: Limits, lang: Language
+        self, command: tuple[str, ...], files: dict[str, tuple[int, int]], limits: Limits, lang: Language, info: int
     ) -> list[str]:
         """The bwrap command line; `files` maps each sandbox path to (an fd holding its content, its mode)."""
         assert self._bwrap is not None
@@ -230,6 +175,7 @@ class BubblewrapBackend:
             "--unshare-user",
             "--disable-userns",
             "--die-with-parent",
+            "--info-fd", str(info),
             "--new-session",
             "--cap-drop", "ALL",
             "--hostname", "sandbox",
@@ -271,85 +217,24 @@ class BubblewrapBackend:
         stdin: bytes,
         limits: Limits,
         lang: Language,
-    ) -> _Exit:
+    ) -> Exit:
         if self._bwrap is None:
             raise SandboxUnavailable("bubblewrap (bwrap) is not installed on this server (Debian: bubblewrap)")
-        fds: dict[str, tuple[int, int]] = {}
-        loop = asyncio.get_running_loop()
-        collector = _Collector({1: limits.output_bytes + len(READY), 2: limits.output_bytes})
-        try:
-            for path, (data, mode) in files.items():
-                fds[path] = (_memfd(data), mode)
-            argv = self._argv(command, fds, limits, lang)
+        fds = {path: (_memfd(data), mode) for path, (data, mode) in files.items()}
+        info_read, info_write = os.pipe()
+        try:  # run_process owns and closes every one of these fds
+            argv = self._argv(command, fds, limits, lang, info_write)
             user = [f"--reuid={SANDBOX_UID}", f"--regid={SANDBOX_UID}", "--clear-groups"] if self._as_root else []
             argv = [SETPRIV, "--pdeathsig=SIGKILL", *user, "--no-new-privs", "--", *argv]
-            # Never cancelled: asyncio (3.11) can hang for good when subprocess_exec itself is cancelled. A
-            # caller that gives up meanwhile still waits the few milliseconds the spawn takes, then closes
-            # (kills) what it made.
-            spawn = asyncio.ensure_future(
-                loop.subprocess_exec(
-                    lambda: collector,
-                    *argv,
-                    stdin=subprocess.PIPE,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    pass_fds=tuple(fd for fd, _ in fds.values()),
-                    env={},
-                    start_new_session=True,
-                )
-            )
-            try:
-                transport, _ = await asyncio.shield(spawn)
-            except asyncio.CancelledError:
-                while not spawn.done():
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await asyncio.shield(spawn)
-                _close_spawned(spawn)
-                raise
-            except OSError as exc:
-                raise SandboxUnavailable(f"bwrap could not be started: {exc}") from exc
-        finally:
-            for fd, _ in fds.values():
-                os.close(fd)
-        try:
-            return await self._supervise(transport, collector, stdin, limits)
-        finally:
-            transport.close()  # kills bwrap if still running (the caller gave up): no run outlives its call
-
-    async def _supervise(
-        self, transport: asyncio.SubprocessTransport, collector: _Collector, stdin: bytes, limits: Limits
-    ) -> _Exit:
-        started = time.perf_counter()
-        feed = transport.get_pipe_transport(0)
-        assert isinstance(feed, asyncio.WriteTransport)
-        feed.write(stdin)  # a program that exits without reading it all closes the pipe: no error here
-        feed.write_eof()
-        timed_out = False
-        try:
-            await asyncio.wait_for(asyncio.shield(collector.finished), limits.time_seconds)
-        except TimeoutError:
-            timed_out = True
-            _kill(transport)
-        seconds = (collector.exited_at or time.perf_counter()) - started
-        try:
-            await asyncio.wait_for(asyncio.shield(collector.finished), KILL_GRACE_SECONDS)
-        except TimeoutError as exc:
-            message = f"the sandbox did not stop within {KILL_GRACE_SECONDS:g} s of being killed"
-            raise SandboxUnavailable(message) from exc
-        status = transport.get_returncode()
-        stdout, stderr = bytes(collector.data[1]), bytes(collector.data[2])
-        if not stdout.startswith(READY) or status is None:
-            said = _text(stderr)[:MESSAGE_CHARS].strip() or "no message"
-            reason = "did not start in time" if timed_out else f"failed to start (status {status}): {said}"
+            output_limits = (limits.output_bytes + len(READY), limits.output_bytes)
+            passed = [fd for fd, _ in fds.values()] + [info_write]
+            done = await run_process(argv, passed, info_read, stdin, output_limits, limits.time_seconds)
+        except OSError as exc:
+            raise SandboxUnavailable(f"bwrap could not be started: {exc}") from exc
+        except StuckSandbox as exc:
+            raise SandboxUnavailable(str(exc)) from exc
+        if not done.stdout.startswith(READY):
+            said = _text(done.stderr)[:MESSAGE_CHARS].strip() or "no message"
+            reason = "did not start in time" if done.timed_out else f"failed to start (status {done.status}): {said}"
             raise SandboxUnavailable(f"the sandbox {reason}")
-        return _Exit(status, stdout[len(READY) :], stderr, timed_out, collector.overflowed, seconds)
-
-
-def _close_spawned(spawn: asyncio.Future[tuple[asyncio.SubprocessTransport, Any]]) -> None:
-    if not spawn.cancelled() and spawn.exception() is None:
-        spawn.result()[0].close()
-
-
-def _kill(transport: asyncio.SubprocessTransport) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        transport.kill()
+        return replace(done, stdout=done.stdout[len(READY) :])
