@@ -5,7 +5,7 @@ for one core), the in-process grader API, BatchEvaluate over gRPC to a server in
 unary Evaluate under concurrency (back to back, and open loop at an offered rate), and BatchEvaluate
 against a minimal server that only makes the bare call (what gRPC itself allows); optionally the
 reference's in-process GradingRunner (py-openjudge) and the cost of metrics. Every figure is printed as
-items/s and as a ratio to the bare loop.
+items/s and as a ratio to the bare loop. `--sandbox N` instead measures the code sandbox (grpcgrade-code).
 """
 
 from __future__ import annotations
@@ -480,6 +480,68 @@ def bench_stream_memory(total: int, workers: int, chunk: int = 10_000) -> dict[s
         "stream_items_per_second": round(answered / elapsed),
         "server_rss_mib": {"start": round(start_rss), "peak": round(peak), "end": round(end_rss)},
     }
+
+
+async def _runs_per_second(n: int, concurrency: int, one: Callable[[], Any]) -> float:
+    """`n` calls of the coroutine function `one`, `concurrency` at a time: calls per second."""
+    slots = asyncio.Semaphore(concurrency)
+
+    async def bounded() -> None:
+        async with slots:
+            await one()
+
+    start = time.perf_counter()
+    await asyncio.gather(*(bounded() for _ in range(n)))
+    return n / (time.perf_counter() - start)
+
+
+def bench_sandbox(runs: int) -> dict[str, Any]:
+    """The code sandbox (grpcgrade-code's bubblewrap backend) against a bare subprocess, in one run.
+
+    The same trivial program (a Python file holding `pass`, run by the same interpreter with the same
+    flags) is started `runs` times in a row each way, then `runs` times with as many at once as the
+    backend allows: the sandbox's start-up overhead in ms, and both runs/s.
+    """
+    from grpcgrade_code import Limits, Outcome, run
+    from grpcgrade_code.bubblewrap import BubblewrapBackend
+    from grpcgrade_code.languages import known_languages
+
+    backend = BubblewrapBackend()
+    argv = known_languages()["python"].run_argv(Limits())
+    limits = Limits(time_seconds=30)
+
+    async def sandboxed() -> None:
+        result = await run(backend, "python", "pass", "", limits)
+        if result.outcome is not Outcome.OK:
+            raise RuntimeError(f"the trivial program did not run in the sandbox: {result}")
+
+    async def measure(program: Path) -> dict[str, Any]:
+        bare_argv = [*argv[:-1], str(program)]
+
+        async def bare() -> None:
+            proc = await asyncio.create_subprocess_exec(*bare_argv, stdin=asyncio.subprocess.DEVNULL, env={})
+            if await proc.wait() != 0:
+                raise RuntimeError(f"the trivial program failed: {bare_argv}")
+
+        await sandboxed()  # warm-up: the interpreter's files in the page cache for both
+        bare_serial = await _runs_per_second(runs, 1, bare)
+        sandbox_serial = await _runs_per_second(runs, 1, sandboxed)
+        concurrency = backend.max_concurrency
+        return {
+            "sandbox_program": " ".join(bare_argv[:-1]) + " <file holding `pass`>",
+            "sandbox_runs": runs,
+            "sandbox_concurrency": concurrency,
+            "sandboxed_runs_per_second": round(await _runs_per_second(runs, concurrency, sandboxed), 1),
+            "bare_runs_per_second": round(await _runs_per_second(runs, concurrency, bare), 1),
+            "sandboxed_ms": round(1000 / sandbox_serial, 2),
+            "bare_ms": round(1000 / bare_serial, 2),
+            "sandbox_startup_overhead_ms": round(1000 / sandbox_serial - 1000 / bare_serial, 2),
+        }
+
+    with tempfile.TemporaryDirectory() as tmp:
+        program = Path(tmp) / "main.py"
+        program.write_text("pass\n")
+        return asyncio.run(measure(program))
 
 
 def run_bench(

@@ -427,6 +427,16 @@ def cmd_bench(args: argparse.Namespace) -> int:
             ref = f"{r['reference_us']:>10.1f} us  x{r['speedup']:.2f}" if "reference_us" in r else ""
             print(f"{label:<45} {r['ours_us']:>10.1f} us  {ref}")
         return 0
+    if args.sandbox:
+        try:
+            from .bench import bench_sandbox
+
+            figures = bench_sandbox(args.sandbox)
+        except ImportError:
+            print("grpcgrade bench --sandbox needs the grpcgrade-code plugin (plugins/grpcgrade-code)", file=sys.stderr)
+            return 2
+        print(json.dumps(figures, indent=None if args.json else 2))
+        return 0
     if args.stream:
         result = bench_stream_memory(args.stream, workers=args.workers or 0)
         print(json.dumps(result, indent=None if args.json else 2))
@@ -584,6 +594,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compare-metrics", action="store_true", help="also run the batch with metrics off")
     p.add_argument("--per-call", action="store_true", help="instead: µs per call of every built-in grader")
     p.add_argument("--stream", type=int, metavar="N", help="instead: stream N samples and report the server's RSS")
+    p.add_argument(
+        "--sandbox",
+        type=int,
+        metavar="N",
+        help="instead: N trivial programs in the code sandbox and N bare: runs/s and the start-up overhead",
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=cmd_bench)
 
