@@ -12,9 +12,17 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY grpcgrade/ grpcgrade/
 COPY plugins/grpcgrade-math-verify/ plugins/grpcgrade-math-verify/
-RUN pip wheel --no-cache-dir --wheel-dir /wheels '.[server]' ./plugins/grpcgrade-math-verify
+COPY plugins/grpcgrade-code/ plugins/grpcgrade-code/
+RUN pip wheel --no-cache-dir --wheel-dir /wheels '.[server]' ./plugins/grpcgrade-math-verify ./plugins/grpcgrade-code
 
 FROM ${PYTHON_IMAGE} AS runtime
+# bubblewrap: the code sandbox of grpcgrade-code (docs/code-rewards.md); util-linux's setpriv and prlimit,
+# which it also uses, are in every Debian image. Programs run with this image's /usr/local/bin/python3.
+# Not pinned to a version: Debian's security updates of the sandbox must reach the image.
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends bubblewrap \
+    && rm -rf /var/lib/apt/lists/*
 # HOME and TMPDIR: jieba keeps its dictionary cache in the temp dir, and in Kubernetes the root
 # filesystem is read-only with an emptyDir mounted on /tmp.
 ENV PATH=/opt/grpcgrade/bin:$PATH \
@@ -25,7 +33,7 @@ ENV PATH=/opt/grpcgrade/bin:$PATH \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
     python -m venv /opt/grpcgrade \
-    && /opt/grpcgrade/bin/pip install --no-cache-dir --no-index --find-links /wheels 'grpcgrade[server]' grpcgrade-math-verify
+    && /opt/grpcgrade/bin/pip install --no-cache-dir --no-index --find-links /wheels 'grpcgrade[server]' grpcgrade-math-verify grpcgrade-code
 # A fixed numeric uid, so Kubernetes' runAsNonRoot can check it without a passwd lookup.
 RUN useradd --system --uid 10001 --user-group --no-create-home --shell /usr/sbin/nologin grpcgrade
 USER 10001:10001

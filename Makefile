@@ -15,7 +15,7 @@ PORT ?= 50051
 METRICS_PORT ?= 9090
 CONFIG ?=
 
-.PHONY: serve test proto lint typecheck proto-check bench docs cog clean
+.PHONY: serve test proto lint typecheck proto-check bench docs cog clean system-deps
 
 # buf (lint and breaking-change checks of proto/) from the npm registry, pinned, into .tools/.
 BUF_VERSION := 1.75.0
@@ -37,6 +37,7 @@ serve: $(SERVER_STAMP)
 	$(BIN)/grpcgrade serve --port $(PORT) --metrics-port $(METRICS_PORT) $(if $(CONFIG),--config $(CONFIG))
 
 test: $(STAMP)
+	@command -v bwrap >/dev/null || echo "bubblewrap (bwrap) is missing: the code sandbox's tests will fail; install it with: make system-deps"
 	$(BIN)/python -m pytest -q
 
 $(OLDEST_STAMP): Makefile
@@ -72,6 +73,10 @@ docs: $(STAMP)
 # Rewrite the generated parts of the manual (tests/test_docs.py fails while they are stale).
 cog: $(STAMP)
 	$(BIN)/cog -r -I scripts $$(grep -l '\[\[\[cog' README.md docs/*.md)
+
+# What pip cannot install: bubblewrap, the code sandbox of plugins/grpcgrade-code (Debian/Ubuntu, as root).
+system-deps:
+	apt-get update && apt-get install -y --no-install-recommends bubblewrap
 
 clean:
 	rm -rf $(VENV) $(OLDEST) $(TOOLS) build *.egg-info

@@ -230,9 +230,13 @@ graders = [
     {"name": "ngram_repetition_penalty", "key": "jieba", "params": {"tokenizer_type": "jieba"}},
     {"name": "math_verify"},
 ]
+tests = {"inputs": ["21"], "outputs": ["42"]}
+code = {"response": "```python\\nprint(int(input()) * 2)\\n```", "extra": {"tests": tests}}
 with GradingClient("127.0.0.1:50051", timeout=60) as client:
     replies = client.batch_evaluate(samples, graders)
+    (sandboxed,) = client.evaluate(code, ["code_tests"]).results
 out = {r.id: {g.key: [g.score, g.error.code] for g in r.results} for r in replies}
+out["code"] = {"code_tests": [sandboxed.score, sandboxed.error.code]}
 metrics = urllib.request.urlopen("http://127.0.0.1:9090/metrics", timeout=5).read().decode()
 print(json.dumps({"results": out, "metrics": metrics}))
 """
@@ -256,8 +260,8 @@ def copy_build_context(build: list[tuple[str, str]], context: Path) -> None:
 
 
 def check_wheels(wheels: Path) -> None:
-    """grpcgrade's wheel holds every file of the package, the generated stubs among them, and both wheels
-    declare their entry points (the command, and the plugin's hook)."""
+    """grpcgrade's wheel holds every file of the package, the generated stubs among them, and every wheel
+    declares its entry points (the command, and the plugins' hooks)."""
     built = {p.name.split("-")[0]: p for p in wheels.glob("*.whl")}
     with zipfile.ZipFile(built["grpcgrade"]) as wheel:
         names = set(wheel.namelist())
@@ -270,9 +274,10 @@ def check_wheels(wheels: Path) -> None:
     assert sources <= names, sources - names  # every module and data file, the generated stubs among them
     assert {"grpcgrade/v1/grading_pb2.py", "grpcgrade/v1/grading_pb2_grpc.py", "grpcgrade/v1/grading_pb2.pyi"} <= names
     assert "grpcgrade = grpcgrade.cli:main" in entry_points
-    with zipfile.ZipFile(built["grpcgrade_math_verify"]) as wheel:
-        plugin_entry_points = next(wheel.read(n).decode() for n in wheel.namelist() if n.endswith("entry_points.txt"))
-    assert "[grpcgrade]" in plugin_entry_points
+    for plugin in ("grpcgrade_math_verify", "grpcgrade_code"):
+        with zipfile.ZipFile(built[plugin]) as wheel:
+            entry_points = next(wheel.read(n).decode() for n in wheel.namelist() if n.endswith("entry_points.txt"))
+        assert "[grpcgrade]" in entry_points
 
 
 def test_image_install_path_serves_offline(tmp_path: Path, netns: str) -> None:
@@ -330,6 +335,7 @@ def test_image_install_path_serves_offline(tmp_path: Path, netns: str) -> None:
     assert results["loop"]["tiktoken"][0] < 0 and results["loop"]["jieba"][0] < 0
     assert results["loop"]["tiktoken"][1] == results["loop"]["jieba"][1] == ""
     assert results["half"]["math_verify"] == [1.0, ""]  # 2/4 = 1/2, checked by the plugin installed from its wheel
+    assert results["code"]["code_tests"] == [1.0, ""]  # 21 * 2 = 42, run in the bubblewrap sandbox, offline
     assert 'grpcgrade_plugin_info{distribution="grpcgrade-math-verify"' in report["metrics"]
     assert 'status="failed"' not in report["metrics"]
 
@@ -409,6 +415,21 @@ def test_deployment_matches_the_server_and_the_image() -> None:
     assert mounts[config_dir]["configMap"]["name"] == generator["name"]
     assert config_file in [Path(f).name for f in generator["files"]]
     assert container["image"] in [i["name"] for i in kustomization()["images"]]
+
+
+def test_the_container_may_create_the_code_sandbox_and_nothing_more() -> None:
+    """bubblewrap needs unshare and mount (seccomp and AppArmor defaults refuse them); all else stays tight."""
+    deployment = k8s_resources()["Deployment"]
+    pod = deployment["spec"]["template"]["spec"]
+    container, _ = container_args(deployment)
+    security = container["securityContext"]
+    assert security["seccompProfile"] == {"type": "Unconfined"}
+    assert security["appArmorProfile"] == {"type": "Unconfined"}
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}  # any other container
+    assert "privileged" not in security and "procMount" not in security and "add" not in security["capabilities"]
+    assert not pod.get("hostPID") and not pod.get("hostNetwork") and not pod.get("hostIPC")
+    env = {e["name"]: e for e in container["env"]}
+    assert env["GRPCGRADE_CODE_MAX_CONCURRENCY"]["valueFrom"]["resourceFieldRef"]["resource"] == "limits.cpu"
 
 
 def test_services_autoscaler_budget_and_monitor_select_the_pods() -> None:
@@ -575,6 +596,8 @@ def test_compose_stack_wires_server_prometheus_and_grafana() -> None:
     args = build_parser().parse_args(server["command"])
     assert bind_mounts(server)[args.config] == (K8S / "grpcgrade.yaml").resolve()
     assert server["read_only"] is True and "/tmp" in server["tmpfs"]
+    assert set(server["security_opt"]) == {"seccomp=unconfined", "apparmor=unconfined"}  # the code sandbox
+    assert server["init"] is True and "cap_add" not in server and "privileged" not in server
     assert int(server["stop_grace_period"].removesuffix("s")) > args.grace
 
     prometheus = services["prometheus"]
