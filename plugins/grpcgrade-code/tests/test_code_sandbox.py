@@ -15,9 +15,13 @@ import sys
 import time
 from pathlib import Path
 
+import grpcgrade_code
 import pytest
 from grpcgrade_code import Limits, Outcome, RunResult, SandboxUnavailable, run
 from grpcgrade_code.bubblewrap import BubblewrapBackend
+from grpcgrade_code.languages import known_languages
+
+import grpcgrade
 
 LIMITS = Limits(time_seconds=2.0, memory_mb=256)
 SHORT = 0.5  # seconds: the limit of the runs meant to hit it
@@ -262,6 +266,30 @@ def test_javascript_programs(backend: BubblewrapBackend) -> None:
 def test_a_program_cannot_pass_itself_off_as_a_sandbox_failure(backend: BubblewrapBackend) -> None:
     result = go(backend, "import sys\nsys.stderr.write('bwrap: Creating new namespace failed\\n')\nsys.exit(1)")
     assert result.outcome is Outcome.RUNTIME_ERROR
+
+
+AS_SERVICE_USER = """
+import asyncio, os
+from grpcgrade_code import Limits, run
+from grpcgrade_code.bubblewrap import BubblewrapBackend
+backend = BubblewrapBackend()
+ok = asyncio.run(run(backend, "python", "import os\\nprint(os.getuid())", "", Limits()))
+loop = asyncio.run(run(backend, "python", "while True:\\n    pass", "", Limits(time_seconds=0.5)))
+print(os.getuid(), ok.outcome.value, ok.stdout.strip(), loop.outcome.value)
+"""
+
+
+def test_a_server_running_as_an_unprivileged_user_sandboxes_too() -> None:
+    """The image's case: the server is uid 10001, not root. When these tests run as root, a server is
+    started as 10001 (with the sandbox's Python and this venv's packages, readable by anyone)."""
+    site = {str(Path(m.__file__).resolve().parents[1]) for m in (grpcgrade, grpcgrade_code, pytest)}
+    prefix = ["/usr/bin/setpriv", "--reuid=10001", "--regid=10001", "--clear-groups", "--"] if os.geteuid() == 0 else []
+    python = known_languages()["python"].runtime
+    env = {"PYTHONPATH": os.pathsep.join(sorted(site)), "PATH": "/usr/bin:/bin"}
+    done = subprocess.run([*prefix, python, "-c", AS_SERVICE_USER], env=env, capture_output=True, text=True, cwd="/")
+    assert done.returncode == 0, done.stderr
+    uid = 10001 if os.geteuid() == 0 else os.geteuid()
+    assert done.stdout.split() == [str(uid), "ok", "65534", "time_limit"]
 
 
 SURVIVOR = """
