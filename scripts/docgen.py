@@ -14,7 +14,7 @@ import os
 from typing import Any
 
 #: Distributions whose graders the graders page lists: the built-ins and the plugins bundled in plugins/.
-DOCUMENTED_DISTRIBUTIONS = ("grpcgrade", "grpcgrade-math-verify")
+DOCUMENTED_DISTRIBUTIONS = ("grpcgrade", "grpcgrade-math-verify", "grpcgrade-code")
 
 #: argparse wraps help to the terminal; a fixed width keeps the generated pages the same everywhere.
 HELP_COLUMNS = "100"

@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -142,10 +144,27 @@ def test_formula_errors_carry_openais_flags():
     assert (bad_syntax.path, bad_syntax.flag) == ("grader.calculate_output", "formula_parse_error")
 
 
+WITHOUT_SANDBOX = """
+import sys
+sys.modules["grpcgrade_code"] = None  # this process has no code sandbox: importing it fails
+from grpcgrade.graders.openai.grader import openai_grader
+from grpcgrade.graders.openai.schema import GraderConfigError
+try:
+    openai_grader({"type": "python", "name": "p", "source": "def grade(sample, item):\\n    return 1.0\\n"})
+except GraderConfigError as exc:
+    print(exc.path, "|", exc)
+"""
+
+
+def test_python_graders_are_refused_where_there_is_no_code_sandbox():
+    """A server without grpcgrade-code never runs a request's python; it says why (plugins/grpcgrade-code's
+    tests run python graders in the sandbox)."""
+    done = subprocess.run([sys.executable, "-c", WITHOUT_SANDBOX], capture_output=True, text=True, check=True)
+    path, message = done.stdout.split(" | ", 1)
+    assert path == "grader.type" and "runs only inside the code sandbox" in message
+
+
 def test_graders_the_server_cannot_run_are_refused_saying_why(configured):
-    python = {"type": "python", "name": "p", "source": "def grade(sample, item):\n    return 1.0\n"}
-    error = config_error(python)
-    assert error.path == "grader.type" and "runs only inside the code sandbox" in str(error)
     unknown_model = config_error({**score_model("x"), "model": "gpt-5"})
     assert unknown_model.path == "grader.model"
     assert "no model named 'gpt-5' is configured" in str(unknown_model) and "'o3-mini'" in str(unknown_model)

@@ -37,6 +37,7 @@ FLAG_CODES = {
     "model_grader_parse_error": ErrorCode.INVALID_RESULT,
     "model_grader_refusal_error": ErrorCode.INVALID_RESULT,
     "unresponsive_reward_error": ErrorCode.TIMEOUT,
+    "python_grader_server_error": ErrorCode.SANDBOX_UNAVAILABLE,
 }
 
 
