@@ -21,6 +21,7 @@ from grpcgrade_code import (
     set_backend,
 )
 from grpcgrade_code.bubblewrap import BubblewrapBackend
+from grpcgrade_code.languages import known_languages
 
 from grpcgrade import ErrorCode, GraderError, GraderScore, InvalidParams
 
@@ -213,6 +214,16 @@ def test_bad_params_are_refused(params: dict[str, Any], param: str) -> None:
     with pytest.raises(InvalidParams) as err:
         CodeTestsGrader(**params)
     assert err.value.param == param
+
+
+def test_a_language_without_its_runtime_here_is_refused_saying_what_runs() -> None:
+    python_only = BubblewrapBackend(languages={"python": known_languages()["python"]})
+    set_backend(python_only)
+    try:
+        with pytest.raises(InvalidParams, match=r"cannot run cpp programs \(it runs: python\)"):
+            CodeTestsGrader(language="cpp")
+    finally:
+        set_backend(None)
 
 
 def test_cpp_compiles_once_and_runs_per_case() -> None:
