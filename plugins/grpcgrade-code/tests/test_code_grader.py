@@ -12,13 +12,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from code_helpers import backend_in_use, broken_backend
 from grpcgrade_code import (
     CodeTestsGrader,
     GradeFailed,
     Limits,
     SandboxUnavailable,
     run_python_grade,
-    set_backend,
 )
 from grpcgrade_code.bubblewrap import BubblewrapBackend
 from grpcgrade_code.languages import known_languages
@@ -43,11 +43,8 @@ def scored(response: str, tests: Any, **params: Any) -> GraderScore:
 
 @pytest.fixture
 def broken_sandbox() -> Iterator[None]:
-    set_backend(BubblewrapBackend(bwrap="/usr/bin/false"))
-    try:
+    with backend_in_use(broken_backend()):
         yield
-    finally:
-        set_backend(None)
 
 
 def test_all_cases_pass() -> None:
@@ -218,12 +215,11 @@ def test_bad_params_are_refused(params: dict[str, Any], param: str) -> None:
 
 def test_a_language_without_its_runtime_here_is_refused_saying_what_runs() -> None:
     python_only = BubblewrapBackend(languages={"python": known_languages()["python"]})
-    set_backend(python_only)
-    try:
-        with pytest.raises(InvalidParams, match=r"cannot run cpp programs \(it runs: python\)"):
-            CodeTestsGrader(language="cpp")
-    finally:
-        set_backend(None)
+    with (
+        backend_in_use(python_only),
+        pytest.raises(InvalidParams, match=r"cannot run cpp programs \(it runs: python\)"),
+    ):
+        CodeTestsGrader(language="cpp")
 
 
 def test_cpp_compiles_once_and_runs_per_case() -> None:

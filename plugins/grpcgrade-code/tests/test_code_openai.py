@@ -9,8 +9,7 @@ from pathlib import Path
 
 import openai
 import pytest
-from grpcgrade_code import set_backend
-from grpcgrade_code.bubblewrap import BubblewrapBackend
+from code_helpers import backend_in_use, broken_backend
 
 from grpcgrade import ErrorCode, GraderError, GraderScore
 from grpcgrade.graders.openai.grader import AsyncOpenAIGrader, openai_grader
@@ -55,11 +54,8 @@ def test_a_grade_that_raises_is_a_runtime_error_flag() -> None:
 
 @pytest.fixture
 def broken_sandbox() -> Iterator[None]:
-    set_backend(BubblewrapBackend(bwrap="/usr/bin/false"))
-    try:
+    with backend_in_use(broken_backend()):
         yield
-    finally:
-        set_backend(None)
 
 
 def test_a_sandbox_that_cannot_run_it_is_a_server_error_flag(broken_sandbox: None) -> None:

@@ -17,7 +17,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
-from grpcgrade_code import CodeTestsGrader, Limits, Outcome, RunResult, SandboxUnavailable, run, set_backend
+from code_helpers import backend_in_use
+from grpcgrade_code import CodeTestsGrader, Limits, Outcome, RunResult, SandboxUnavailable, run
 from grpcgrade_code.bubblewrap import BubblewrapBackend
 from grpcgrade_code.sandbox_fusion import SandboxFusionBackend
 
@@ -132,14 +133,10 @@ def test_programs_run_remotely_with_their_outcomes() -> None:
 
 def test_the_grader_on_the_remote_backend() -> None:
     tests = {"inputs": ["1 2\n", "5 5\n"], "outputs": ["3\n", "10\n"]}
-    with service() as svc:
-        set_backend(remote(svc.url))
-        try:
-            grader = CodeTestsGrader(preamble=False)
-            good = asyncio.run(grader.aevaluate(response="print(sum(map(int, input().split())))", tests=tests))
-            bad = asyncio.run(grader.aevaluate(response="print(1 / 0)", tests=tests))
-        finally:
-            set_backend(None)
+    with service() as svc, backend_in_use(remote(svc.url)):
+        grader = CodeTestsGrader(preamble=False)
+        good = asyncio.run(grader.aevaluate(response="print(sum(map(int, input().split())))", tests=tests))
+        bad = asyncio.run(grader.aevaluate(response="print(1 / 0)", tests=tests))
     assert isinstance(good, GraderScore) and good.score == 1.0 and good.metadata["backend"] == "sandbox_fusion"
     assert isinstance(bad, GraderScore) and bad.metadata["verdicts"] == ["runtime_error"] * 2
 
@@ -243,9 +240,7 @@ def test_a_server_whose_sandbox_service_is_down_masks_the_reward(tmp_path_factor
 
 def test_an_error_result_is_not_a_score() -> None:
     """The in-process form of the same rule: the grader returns GraderError, never a 0."""
-    set_backend(remote("http://127.0.0.1:1", max_retries=0))
-    try:
-        result = asyncio.run(CodeTestsGrader().aevaluate(response="print(1)", tests={"inputs": [""], "outputs": ["1"]}))
-    finally:
-        set_backend(None)
+    tests = {"inputs": [""], "outputs": ["1"]}
+    with backend_in_use(remote("http://127.0.0.1:1", max_retries=0)):
+        result = asyncio.run(CodeTestsGrader().aevaluate(response="print(1)", tests=tests))
     assert isinstance(result, GraderError) and result.code == ErrorCode.SANDBOX_UNAVAILABLE
