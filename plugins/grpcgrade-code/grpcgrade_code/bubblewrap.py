@@ -8,16 +8,16 @@ namespaces. Each run gets:
 * as its whole filesystem, /usr (and the /bin, /lib symlinks into it) read-only, a minimal /dev, and a
   private /tmp of `tmp_bytes`; its files are copied in read-only under /box from memory, so nothing of
   the host's filesystem is written or even reachable;
-* an empty environment (PATH, HOME, LANG only): the server's secrets are not visible;
+* an empty environment (PATH, HOME, TMPDIR, LANG only): the server's secrets are not visible;
 * no capabilities, no_new_privs, a new session, an unprivileged user: a server running as root hands the
   sandbox to `nobody` (65534) before bwrap starts (util-linux `setpriv`); otherwise it runs as the
   server's own unprivileged user;
 * rlimits set inside the sandbox by util-linux `prlimit`: CPU seconds, memory, processes, file size, open
   files, no core dumps. RLIMIT_NPROC is counted per user namespace, so it bounds this run only;
-* wall-clock time, stdout and stderr bounded here. On timeout or too much output the outer bwrap process
-  is killed; its child, the sandbox's PID 1, dies with it (`--die-with-parent`), and the kernel kills
-  every other process of the PID namespace: the run is killed as a whole. bwrap itself dies with the
-  server (a parent-death signal), so a killed server leaves no sandbox behind.
+* wall-clock time, stdout and stderr bounded here. On timeout or too much output the sandbox's PID 1 is
+  killed, and the kernel kills every other process of the PID namespace with it: the run is killed as a
+  whole (`process.py`). bwrap itself dies with the server (a parent-death signal), and the sandbox with
+  bwrap (`--die-with-parent`), so a killed server leaves no sandbox behind.
 
 A run that never reaches its program (bwrap cannot create the namespaces, a runtime is missing) raises
 `SandboxUnavailable`: a line the sandbox prints just before it executes the program tells the two apart, so
@@ -77,12 +77,13 @@ def classify(language: Language, done: Exit) -> RunResult:
     """The outcome of a run that reached its program. bwrap exits 128 + n for a program killed by signal n."""
     stderr = _text(done.stderr)
     killed = done.timed_out or done.overflowed  # by us: bwrap's own status then says nothing of the program
-    sig = None if killed else done.status - 128 if 128 < done.status <= 128 + 64 else None
+    status = done.status or 0  # set: a run without one raised SandboxUnavailable before this
+    sig = None if killed else status - 128 if 128 < status <= 128 + 64 else None
     if done.timed_out or sig == signal.SIGXCPU:
         outcome = Outcome.TIME_LIMIT
     elif done.overflowed or sig == signal.SIGXFSZ or any(marker in stderr for marker in FILE_SIZE_MARKERS):
         outcome = Outcome.OUTPUT_LIMIT
-    elif done.status == 0:
+    elif status == 0:
         outcome = Outcome.OK
     elif any(marker in stderr for marker in MEMORY_MARKERS):
         outcome = Outcome.MEMORY_LIMIT
@@ -94,7 +95,7 @@ def classify(language: Language, done: Exit) -> RunResult:
         outcome=outcome,
         stdout=_text(done.stdout),
         stderr=stderr,
-        exit_code=None if killed or sig is not None else done.status,
+        exit_code=None if killed or sig is not None else status,
         signal=sig,
         seconds=round(done.seconds, 4),
     )
@@ -233,7 +234,7 @@ class BubblewrapBackend:
             raise SandboxUnavailable(f"bwrap could not be started: {exc}") from exc
         except StuckSandbox as exc:
             raise SandboxUnavailable(str(exc)) from exc
-        if not done.stdout.startswith(READY):
+        if not done.stdout.startswith(READY) or done.status is None:
             said = _text(done.stderr)[:MESSAGE_CHARS].strip() or "no message"
             reason = "did not start in time" if done.timed_out else f"failed to start (status {done.status}): {said}"
             raise SandboxUnavailable(f"the sandbox {reason}")
