@@ -230,9 +230,9 @@ def test_validate_returns_the_grader(client):
             "no model named 'gpt-4.1' is configured",
         ),  # fmt: skip
         (
-            {"type": "python", "name": "p", "source": "def grade(sample, item):\n    return 1.0\n"},
-            "grader.type",
-            "runs only inside the code sandbox",
+            {"type": "python", "name": "p", "source": 5},
+            "grader.source",
+            "must be a string, got a number",
         ),  # fmt: skip
     ],
 )
