@@ -176,7 +176,7 @@ class CodeTestsGrader(BaseGrader):
         passed = sum(r.verdict is Verdict.PASSED for r in results)
         total = len(results)
         score = float(passed == total) if self.all_or_nothing else passed / total
-        failures = []
+        failures: list[dict[str, Any]] = []
         for i, (case, result) in enumerate(zip(test_set.cases, results, strict=True)):
             if result.verdict in (Verdict.PASSED, Verdict.SKIPPED) or len(failures) == FAILURE_DETAILS:
                 continue

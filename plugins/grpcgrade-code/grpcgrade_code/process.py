@@ -163,7 +163,7 @@ async def run_process(
             start_new_session=True,
         )
     )
-    spawn.add_done_callback(lambda _: [os.close(fd) for fd in pass_fds])
+    spawn.add_done_callback(lambda _: _close_all(pass_fds))
     try:
         try:
             transport, _ = await asyncio.shield(spawn)
@@ -180,6 +180,11 @@ async def run_process(
             await _end(transport, run)
     finally:
         run.release()
+
+
+def _close_all(fds: Sequence[int]) -> None:
+    for fd in fds:
+        os.close(fd)
 
 
 async def _supervise(transport: asyncio.SubprocessTransport, run: _Run, stdin: bytes, time_limit: float) -> Exit:
