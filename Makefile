@@ -50,7 +50,7 @@ proto: $(OLDEST_STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check grpcgrade tests plugins scripts
-	$(BIN)/ruff format --check grpcgrade tests plugins scripts
+	$(BIN)/ruff format --check grpcgrade tests plugins scripts docs README.md
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
