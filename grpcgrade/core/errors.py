@@ -34,6 +34,8 @@ class ErrorCode(StrEnum):
     #: The code sandbox could not run the sample's program (it failed to start, its service answered 5xx
     #: or was overloaded): nothing about the program was judged, and grading it again later may succeed.
     SANDBOX_UNAVAILABLE = "SANDBOX_UNAVAILABLE"
+    #: The call's step budget (`budget_seconds`) ran out before this sample was graded.
+    BUDGET_EXCEEDED = "BUDGET_EXCEEDED"
 
 
 class InvalidParams(ValueError):

@@ -15,7 +15,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1agrpcgrade/v1/grading.proto\x12\x0cgrpcgrade.v1\x1a\x1cgoogle/protobuf/struct.proto\"\x94\x01\n\x06Sample\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05query\x18\x02 \x01(\t\x12\x10\n\x08response\x18\x03 \x01(\t\x12\x11\n\treference\x18\x04 \x01(\t\x12\x0f\n\x07\x63ontext\x18\x05 \x01(\t\x12\x11\n\tresponses\x18\x06 \x03(\t\x12&\n\x05\x65xtra\x18\x07 \x01(\x0b\x32\x17.google.protobuf.Struct\"~\n\nGraderSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\'\n\x06params\x18\x02 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x0b\n\x03key\x18\x03 \x01(\t\x12\x13\n\x06weight\x18\x04 \x01(\x01H\x00\x88\x01\x01\x12\x0c\n\x04gate\x18\x05 \x01(\x08\x42\t\n\x07_weight\"\xba\x01\n\x0f\x45valuateRequest\x12)\n\x07graders\x18\x01 \x03(\x0b\x32\x18.grpcgrade.v1.GraderSpec\x12$\n\x06sample\x18\x02 \x01(\x0b\x32\x14.grpcgrade.v1.Sample\x12\x0e\n\x06reward\x18\x03 \x01(\t\x12\x1e\n\x16grader_timeout_seconds\x18\x04 \x01(\x01\x12&\n\x04view\x18\x05 \x01(\x0e\x32\x18.grpcgrade.v1.ResultView\",\n\x0bGraderError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\"\xad\x01\n\x0cGraderResult\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x0e\n\x06grader\x18\x02 \x01(\t\x12\r\n\x05score\x18\x03 \x01(\x01\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12)\n\x08metadata\x18\x05 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x0c\n\x04rank\x18\x06 \x03(\x05\x12(\n\x05\x65rror\x18\x07 \x01(\x0b\x32\x19.grpcgrade.v1.GraderError\"k\n\x10\x45valuateResponse\x12\n\n\x02id\x18\x01 \x01(\t\x12+\n\x07results\x18\x02 \x03(\x0b\x32\x1a.grpcgrade.v1.GraderResult\x12\x13\n\x06reward\x18\x03 \x01(\x01H\x00\x88\x01\x01\x42\t\n\x07_reward\"\xd4\x01\n\x14\x42\x61tchEvaluateRequest\x12)\n\x07graders\x18\x01 \x03(\x0b\x32\x18.grpcgrade.v1.GraderSpec\x12%\n\x07samples\x18\x02 \x03(\x0b\x32\x14.grpcgrade.v1.Sample\x12\x0e\n\x06reward\x18\x03 \x01(\t\x12\x1e\n\x16grader_timeout_seconds\x18\x04 \x01(\x01\x12\x12\n\nchunk_size\x18\x05 \x01(\r\x12&\n\x04view\x18\x06 \x01(\x0e\x32\x18.grpcgrade.v1.ResultView\"J\n\tBatchItem\x12\r\n\x05index\x18\x01 \x01(\r\x12.\n\x06result\x18\x02 \x01(\x0b\x32\x1e.grpcgrade.v1.EvaluateResponse\"?\n\x15\x42\x61tchEvaluateResponse\x12&\n\x05items\x18\x01 \x03(\x0b\x32\x17.grpcgrade.v1.BatchItem\"\x14\n\x12ListGradersRequest\"b\n\tParamInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04type\x18\x02 \x01(\t\x12\'\n\x07\x64\x65\x66\x61ult\x18\x03 \x01(\x0b\x32\x16.google.protobuf.Value\x12\x10\n\x08required\x18\x04 \x01(\x08\"\xc8\x01\n\nGraderInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x61liases\x18\x02 \x03(\t\x12&\n\x04mode\x18\x03 \x01(\x0e\x32\x18.grpcgrade.v1.GraderMode\x12\x13\n\x0b\x64\x65scription\x18\x04 \x01(\t\x12\x0e\n\x06plugin\x18\x05 \x01(\t\x12\x14\n\x0c\x64istribution\x18\x06 \x01(\t\x12\x0f\n\x07version\x18\x07 \x01(\t\x12\'\n\x06params\x18\x08 \x03(\x0b\x32\x17.grpcgrade.v1.ParamInfo\"q\n\nPluginInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x14\n\x0c\x64istribution\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\t\x12\x0e\n\x06status\x18\x04 \x01(\t\x12\r\n\x05\x65rror\x18\x05 \x01(\t\x12\x0f\n\x07graders\x18\x06 \x03(\t\"Z\n\nRewardInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12)\n\x07graders\x18\x03 \x03(\x0b\x32\x18.grpcgrade.v1.GraderSpec\"\x96\x01\n\x13ListGradersResponse\x12)\n\x07graders\x18\x01 \x03(\x0b\x32\x18.grpcgrade.v1.GraderInfo\x12)\n\x07plugins\x18\x02 \x03(\x0b\x32\x18.grpcgrade.v1.PluginInfo\x12)\n\x07rewards\x18\x03 \x03(\x0b\x32\x18.grpcgrade.v1.RewardInfo*W\n\nResultView\x12\x1b\n\x17RESULT_VIEW_UNSPECIFIED\x10\x00\x12\x14\n\x10RESULT_VIEW_FULL\x10\x01\x12\x16\n\x12RESULT_VIEW_SCORES\x10\x02*^\n\nGraderMode\x12\x1b\n\x17GRADER_MODE_UNSPECIFIED\x10\x00\x12\x19\n\x15GRADER_MODE_POINTWISE\x10\x01\x12\x18\n\x14GRADER_MODE_LISTWISE\x10\x02\x32\x8b\x02\n\x0eGradingService\x12I\n\x08\x45valuate\x12\x1d.grpcgrade.v1.EvaluateRequest\x1a\x1e.grpcgrade.v1.EvaluateResponse\x12Z\n\rBatchEvaluate\x12\".grpcgrade.v1.BatchEvaluateRequest\x1a#.grpcgrade.v1.BatchEvaluateResponse0\x01\x12R\n\x0bListGraders\x12 .grpcgrade.v1.ListGradersRequest\x1a!.grpcgrade.v1.ListGradersResponseBT\n\x10\x64\x65v.grpcgrade.v1P\x01Z>github.com/grpcgrade/grpcgrade/gen/go/grpcgrade/v1;grpcgradev1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1agrpcgrade/v1/grading.proto\x12\x0cgrpcgrade.v1\x1a\x1cgoogle/protobuf/struct.proto\"\x94\x01\n\x06Sample\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05query\x18\x02 \x01(\t\x12\x10\n\x08response\x18\x03 \x01(\t\x12\x11\n\treference\x18\x04 \x01(\t\x12\x0f\n\x07\x63ontext\x18\x05 \x01(\t\x12\x11\n\tresponses\x18\x06 \x03(\t\x12&\n\x05\x65xtra\x18\x07 \x01(\x0b\x32\x17.google.protobuf.Struct\"~\n\nGraderSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\'\n\x06params\x18\x02 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x0b\n\x03key\x18\x03 \x01(\t\x12\x13\n\x06weight\x18\x04 \x01(\x01H\x00\x88\x01\x01\x12\x0c\n\x04gate\x18\x05 \x01(\x08\x42\t\n\x07_weight\"\xe2\x01\n\x0f\x45valuateRequest\x12)\n\x07graders\x18\x01 \x03(\x0b\x32\x18.grpcgrade.v1.GraderSpec\x12$\n\x06sample\x18\x02 \x01(\x0b\x32\x14.grpcgrade.v1.Sample\x12\x0e\n\x06reward\x18\x03 \x01(\t\x12\x1e\n\x16grader_timeout_seconds\x18\x04 \x01(\x01\x12&\n\x04view\x18\x05 \x01(\x0e\x32\x18.grpcgrade.v1.ResultView\x12&\n\x05\x63\x61\x63he\x18\x06 \x01(\x0e\x32\x17.grpcgrade.v1.CacheMode\",\n\x0bGraderError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\"\xbd\x01\n\x0cGraderResult\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x0e\n\x06grader\x18\x02 \x01(\t\x12\r\n\x05score\x18\x03 \x01(\x01\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12)\n\x08metadata\x18\x05 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x0c\n\x04rank\x18\x06 \x03(\x05\x12(\n\x05\x65rror\x18\x07 \x01(\x0b\x32\x19.grpcgrade.v1.GraderError\x12\x0e\n\x06\x63\x61\x63hed\x18\x08 \x01(\x08\"k\n\x10\x45valuateResponse\x12\n\n\x02id\x18\x01 \x01(\t\x12+\n\x07results\x18\x02 \x03(\x0b\x32\x1a.grpcgrade.v1.GraderResult\x12\x13\n\x06reward\x18\x03 \x01(\x01H\x00\x88\x01\x01\x42\t\n\x07_reward\"\xca\x02\n\x14\x42\x61tchEvaluateRequest\x12)\n\x07graders\x18\x01 \x03(\x0b\x32\x18.grpcgrade.v1.GraderSpec\x12%\n\x07samples\x18\x02 \x03(\x0b\x32\x14.grpcgrade.v1.Sample\x12\x0e\n\x06reward\x18\x03 \x01(\t\x12\x1e\n\x16grader_timeout_seconds\x18\x04 \x01(\x01\x12\x12\n\nchunk_size\x18\x05 \x01(\r\x12&\n\x04view\x18\x06 \x01(\x0e\x32\x18.grpcgrade.v1.ResultView\x12\x16\n\x0e\x62udget_seconds\x18\x07 \x01(\x01\x12\x1e\n\x11max_failure_ratio\x18\x08 \x01(\x01H\x00\x88\x01\x01\x12&\n\x05\x63\x61\x63he\x18\t \x01(\x0e\x32\x17.grpcgrade.v1.CacheModeB\x14\n\x12_max_failure_ratio\"J\n\tBatchItem\x12\r\n\x05index\x18\x01 \x01(\r\x12.\n\x06result\x18\x02 \x01(\x0b\x32\x1e.grpcgrade.v1.EvaluateResponse\"?\n\x15\x42\x61tchEvaluateResponse\x12&\n\x05items\x18\x01 \x03(\x0b\x32\x17.grpcgrade.v1.BatchItem\"\x14\n\x12ListGradersRequest\"b\n\tParamInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04type\x18\x02 \x01(\t\x12\'\n\x07\x64\x65\x66\x61ult\x18\x03 \x01(\x0b\x32\x16.google.protobuf.Value\x12\x10\n\x08required\x18\x04 \x01(\x08\"\xc8\x01\n\nGraderInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x61liases\x18\x02 \x03(\t\x12&\n\x04mode\x18\x03 \x01(\x0e\x32\x18.grpcgrade.v1.GraderMode\x12\x13\n\x0b\x64\x65scription\x18\x04 \x01(\t\x12\x0e\n\x06plugin\x18\x05 \x01(\t\x12\x14\n\x0c\x64istribution\x18\x06 \x01(\t\x12\x0f\n\x07version\x18\x07 \x01(\t\x12\'\n\x06params\x18\x08 \x03(\x0b\x32\x17.grpcgrade.v1.ParamInfo\"q\n\nPluginInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x14\n\x0c\x64istribution\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\t\x12\x0e\n\x06status\x18\x04 \x01(\t\x12\r\n\x05\x65rror\x18\x05 \x01(\t\x12\x0f\n\x07graders\x18\x06 \x03(\t\"Z\n\nRewardInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12)\n\x07graders\x18\x03 \x03(\x0b\x32\x18.grpcgrade.v1.GraderSpec\"\x96\x01\n\x13ListGradersResponse\x12)\n\x07graders\x18\x01 \x03(\x0b\x32\x18.grpcgrade.v1.GraderInfo\x12)\n\x07plugins\x18\x02 \x03(\x0b\x32\x18.grpcgrade.v1.PluginInfo\x12)\n\x07rewards\x18\x03 \x03(\x0b\x32\x18.grpcgrade.v1.RewardInfo*N\n\tCacheMode\x12\x1a\n\x16\x43\x41\x43HE_MODE_UNSPECIFIED\x10\x00\x12\x12\n\x0e\x43\x41\x43HE_MODE_OFF\x10\x01\x12\x11\n\rCACHE_MODE_ON\x10\x02*W\n\nResultView\x12\x1b\n\x17RESULT_VIEW_UNSPECIFIED\x10\x00\x12\x14\n\x10RESULT_VIEW_FULL\x10\x01\x12\x16\n\x12RESULT_VIEW_SCORES\x10\x02*^\n\nGraderMode\x12\x1b\n\x17GRADER_MODE_UNSPECIFIED\x10\x00\x12\x19\n\x15GRADER_MODE_POINTWISE\x10\x01\x12\x18\n\x14GRADER_MODE_LISTWISE\x10\x02\x32\x8b\x02\n\x0eGradingService\x12I\n\x08\x45valuate\x12\x1d.grpcgrade.v1.EvaluateRequest\x1a\x1e.grpcgrade.v1.EvaluateResponse\x12Z\n\rBatchEvaluate\x12\".grpcgrade.v1.BatchEvaluateRequest\x1a#.grpcgrade.v1.BatchEvaluateResponse0\x01\x12R\n\x0bListGraders\x12 .grpcgrade.v1.ListGradersRequest\x1a!.grpcgrade.v1.ListGradersResponseBT\n\x10\x64\x65v.grpcgrade.v1P\x01Z>github.com/grpcgrade/grpcgrade/gen/go/grpcgrade/v1;grpcgradev1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -23,40 +23,42 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'grpcgrade.v1.grading_pb2', 
 if _descriptor._USE_C_DESCRIPTORS == False:
   _globals['DESCRIPTOR']._options = None
   _globals['DESCRIPTOR']._serialized_options = b'\n\020dev.grpcgrade.v1P\001Z>github.com/grpcgrade/grpcgrade/gen/go/grpcgrade/v1;grpcgradev1'
-  _globals['_RESULTVIEW']._serialized_start=1914
-  _globals['_RESULTVIEW']._serialized_end=2001
-  _globals['_GRADERMODE']._serialized_start=2003
-  _globals['_GRADERMODE']._serialized_end=2097
+  _globals['_CACHEMODE']._serialized_start=2088
+  _globals['_CACHEMODE']._serialized_end=2166
+  _globals['_RESULTVIEW']._serialized_start=2168
+  _globals['_RESULTVIEW']._serialized_end=2255
+  _globals['_GRADERMODE']._serialized_start=2257
+  _globals['_GRADERMODE']._serialized_end=2351
   _globals['_SAMPLE']._serialized_start=75
   _globals['_SAMPLE']._serialized_end=223
   _globals['_GRADERSPEC']._serialized_start=225
   _globals['_GRADERSPEC']._serialized_end=351
   _globals['_EVALUATEREQUEST']._serialized_start=354
-  _globals['_EVALUATEREQUEST']._serialized_end=540
-  _globals['_GRADERERROR']._serialized_start=542
-  _globals['_GRADERERROR']._serialized_end=586
-  _globals['_GRADERRESULT']._serialized_start=589
-  _globals['_GRADERRESULT']._serialized_end=762
-  _globals['_EVALUATERESPONSE']._serialized_start=764
-  _globals['_EVALUATERESPONSE']._serialized_end=871
-  _globals['_BATCHEVALUATEREQUEST']._serialized_start=874
-  _globals['_BATCHEVALUATEREQUEST']._serialized_end=1086
-  _globals['_BATCHITEM']._serialized_start=1088
-  _globals['_BATCHITEM']._serialized_end=1162
-  _globals['_BATCHEVALUATERESPONSE']._serialized_start=1164
-  _globals['_BATCHEVALUATERESPONSE']._serialized_end=1227
-  _globals['_LISTGRADERSREQUEST']._serialized_start=1229
-  _globals['_LISTGRADERSREQUEST']._serialized_end=1249
-  _globals['_PARAMINFO']._serialized_start=1251
-  _globals['_PARAMINFO']._serialized_end=1349
-  _globals['_GRADERINFO']._serialized_start=1352
-  _globals['_GRADERINFO']._serialized_end=1552
-  _globals['_PLUGININFO']._serialized_start=1554
-  _globals['_PLUGININFO']._serialized_end=1667
-  _globals['_REWARDINFO']._serialized_start=1669
-  _globals['_REWARDINFO']._serialized_end=1759
-  _globals['_LISTGRADERSRESPONSE']._serialized_start=1762
-  _globals['_LISTGRADERSRESPONSE']._serialized_end=1912
-  _globals['_GRADINGSERVICE']._serialized_start=2100
-  _globals['_GRADINGSERVICE']._serialized_end=2367
+  _globals['_EVALUATEREQUEST']._serialized_end=580
+  _globals['_GRADERERROR']._serialized_start=582
+  _globals['_GRADERERROR']._serialized_end=626
+  _globals['_GRADERRESULT']._serialized_start=629
+  _globals['_GRADERRESULT']._serialized_end=818
+  _globals['_EVALUATERESPONSE']._serialized_start=820
+  _globals['_EVALUATERESPONSE']._serialized_end=927
+  _globals['_BATCHEVALUATEREQUEST']._serialized_start=930
+  _globals['_BATCHEVALUATEREQUEST']._serialized_end=1260
+  _globals['_BATCHITEM']._serialized_start=1262
+  _globals['_BATCHITEM']._serialized_end=1336
+  _globals['_BATCHEVALUATERESPONSE']._serialized_start=1338
+  _globals['_BATCHEVALUATERESPONSE']._serialized_end=1401
+  _globals['_LISTGRADERSREQUEST']._serialized_start=1403
+  _globals['_LISTGRADERSREQUEST']._serialized_end=1423
+  _globals['_PARAMINFO']._serialized_start=1425
+  _globals['_PARAMINFO']._serialized_end=1523
+  _globals['_GRADERINFO']._serialized_start=1526
+  _globals['_GRADERINFO']._serialized_end=1726
+  _globals['_PLUGININFO']._serialized_start=1728
+  _globals['_PLUGININFO']._serialized_end=1841
+  _globals['_REWARDINFO']._serialized_start=1843
+  _globals['_REWARDINFO']._serialized_end=1933
+  _globals['_LISTGRADERSRESPONSE']._serialized_start=1936
+  _globals['_LISTGRADERSRESPONSE']._serialized_end=2086
+  _globals['_GRADINGSERVICE']._serialized_start=2354
+  _globals['_GRADINGSERVICE']._serialized_end=2621
 # @@protoc_insertion_point(module_scope)

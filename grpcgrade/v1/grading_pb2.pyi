@@ -7,6 +7,12 @@ from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Map
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class CacheMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CACHE_MODE_UNSPECIFIED: _ClassVar[CacheMode]
+    CACHE_MODE_OFF: _ClassVar[CacheMode]
+    CACHE_MODE_ON: _ClassVar[CacheMode]
+
 class ResultView(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     RESULT_VIEW_UNSPECIFIED: _ClassVar[ResultView]
@@ -18,6 +24,9 @@ class GraderMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     GRADER_MODE_UNSPECIFIED: _ClassVar[GraderMode]
     GRADER_MODE_POINTWISE: _ClassVar[GraderMode]
     GRADER_MODE_LISTWISE: _ClassVar[GraderMode]
+CACHE_MODE_UNSPECIFIED: CacheMode
+CACHE_MODE_OFF: CacheMode
+CACHE_MODE_ON: CacheMode
 RESULT_VIEW_UNSPECIFIED: ResultView
 RESULT_VIEW_FULL: ResultView
 RESULT_VIEW_SCORES: ResultView
@@ -58,18 +67,20 @@ class GraderSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., params: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., key: _Optional[str] = ..., weight: _Optional[float] = ..., gate: bool = ...) -> None: ...
 
 class EvaluateRequest(_message.Message):
-    __slots__ = ("graders", "sample", "reward", "grader_timeout_seconds", "view")
+    __slots__ = ("graders", "sample", "reward", "grader_timeout_seconds", "view", "cache")
     GRADERS_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_FIELD_NUMBER: _ClassVar[int]
     REWARD_FIELD_NUMBER: _ClassVar[int]
     GRADER_TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     VIEW_FIELD_NUMBER: _ClassVar[int]
+    CACHE_FIELD_NUMBER: _ClassVar[int]
     graders: _containers.RepeatedCompositeFieldContainer[GraderSpec]
     sample: Sample
     reward: str
     grader_timeout_seconds: float
     view: ResultView
-    def __init__(self, graders: _Optional[_Iterable[_Union[GraderSpec, _Mapping]]] = ..., sample: _Optional[_Union[Sample, _Mapping]] = ..., reward: _Optional[str] = ..., grader_timeout_seconds: _Optional[float] = ..., view: _Optional[_Union[ResultView, str]] = ...) -> None: ...
+    cache: CacheMode
+    def __init__(self, graders: _Optional[_Iterable[_Union[GraderSpec, _Mapping]]] = ..., sample: _Optional[_Union[Sample, _Mapping]] = ..., reward: _Optional[str] = ..., grader_timeout_seconds: _Optional[float] = ..., view: _Optional[_Union[ResultView, str]] = ..., cache: _Optional[_Union[CacheMode, str]] = ...) -> None: ...
 
 class GraderError(_message.Message):
     __slots__ = ("code", "message")
@@ -80,7 +91,7 @@ class GraderError(_message.Message):
     def __init__(self, code: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
 
 class GraderResult(_message.Message):
-    __slots__ = ("key", "grader", "score", "reason", "metadata", "rank", "error")
+    __slots__ = ("key", "grader", "score", "reason", "metadata", "rank", "error", "cached")
     KEY_FIELD_NUMBER: _ClassVar[int]
     GRADER_FIELD_NUMBER: _ClassVar[int]
     SCORE_FIELD_NUMBER: _ClassVar[int]
@@ -88,6 +99,7 @@ class GraderResult(_message.Message):
     METADATA_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    CACHED_FIELD_NUMBER: _ClassVar[int]
     key: str
     grader: str
     score: float
@@ -95,7 +107,8 @@ class GraderResult(_message.Message):
     metadata: _struct_pb2.Struct
     rank: _containers.RepeatedScalarFieldContainer[int]
     error: GraderError
-    def __init__(self, key: _Optional[str] = ..., grader: _Optional[str] = ..., score: _Optional[float] = ..., reason: _Optional[str] = ..., metadata: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., rank: _Optional[_Iterable[int]] = ..., error: _Optional[_Union[GraderError, _Mapping]] = ...) -> None: ...
+    cached: bool
+    def __init__(self, key: _Optional[str] = ..., grader: _Optional[str] = ..., score: _Optional[float] = ..., reason: _Optional[str] = ..., metadata: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., rank: _Optional[_Iterable[int]] = ..., error: _Optional[_Union[GraderError, _Mapping]] = ..., cached: bool = ...) -> None: ...
 
 class EvaluateResponse(_message.Message):
     __slots__ = ("id", "results", "reward")
@@ -108,20 +121,26 @@ class EvaluateResponse(_message.Message):
     def __init__(self, id: _Optional[str] = ..., results: _Optional[_Iterable[_Union[GraderResult, _Mapping]]] = ..., reward: _Optional[float] = ...) -> None: ...
 
 class BatchEvaluateRequest(_message.Message):
-    __slots__ = ("graders", "samples", "reward", "grader_timeout_seconds", "chunk_size", "view")
+    __slots__ = ("graders", "samples", "reward", "grader_timeout_seconds", "chunk_size", "view", "budget_seconds", "max_failure_ratio", "cache")
     GRADERS_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
     REWARD_FIELD_NUMBER: _ClassVar[int]
     GRADER_TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     CHUNK_SIZE_FIELD_NUMBER: _ClassVar[int]
     VIEW_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    MAX_FAILURE_RATIO_FIELD_NUMBER: _ClassVar[int]
+    CACHE_FIELD_NUMBER: _ClassVar[int]
     graders: _containers.RepeatedCompositeFieldContainer[GraderSpec]
     samples: _containers.RepeatedCompositeFieldContainer[Sample]
     reward: str
     grader_timeout_seconds: float
     chunk_size: int
     view: ResultView
-    def __init__(self, graders: _Optional[_Iterable[_Union[GraderSpec, _Mapping]]] = ..., samples: _Optional[_Iterable[_Union[Sample, _Mapping]]] = ..., reward: _Optional[str] = ..., grader_timeout_seconds: _Optional[float] = ..., chunk_size: _Optional[int] = ..., view: _Optional[_Union[ResultView, str]] = ...) -> None: ...
+    budget_seconds: float
+    max_failure_ratio: float
+    cache: CacheMode
+    def __init__(self, graders: _Optional[_Iterable[_Union[GraderSpec, _Mapping]]] = ..., samples: _Optional[_Iterable[_Union[Sample, _Mapping]]] = ..., reward: _Optional[str] = ..., grader_timeout_seconds: _Optional[float] = ..., chunk_size: _Optional[int] = ..., view: _Optional[_Union[ResultView, str]] = ..., budget_seconds: _Optional[float] = ..., max_failure_ratio: _Optional[float] = ..., cache: _Optional[_Union[CacheMode, str]] = ...) -> None: ...
 
 class BatchItem(_message.Message):
     __slots__ = ("index", "result")
