@@ -25,20 +25,20 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterat
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from grpcgrade.grader import BaseGrader, GraderError, GraderResult, Inputs
+from grpcgrade.grader import BaseGrader, GraderResult, Inputs
 
 from .budget import OutputBudget
 from .errors import InvalidParams, SampleProblem, UnknownReward
-from .grading import GraderStats, grade_async, grade_chunk_sync, grade_sync, inputs_of, usable, with_problems
+from .grading import Stats, grade_async, grade_chunk_sync, grade_sync, grader_stats, inputs_of, usable, with_problems
 from .registry import Registry
-from .rewards import Reward, SpecData, check_weights, number_repeats, rewards
+from .rewards import Reward, SpecData, check_weights, number_repeats, reward_stats, rewards
 from .samples import select_all
 from .workers import Work, WorkerPool, chunk_work, grader_work
 
 T = TypeVar("T")
 
-#: Called once per grader per chunk, wherever the chunk ran.
-Observer = Callable[[GraderStats], None]
+#: Called once per grader per chunk, wherever the chunk ran (and once per chunk of a configured reward).
+Observer = Callable[[Stats], None]
 #: A chunk as the engine takes it: (index in the request, kwargs or the reason the sample is unusable).
 Chunk = Sequence[tuple[int, "dict[str, Any] | SampleProblem"]]
 
@@ -166,7 +166,7 @@ class Engine:
 
     # -- grading ------------------------------------------------------------------------------------
 
-    def _observe(self, stats: Iterable[GraderStats]) -> None:
+    def _observe(self, stats: Iterable[Stats]) -> None:
         if self.observer is not None:
             for stat in stats:
                 self.observer(stat)
@@ -184,12 +184,14 @@ class Engine:
             results = grade_sync(job.grader, batch, timeout)
         else:
             results = await grade_async(job.grader, batch, timeout)
-        errors = sum(1 for r in results if isinstance(r, GraderError))
-        self._observe([GraderStats(job.grader.name, len(results) - errors, errors, time.perf_counter() - start)])
+        self._observe([grader_stats(job.grader.name, results, time.perf_counter() - start)])
         return results
 
-    async def grade_chunk(self, jobs: list[Job], chunk: Chunk, timeout: float | None = None) -> GradedChunk:
-        """One chunk, each grader where it runs; inline synchronous graders one after the other."""
+    async def grade_chunk(
+        self, jobs: list[Job], chunk: Chunk, timeout: float | None = None, reward: str = ""
+    ) -> GradedChunk:
+        """One chunk, each grader where it runs; inline synchronous graders one after the other. `reward`
+        names the configured reward the call asked for: its values are counted for the metrics."""
         timeout = self.timeout(timeout)
         indices = [index for index, _ in chunk]
         kwargs = [kw for _, kw in chunk]
@@ -206,7 +208,10 @@ class Engine:
             columns = list(await asyncio.gather(*runs))
             if good is not kwargs:
                 columns = [with_problems(j.grader.name, kwargs, c) for j, c in zip(jobs, columns, strict=True)]
-        return GradedChunk(indices, columns, rewards([job.spec for job in jobs], columns))
+        values = rewards([job.spec for job in jobs], columns)
+        if reward:
+            self._observe([reward_stats(reward, values)])
+        return GradedChunk(indices, columns, values)
 
     async def grade_batch(
         self,
@@ -215,18 +220,20 @@ class Engine:
         size: int,
         timeout: float | None = None,
         budget: OutputBudget | None = None,
+        reward: str = "",
     ) -> AsyncIterator[GradedChunk | WholeChunk]:
         """Grade a batch chunk after chunk, the engine choosing the path; each chunk is yielded as it
         finishes (not necessarily in order), as a `GradedChunk`, or a `WholeChunk` from a worker.
         With a `budget`, a whole chunk's answer is charged from when it is graded until the next chunk is
-        asked for (it has been handed on), and each chunk starts only when the budget has room."""
+        asked for (it has been handed on), and each chunk starts only when the budget has room. `reward`: as
+        for `grade_chunk` (a whole chunk counts its reward where it is graded: `Batch.whole` knows it)."""
         timeout = self.timeout(timeout)
         starts = range(0, batch.size, size)
         steps: Iterator[Awaitable[GradedChunk | WholeChunk]]
         if batch.whole is not None and self.pool is not None and self.whole_chunks(jobs):
             steps = (self._run_whole(batch.whole(a, min(a + size, batch.size), timeout)) for a in starts)
         else:
-            steps = (self.grade_chunk(jobs, batch.chunk(a, min(a + size, batch.size)), timeout) for a in starts)
+            steps = (self.grade_chunk(jobs, batch.chunk(a, min(a + size, batch.size)), timeout, reward) for a in starts)
         async for graded in _pipelined(steps, self.window(jobs), budget):
             yield graded
 

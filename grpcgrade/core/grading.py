@@ -29,6 +29,8 @@ from grpcgrade.grader import (
 )
 
 from .errors import ErrorCode, GraderCancelled, GraderTimeout, SampleProblem
+from .histograms import EMPTY, Histogram, count_pairs, histogram
+from .rewards import RewardStats
 from .samples import select_all
 
 
@@ -39,12 +41,54 @@ class GraderStats(NamedTuple):
     ok: int
     errors: int
     seconds: float
+    #: The distribution of the chunk's scores (rank results have none).
+    scores: Histogram = EMPTY
+    #: The errors by code: ((code, count), ...), each code once.
+    error_codes: tuple[tuple[str, int], ...] = ()
 
 
-def join_stats(parts: Sequence[Sequence[GraderStats]]) -> list[GraderStats]:
-    """Each grader's stats summed over the parts of a chunk that was graded piece by piece."""
-    per_grader = zip(*parts, strict=True)
-    return [GraderStats(g[0].grader, *(sum(s[i] for s in g) for i in (1, 2, 3))) for g in per_grader]
+#: What a chunk's grading reports to the metrics: each grader's work, and a configured reward's values.
+Stats = GraderStats | RewardStats
+
+
+def grader_stats(name: str, results: list[GraderResult], seconds: float) -> GraderStats:
+    """A grader's stats for a chunk's results, in one pass over them when none failed."""
+    scores = [r.score for r in results if r.__class__ is GraderScore]
+    errors: tuple[tuple[str, int], ...] = ()
+    failed = 0
+    if len(scores) < len(results):  # errors, ranks, or subclasses of GraderScore
+        scores = [r.score for r in results if isinstance(r, GraderScore)]
+        errors = count_pairs((r.code, 1) for r in results if isinstance(r, GraderError))
+        failed = sum(n for _, n in errors)
+    return GraderStats(name, len(results) - failed, failed, seconds, histogram(scores), errors)
+
+
+def failed_stats(name: str, code: str) -> GraderStats:
+    """The stats of one sample that could not be graded at all (a worker died or hung on it)."""
+    return GraderStats(name, 0, 1, 0.0, EMPTY, ((code, 1),))
+
+
+def _plus(a: Any, b: Any) -> Any:
+    """Two parts' values of one stats field, joined: names kept, histograms and counts added."""
+    if isinstance(a, str):
+        return a
+    if isinstance(a, Histogram):
+        return a.plus(b)
+    if isinstance(a, tuple):
+        return count_pairs((*a, *b))
+    return a + b
+
+
+def join_stats(parts: Sequence[Sequence[Stats]]) -> list[Stats]:
+    """The stats of a chunk that was graded piece by piece: each grader's (and reward's) summed over the
+    pieces, in the order they first appear."""
+    joined: dict[tuple[type, str], Stats] = {}
+    for part in parts:
+        for stats in part:
+            key = (type(stats), stats[0])
+            seen = joined.get(key)
+            joined[key] = stats if seen is None else type(stats)(*map(_plus, seen, stats))
+    return list(joined.values())
 
 
 _inputs: weakref.WeakKeyDictionary[BaseGrader, Inputs] = weakref.WeakKeyDictionary()
@@ -227,7 +271,6 @@ def grade_chunk_sync(
     for grader in graders:
         start = time.perf_counter()
         results = grade_sync(grader, select_all(good, inputs_of(grader)), timeout)
-        errors = sum(1 for r in results if isinstance(r, GraderError))
-        stats.append(GraderStats(grader.name, len(results) - errors, errors, time.perf_counter() - start))
+        stats.append(grader_stats(grader.name, results, time.perf_counter() - start))
         columns.append(results if good is chunk else with_problems(grader.name, chunk, results))
     return columns, stats

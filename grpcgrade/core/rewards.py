@@ -11,11 +11,12 @@ import dataclasses
 import math
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from grpcgrade.grader import GraderError, GraderRank, GraderResult
 
 from .errors import InvalidParams
+from .histograms import Histogram, histogram
 
 
 @dataclass(frozen=True)
@@ -106,3 +107,18 @@ def rewards(specs: list[SpecData], columns: list[list[GraderResult]]) -> list[fl
     if len(columns) == 1:  # the common case: a single grader's score is the reward, gate or not
         return [None if isinstance(r, (GraderError, GraderRank)) else r.score for r in columns[0]]
     return [combine(specs, list(row)) for row in zip(*columns, strict=True)]
+
+
+class RewardStats(NamedTuple):
+    """A configured reward's values over one chunk, as the metrics count them: their distribution (with
+    the sum of squares, for the spread), and how many samples got no reward."""
+
+    reward: str
+    values: Histogram
+    absent: int = 0
+
+
+def reward_stats(reward: str, values: list[float | None]) -> RewardStats:
+    """Counted once per chunk where the rewards were computed (in a worker for whole chunks)."""
+    given = [v for v in values if v is not None]
+    return RewardStats(reward, histogram(given, squares=True), len(values) - len(given))

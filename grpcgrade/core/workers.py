@@ -33,7 +33,7 @@ from grpcgrade.grader import GraderError, GraderResult
 
 from . import grading
 from .errors import ErrorCode, GraderCancelled
-from .grading import GraderStats, grade_chunk_sync, grade_sync, join_stats
+from .grading import GraderStats, failed_stats, grade_chunk_sync, grade_sync, join_stats
 
 log = logging.getLogger(__name__)
 
@@ -145,7 +145,7 @@ def chunk_work(specs: list[tuple[str, dict[str, Any]]], chunk: list[Any], timeou
 
     def failed(code: str, message: str) -> tuple[list[list[GraderResult]], list[GraderStats]]:
         columns: list[list[GraderResult]] = [[GraderError(name, message, code=code)] for name, _ in specs]
-        return columns, [GraderStats(name, 0, 1, 0.0) for name, _ in specs]
+        return columns, [failed_stats(name, code) for name, _ in specs]
 
     def join(parts: list[tuple[list[list[GraderResult]], list[GraderStats]]]) -> Any:
         columns = [[r for cols, _ in parts for r in cols[j]] for j in range(len(specs))]

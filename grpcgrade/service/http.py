@@ -160,7 +160,7 @@ class RewardHandler:
 
         rewards: list[float | None] = [None] * n
         batch = Batch(n, lambda a, b: [(i, kwargs(i)) for i in range(a, b)])
-        async for graded in self.engine.grade_batch(jobs, batch, self.engine.chunk_size(jobs)):
+        async for graded in self.engine.grade_batch(jobs, batch, self.engine.chunk_size(jobs), reward=reward):
             assert isinstance(graded, GradedChunk)  # no whole-chunk work offered: results come back as Python
             for index, value in zip(graded.indices, graded.rewards, strict=True):
                 rewards[index] = value

@@ -28,13 +28,17 @@ from prometheus_client import (
     disable_created_metrics,
     make_wsgi_app,
 )
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
+from prometheus_client.utils import floatToGoString
 
 from grpcgrade import __version__
-from grpcgrade.core.grading import GraderStats
+from grpcgrade.core import histograms
+from grpcgrade.core.grading import Stats
 from grpcgrade.core.plugins import PluginInfo
+from grpcgrade.core.rewards import RewardStats
 
 # gRFC A66 latency buckets, as grpc's own OpenTelemetry plugin uses.
 LATENCY_BUCKETS = (
@@ -76,6 +80,67 @@ class _RestartsCollector(Collector):
         ]
 
 
+class _Distributions(Collector):
+    """`grpcgrade_grader_score{grader}` and `grpcgrade_reward_value{reward}`: histograms fed whole chunks'
+    bucket counts (`core.histograms`), which prometheus-client's Histogram can only take one sample at a
+    time; with them, each reward's samples without a value and the sum of its values' squares."""
+
+    LE = [floatToGoString(b) for b in histograms.SCORE_BUCKETS]
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()  # chunks are added on the event loop, scrapes read on the metrics thread
+        self.scores: dict[str, histograms.Histogram] = {}
+        self.rewards: dict[str, histograms.Histogram] = {}
+        self.absent: dict[str, int] = {}
+
+    def add_scores(self, grader: str, scores: histograms.Histogram) -> None:
+        with self.lock:
+            self.scores[grader] = self.scores.get(grader, histograms.EMPTY).plus(scores)
+
+    def add_reward(self, stats: RewardStats) -> None:
+        with self.lock:
+            self.rewards[stats.reward] = self.rewards.get(stats.reward, histograms.EMPTY).plus(stats.values)
+            self.absent[stats.reward] = self.absent.get(stats.reward, 0) + stats.absent
+
+    def _family(
+        self, name: str, doc: str, label: str, values: dict[str, histograms.Histogram]
+    ) -> HistogramMetricFamily:
+        family = HistogramMetricFamily(name, doc, labels=[label])
+        for key, h in values.items():
+            buckets = [*zip(self.LE, h.buckets, strict=True), ("+Inf", h.count)]
+            family.add_metric([key], buckets, None)
+            # prometheus-client leaves out _count and _sum when a bucket bound is negative (OpenMetrics wants
+            # a sum that never goes down); Prometheus' own clients export them, and the mean needs them.
+            family.samples.append(Sample(f"{name}_count", {label: key}, h.count))
+            family.samples.append(Sample(f"{name}_sum", {label: key}, h.total))
+        return family
+
+    def collect(self) -> list[CounterMetricFamily | HistogramMetricFamily]:
+        with self.lock:
+            scores, rewards, absent = dict(self.scores), dict(self.rewards), dict(self.absent)
+        squares = CounterMetricFamily(
+            "grpcgrade_reward_value_squares",
+            "Sum of the squares of a configured reward's values (with _sum and _count: the standard deviation).",
+            labels=["reward"],
+        )
+        missing = CounterMetricFamily(
+            "grpcgrade_reward_absent",
+            "Samples of calls with a configured reward that got no reward (a grader failed on them).",
+            labels=["reward"],
+        )
+        for reward, h in rewards.items():
+            squares.add_metric([reward], h.squares)
+            missing.add_metric([reward], absent[reward])
+        return [
+            self._family("grpcgrade_grader_score", "Scores given, per grader.", "grader", scores),
+            self._family(
+                "grpcgrade_reward_value", "Values of the configured rewards calls asked for.", "reward", rewards
+            ),
+            squares,
+            missing,
+        ]
+
+
 class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
@@ -108,6 +173,39 @@ class Metrics:
         self.grading_seconds = Counter(
             "grpcgrade_grader_seconds",
             "Seconds spent grading, per grader (rate / evaluations = mean latency).",
+            ["grader"],
+            registry=r,
+        )
+        self.grader_errors = Counter(
+            "grpcgrade_grader_errors",
+            "Samples a grader answered with an error, per error code (a subset of evaluations, outcome=error).",
+            ["grader", "code"],
+            registry=r,
+        )
+        self.distributions = _Distributions()
+        r.register(self.distributions)
+        self.canary_passing = Gauge(
+            "grpcgrade_canary_passing",
+            "1 when a configured reward's canary got its expected score at the last run, else 0.",
+            ["reward", "canary"],
+            registry=r,
+        )
+        self.canary_value = Gauge(
+            "grpcgrade_canary_value",
+            "The reward a canary got at the last run (NaN when it got none).",
+            ["reward", "canary"],
+            registry=r,
+        )
+        self.canary_last_run = Gauge(
+            "grpcgrade_canary_last_run_timestamp_seconds",
+            "When a canary was last graded (Unix time).",
+            ["reward", "canary"],
+            registry=r,
+        )
+        # Counted by the step budget's work (issue 17): the alert rules and the dashboard read it.
+        self.budget_exceeded = Counter(
+            "grpcgrade_budget_exceeded_samples",
+            "Samples answered BUDGET_EXCEEDED because their call's budget_seconds ran out, per grader.",
             ["grader"],
             registry=r,
         )
@@ -150,13 +248,20 @@ class Metrics:
         self.workers.set_function(alive)
         self.worker_restarts.read = restarts
 
-    def observe_grading(self, stats: GraderStats) -> None:
-        """The engine's observer: called once per grader per chunk."""
-        grader, ok, errors, seconds = stats
+    def observe_grading(self, stats: Stats) -> None:
+        """The engine's observer: called once per grader per chunk, and once per chunk of a configured reward."""
+        if isinstance(stats, RewardStats):
+            self.distributions.add_reward(stats)
+            return
+        grader, ok, errors, seconds = stats[:4]
         if ok:
             self.evaluations.labels(grader, "ok").inc(ok)
         if errors:
             self.evaluations.labels(grader, "error").inc(errors)
+            for code, n in stats.error_codes:
+                self.grader_errors.labels(grader, code).inc(n)
+        if stats.scores.count:
+            self.distributions.add_scores(grader, stats.scores)
         self.grading_seconds.labels(grader).inc(seconds)
         self.chunk_seconds.labels(grader).observe(seconds)
 

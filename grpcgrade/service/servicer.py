@@ -114,7 +114,7 @@ class GradingServicer(pb_grpc.GradingServiceServicer):
         chunk = [(0, sample_kwargs(request.sample, self.limits))]
         self._in_flight(1)
         try:
-            graded = await self.engine.grade_chunk(jobs, chunk, timeout)
+            graded = await self.engine.grade_chunk(jobs, chunk, timeout, request.reward)
         finally:
             self._in_flight(-1)
         response = pb.EvaluateResponse()
@@ -181,11 +181,11 @@ class GradingServicer(pb_grpc.GradingServiceServicer):
             return [(i, sample_kwargs(samples[i], limits)) for i in range(a, b)]
 
         def whole(a: int, b: int, timeout: float | None) -> Work:
-            return wire_work(specs, labels, samples[a:b], a, full, limits, timeout)
+            return wire_work(specs, labels, samples[a:b], a, full, limits, timeout, request.reward)
 
         batch = Batch(len(samples), chunk, whole)
         limit = limits.max_message_bytes
-        async for graded in self.engine.grade_batch(jobs, batch, size, timeout, self.budget):
+        async for graded in self.engine.grade_batch(jobs, batch, size, timeout, self.budget, request.reward):
             if isinstance(graded, WholeChunk):
                 if len(graded.payload) <= limit:
                     yield graded.payload, graded.size

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from grpcgrade.core.grading import GraderStats, grade_chunk_sync, join_stats
+from grpcgrade.core.grading import Stats, failed_stats, grade_chunk_sync, join_stats
+from grpcgrade.core.histograms import EMPTY
 from grpcgrade.core.registry import get_registry
-from grpcgrade.core.rewards import SpecData, rewards
+from grpcgrade.core.rewards import RewardStats, SpecData, reward_stats, rewards
 from grpcgrade.core.samples import Limits
 from grpcgrade.core.workers import Work
 from grpcgrade.grader import GraderError
@@ -24,17 +25,28 @@ Labels = list[tuple[str, str]]
 
 
 def grade_wire(
-    specs: list[SpecData], data: bytes, offset: int, full: bool, limits: Limits, timeout: float | None
-) -> tuple[bytes, list[GraderStats]]:
-    """Runs in the worker: a serialized BatchEvaluateRequest's samples in, a serialized response out."""
+    specs: list[SpecData],
+    data: bytes,
+    offset: int,
+    full: bool,
+    limits: Limits,
+    timeout: float | None,
+    reward: str = "",
+) -> tuple[bytes, list[Stats]]:
+    """Runs in the worker: a serialized BatchEvaluateRequest's samples in, a serialized response out; with
+    the configured `reward`'s name, its values are counted here too."""
     registry = get_registry()
     samples = pb.BatchEvaluateRequest.FromString(data).samples
     graders = [registry.build(spec.name, spec.params) for spec in specs]
-    columns, stats = grade_chunk_sync(graders, [sample_kwargs(s, limits) for s in samples], timeout)
+    columns, graded = grade_chunk_sync(graders, [sample_kwargs(s, limits) for s in samples], timeout)
+    stats: list[Stats] = list(graded)
     labels = [(spec.label, grader.name) for spec, grader in zip(specs, graders, strict=True)]
     out = pb.BatchEvaluateResponse()
     ids = [s.id for s in samples]
-    fill_items(out.items, range(offset, offset + len(ids)), ids, labels, columns, rewards(specs, columns), full)
+    values = rewards(specs, columns)
+    if reward:
+        stats.append(reward_stats(reward, values))
+    fill_items(out.items, range(offset, offset + len(ids)), ids, labels, columns, values, full)
     return out.SerializeToString(), stats
 
 
@@ -46,24 +58,29 @@ def wire_work(
     full: bool,
     limits: Limits,
     timeout: float | None,
+    reward: str = "",
 ) -> Work:
-    """`samples` (the request's `offset`...) as one unit of pool work; its result is `(bytes, [GraderStats])`."""
+    """`samples` (the request's `offset`...) as one unit of pool work; its result is `(bytes, [Stats])`:
+    each grader's, and the configured `reward`'s when the call names one."""
     data = pb.BatchEvaluateRequest(samples=samples).SerializeToString()
 
     def split() -> list[Work]:
-        return [wire_work(specs, labels, [s], offset + k, full, limits, timeout) for k, s in enumerate(samples)]
+        return [wire_work(specs, labels, [s], offset + k, full, limits, timeout, reward) for k, s in enumerate(samples)]
 
-    def failed(code: str, message: str) -> tuple[bytes, list[GraderStats]]:
+    def failed(code: str, message: str) -> tuple[bytes, list[Stats]]:
         """Every grader's error for the one sample no worker could grade (which grader hung is unknown)."""
         out = pb.BatchEvaluateResponse()
         errors = [[GraderError(name, message, code=code)] for _, name in labels]
         fill_items(out.items, [offset], [samples[0].id], labels, errors, [None], full)
-        return out.SerializeToString(), [GraderStats(name, 0, 1, 0.0) for _, name in labels]
+        stats: list[Stats] = [failed_stats(name, code) for _, name in labels]
+        if reward:
+            stats.append(RewardStats(reward, EMPTY, 1))
+        return out.SerializeToString(), stats
 
-    args = (specs, data, offset, full, limits, timeout)
+    args = (specs, data, offset, full, limits, timeout, reward)
     return Work(grade_wire, args, len(samples), timeout, split, failed, _join)
 
 
-def _join(parts: list[tuple[bytes, list[GraderStats]]]) -> tuple[bytes, list[GraderStats]]:
+def _join(parts: list[tuple[bytes, list[Stats]]]) -> tuple[bytes, list[Stats]]:
     """Serialized messages concatenate into their merge: the items of all parts, in order."""
     return b"".join(data for data, _ in parts), join_stats([stats for _, stats in parts])
