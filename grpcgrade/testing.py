@@ -131,8 +131,10 @@ def start_server(
     wait: float = 60,
     metrics: bool = True,
     credentials: grpc.ChannelCredentials | None = None,
+    status: int = health_pb2.HealthCheckResponse.SERVING,
 ) -> ServerProcess:
-    """`grpcgrade serve` on free loopback ports; returns once health says SERVING.
+    """`grpcgrade serve` on free loopback ports; returns once health says `status` (SERVING by default;
+    NOT_SERVING returns as soon as the server answers, e.g. for one whose failing canaries keep it there).
 
     A server started with `--tls-cert` only answers TLS: pass the `credentials` to check its health with.
     """
@@ -158,8 +160,10 @@ def start_server(
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"server exited with {proc.returncode}:\n{server.log()}")
-        if health_status(server.target, credentials=credentials) == health_pb2.HealthCheckResponse.SERVING:
+        if health_status(server.target, credentials=credentials) == status:
             return server
         time.sleep(0.05)
     server.stop(signal.SIGKILL)
-    raise RuntimeError(f"server not SERVING after {wait} s:\n{server.log()}")
+    raise RuntimeError(
+        f"server not {health_pb2.HealthCheckResponse.ServingStatus.Name(status)} after {wait} s:\n{server.log()}"
+    )

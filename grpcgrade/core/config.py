@@ -6,6 +6,7 @@ default_reward: gsm8k     # what the HTTP face's POST /get_reward grades with (s
 http: {failure_reward: 0.0, strip_suffixes: ["<|im_end|>", "<|endoftext|>"]}
 limits: {max_samples_per_batch: 100000, max_field_chars: 1000000, max_message_bytes: 67108864,
          send_timeout_seconds: 30, max_buffered_output_bytes: 268435456}
+canary: {interval_seconds: 300, fail_health: false}   # see grpcgrade.core.canaries
 rewards:
   gsm8k:
     description: exact answer, terse output, under 200 tokens
@@ -13,6 +14,8 @@ rewards:
       - {name: math_exact, weight: 2}
       - {name: number_only}
       - {name: completion_length_cap, params: {max_completion_tokens: 200}, gate: true}
+    canaries:
+      - {name: empty, sample: {response: "", reference: "42"}, expect: 0}
 ```
 """
 
@@ -28,9 +31,18 @@ import yaml
 
 from grpcgrade.llm.models import ModelConfig, parse_models
 
-from .errors import ConfigError
+from .canaries import (
+    DEFAULT_INTERVAL_SECONDS,
+    DEFAULT_TOLERANCE,
+    MAX_CANARIES_PER_REWARD,
+    MAX_INTERVAL_SECONDS,
+    MIN_INTERVAL_SECONDS,
+    Canary,
+    CanarySettings,
+)
+from .errors import ConfigError, SampleProblem
 from .rewards import Reward, SpecData
-from .samples import Limits
+from .samples import SAMPLE_FIELDS, TEXT_FIELDS, Limits, add_extra
 
 #: Special tokens the HTTP face strips from the end of a response (OpenRLHF decodes its query with
 #: `skip_special_tokens=False`, so the end-of-turn or end-of-text token is still there): the end tokens of
@@ -70,11 +82,17 @@ class ServerConfig:
     #: The reward of the HTTP face's `POST /get_reward`; "" when there is none.
     default_reward: str = ""
     http: HttpConfig = field(default_factory=HttpConfig)
+    #: Every reward's canaries (`rewards.NAME.canaries`), and how they run (`canary:`).
+    canaries: list[Canary] = field(default_factory=list)
+    canary: CanarySettings = field(default_factory=CanarySettings)
 
 
-TOP_KEYS = ("rewards", "limits", "grader_timeout_seconds", "models", "default_reward", "http")
+TOP_KEYS = ("rewards", "limits", "grader_timeout_seconds", "models", "default_reward", "http", "canary")
 SPEC_KEYS = ("name", "params", "key", "weight", "gate")
-REWARD_KEYS = ("graders", "description")
+REWARD_KEYS = ("graders", "description", "canaries")
+#: A canary's keys (`rewards.NAME.canaries[i]`), and the `canary:` section's.
+CANARY_KEYS = ("name", "sample", "expect", "tolerance")
+CANARY_SETTINGS_KEYS = ("interval_seconds", "fail_health")
 
 
 def _number(value: Any, where: str, kind: type[int] | type[float], minimum: float = 0) -> Any:
@@ -116,6 +134,80 @@ def parse_spec(raw: Any, where: str) -> SpecData:
     )
 
 
+def canary_sample(raw: Any, where: str) -> dict[str, Any]:
+    """A sample as a client's sample dict states it (`response`, `reference`, ...; other keys are `extra`),
+    as the grader keyword arguments a call's sample becomes."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: must be a mapping of sample fields ({', '.join(SAMPLE_FIELDS)}, or extra keys)")
+    fields: dict[str, Any] = {"sample_id": str(raw.get("id", "")), **dict.fromkeys(TEXT_FIELDS, ""), "responses": []}
+    for name in TEXT_FIELDS:
+        if name in raw:
+            if not isinstance(raw[name], str):
+                raise ConfigError(f"{where}.{name}: must be a string, got {raw[name]!r}")
+            fields[name] = raw[name]
+    responses = raw.get("responses", [])
+    if not isinstance(responses, list) or not all(isinstance(r, str) for r in responses):
+        raise ConfigError(f"{where}.responses: must be a list of strings")
+    fields["responses"] = list(responses)
+    try:
+        add_extra(fields, {str(k): v for k, v in raw.items() if k not in SAMPLE_FIELDS})
+    except SampleProblem as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    return fields
+
+
+def parse_canaries(raw: Any, reward: str, where: str) -> list[Canary]:
+    """A reward's `canaries:` list, checked; a ConfigError names the key path and what is allowed."""
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise ConfigError(f"{where}: must be a list of canaries (keys: {', '.join(CANARY_KEYS)})")
+    if len(raw) > MAX_CANARIES_PER_REWARD:
+        raise ConfigError(f"{where}: {len(raw)} canaries, over the limit of {MAX_CANARIES_PER_REWARD} per reward")
+    out: list[Canary] = []
+    for i, item in enumerate(raw):
+        at = f"{where}[{i}]"
+        if not isinstance(item, dict):
+            raise ConfigError(f"{at}: a canary is a mapping (keys: {', '.join(CANARY_KEYS)})")
+        _unknown(item, CANARY_KEYS, at)
+        if "expect" not in item:
+            raise ConfigError(f"{at}: needs `expect`, the reward the sample must get")
+        if "sample" not in item:
+            raise ConfigError(f"{at}: needs `sample`, the sample to grade")
+        name = str(item.get("name") or i)
+        if any(c.name == name for c in out):
+            raise ConfigError(f"{at}.name: {name!r} is used twice in this reward")
+        tolerance = _number(item.get("tolerance", DEFAULT_TOLERANCE), f"{at}.tolerance", float)
+        out.append(
+            Canary(
+                reward,
+                name,
+                canary_sample(item["sample"], f"{at}.sample"),
+                _number(item["expect"], f"{at}.expect", float, -math.inf),
+                tolerance,
+            )
+        )
+    return out
+
+
+def parse_canary_settings(raw: Any, where: str) -> CanarySettings:
+    if raw is None:
+        return CanarySettings()
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: must be a mapping (keys: {', '.join(CANARY_SETTINGS_KEYS)})")
+    _unknown(raw, CANARY_SETTINGS_KEYS, where)
+    interval = _number(raw.get("interval_seconds", DEFAULT_INTERVAL_SECONDS), f"{where}.interval_seconds", float)
+    if not MIN_INTERVAL_SECONDS <= interval <= MAX_INTERVAL_SECONDS:
+        raise ConfigError(
+            f"{where}.interval_seconds: must be between {MIN_INTERVAL_SECONDS:g} and {MAX_INTERVAL_SECONDS:g}, "
+            f"got {interval:g}"
+        )
+    fail_health = raw.get("fail_health", False)
+    if not isinstance(fail_health, bool):
+        raise ConfigError(f"{where}.fail_health: must be true or false, got {fail_health!r}")
+    return CanarySettings(interval, fail_health)
+
+
 def parse_config(data: dict[str, Any], source: str = "config") -> ServerConfig:
     """The configuration, checked; a ConfigError names the file, the key path (`rewards.gsm8k.graders[0]
     .weight`) and what is allowed there."""
@@ -140,6 +232,7 @@ def parse_config(data: dict[str, Any], source: str = "config") -> ServerConfig:
     if not isinstance(raw_rewards, dict):
         raise ConfigError(f"{source}: rewards: must be a mapping of reward names to rewards")
     rewards = {}
+    canaries: list[Canary] = []
     for name, body in raw_rewards.items():
         where = f"{source}: rewards.{name}"
         body = {"graders": body} if isinstance(body, list) else body
@@ -150,6 +243,7 @@ def parse_config(data: dict[str, Any], source: str = "config") -> ServerConfig:
             raise ConfigError(f"{where}.graders: must be a list of graders")
         specs = [parse_spec(g, f"{where}.graders[{i}]") for i, g in enumerate(body["graders"])]
         rewards[str(name)] = Reward(str(name), specs, str(body.get("description", "")))
+        canaries.extend(parse_canaries(body.get("canaries"), str(name), f"{where}.canaries"))
     try:
         models = parse_models(data.get("models"))
     except ValueError as exc:
@@ -165,6 +259,8 @@ def parse_config(data: dict[str, Any], source: str = "config") -> ServerConfig:
         limits=limits,
         grader_timeout_seconds=_number(timeout, f"{source}: grader_timeout_seconds", float, 0.001),
         models=models,
+        canaries=canaries,
+        canary=parse_canary_settings(data.get("canary"), f"{source}: canary"),
     )
 
 

@@ -29,7 +29,17 @@ from grpcgrade.grader import BaseGrader, GraderResult, Inputs
 
 from .budget import OutputBudget
 from .errors import InvalidParams, SampleProblem, UnknownReward
-from .grading import Stats, grade_async, grade_chunk_sync, grade_sync, grader_stats, inputs_of, usable, with_problems
+from .grading import (
+    Stats,
+    grade_async,
+    grade_chunk_sync,
+    grade_sync,
+    grader_stats,
+    inputs_of,
+    problem_stats,
+    usable,
+    with_problems,
+)
 from .registry import Registry
 from .rewards import Reward, SpecData, check_weights, number_repeats, reward_stats, rewards
 from .samples import select_all
@@ -208,6 +218,8 @@ class Engine:
             columns = list(await asyncio.gather(*runs))
             if good is not kwargs:
                 columns = [with_problems(j.grader.name, kwargs, c) for j, c in zip(jobs, columns, strict=True)]
+                unusable = len(kwargs) - len(good)
+                self._observe(problem_stats(job.grader.name, unusable) for job in jobs)
         values = rewards([job.spec for job in jobs], columns)
         if reward:
             self._observe([reward_stats(reward, values)])

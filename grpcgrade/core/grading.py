@@ -63,9 +63,14 @@ def grader_stats(name: str, results: list[GraderResult], seconds: float) -> Grad
     return GraderStats(name, len(results) - failed, failed, seconds, histogram(scores), errors)
 
 
-def failed_stats(name: str, code: str) -> GraderStats:
-    """The stats of one sample that could not be graded at all (a worker died or hung on it)."""
-    return GraderStats(name, 0, 1, 0.0, EMPTY, ((code, 1),))
+def failed_stats(name: str, code: str, samples: int = 1) -> GraderStats:
+    """The stats of samples that could not be graded at all (a worker died or hung on one)."""
+    return GraderStats(name, 0, samples, 0.0, EMPTY, ((code, samples),))
+
+
+def problem_stats(name: str, samples: int) -> GraderStats:
+    """The stats of a chunk's unusable samples (`SampleProblem`), graded apart from the others."""
+    return failed_stats(name, ErrorCode.INVALID_SAMPLE, samples)
 
 
 def _plus(a: Any, b: Any) -> Any:
@@ -271,6 +276,8 @@ def grade_chunk_sync(
     for grader in graders:
         start = time.perf_counter()
         results = grade_sync(grader, select_all(good, inputs_of(grader)), timeout)
+        if good is not chunk:  # the unusable samples' INVALID_SAMPLE errors are counted too
+            results = with_problems(grader.name, chunk, results)
         stats.append(grader_stats(grader.name, results, time.perf_counter() - start))
-        columns.append(results if good is chunk else with_problems(grader.name, chunk, results))
+        columns.append(results)
     return columns, stats

@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import ctypes
 import logging
+import math
 import os
 import signal
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from aiohttp import web
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from grpcgrade.core.canaries import CanaryResult, run_canaries, watch
 from grpcgrade.core.config import ServerConfig, load_config
 from grpcgrade.core.engine import Engine
 from grpcgrade.core.errors import ConfigError, InvalidParams, PortUnavailable, UnknownGrader
@@ -142,6 +144,9 @@ class Service:
     http_runner: web.AppRunner | None = None
     #: The HTTP face's bound port once started (None without one).
     http_port: int | None = None
+    #: The periodic canary runs (None without canaries), and whether a canary failed at the last run.
+    canary_task: asyncio.Task[None] | None = None
+    canaries_failing: bool = False
 
     async def start(self) -> None:
         if self.metrics is not None:
@@ -161,8 +166,12 @@ class Service:
             await self.pool.ready()
         if self.http_app is not None:
             await self._start_http(self.http_app)
-        for name in ("", SERVICE_NAME):
-            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        canaries = self.config.canaries
+        if canaries:  # the first run before SERVING: with `fail_health`, a broken reward never takes traffic
+            await self._report_canaries(await run_canaries(self.engine, canaries))
+            interval = self.config.canary.interval_seconds
+            self.canary_task = asyncio.create_task(watch(self.engine, canaries, interval, self._report_canaries))
+        await self._set_health()
         log.info(
             "grpcgrade serving on %s:%d (%d graders, %d rewards, %d workers%s%s)",
             self.options.host,
@@ -175,6 +184,29 @@ class Service:
         )
         if self.http_port is not None:
             log.info("HTTP face on %s:%d", self.options.http_host, self.http_port)
+
+    async def _set_health(self) -> None:
+        """SERVING, unless a canary fails and the configuration makes that fail the health check."""
+        if self.health.draining:
+            return
+        failing = self.canaries_failing and self.config.canary.fail_health
+        status = health_pb2.HealthCheckResponse.NOT_SERVING if failing else health_pb2.HealthCheckResponse.SERVING
+        for name in ("", SERVICE_NAME):
+            await self.health.set(name, status)
+
+    async def _report_canaries(self, results: list[CanaryResult]) -> None:
+        """A canary run's results into the metrics, and into the health service with `canary.fail_health`."""
+        if self.metrics is not None:
+            for r in results:
+                labels = (r.canary.reward, r.canary.name)
+                self.metrics.canary_passing.labels(*labels).set(1 if r.passing else 0)
+                self.metrics.canary_value.labels(*labels).set(math.nan if r.value is None else r.value)
+                self.metrics.canary_last_run.labels(*labels).set(r.at)
+        failing = not all(r.passing for r in results)
+        changed = failing != self.canaries_failing
+        self.canaries_failing = failing
+        if changed and self.canary_task is not None:  # at start, `start` sets the health once the run is done
+            await self._set_health()
 
     async def _start_http(self, app: web.Application) -> None:
         self.http_runner = web.AppRunner(app, access_log=None, shutdown_timeout=self.options.grace_seconds)
@@ -191,6 +223,10 @@ class Service:
         """Drain: NOT_SERVING, refuse new calls, finish in-flight ones for up to the grace period."""
         grace = self.options.grace_seconds
         log.info("draining: NOT_SERVING, finishing in-flight calls for up to %.0f s", grace)
+        if self.canary_task is not None:
+            self.canary_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.canary_task
         await self.health.enter_graceful_shutdown()
         if self.http_runner is not None:
             await self.http_runner.cleanup()  # stops accepting, lets in-flight requests finish
