@@ -163,6 +163,7 @@ def test_a_failing_canary_fails_health_with_the_option_until_it_passes_again(tmp
     with http_service(judge) as service:
         base_url = service.url.removesuffix("/grade") + "/v1"
         rubric = {"name": "llm_rubric", "params": {"rubric": "is it polite", "min_score": 0, "max_score": 1}}
+        thanks = {"name": "thanks", "sample": {"query": "hi", "response": "thank you"}, "expect": 1}
         config = write_config(
             tmp_path,
             {
@@ -171,9 +172,7 @@ def test_a_failing_canary_fails_health_with_the_option_until_it_passes_again(tmp
                 "rewards": {
                     "polite": {
                         "graders": [rubric],
-                        "canaries": [
-                            {"name": "thanks", "sample": {"query": "hi", "response": "thank you"}, "expect": 1}
-                        ],
+                        "canaries": [thanks],
                     },
                     "json": {"graders": ["json_validator"], "canaries": CANARIES[:1]},
                 },
