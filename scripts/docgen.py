@@ -24,11 +24,29 @@ CONFIG_KEYS = {
     "grader_timeout_seconds": "per grader, per sample time limit in seconds; a request's "
     "`grader_timeout_seconds` may lower it, never raise it; `--grader-timeout` overrides the file",
     "limits": "request limits (below)",
-    "rewards": "named rewards: a name -> `{description, graders: [spec, ...]}` (see [Rewards](rewards.md))",
+    "rewards": "named rewards: a name -> `{description, graders: [spec, ...], canaries: [canary, ...]}` (see "
+    "[Rewards](rewards.md); canaries below)",
     "models": "chat models LLM judges may name (see [LLM judges](llm-judges.md#configuring-models))",
     "default_reward": "the reward the HTTP face's `POST /get_reward` grades with "
     "(see [Trainers](trainers.md#openrlhf)); one of `rewards`",
     "http": "the HTTP face (`--http-port`) (below)",
+    "canary": "how the rewards' canaries run (below; see [Reward guard](reward-guard.md#canaries))",
+}
+
+#: What each `canary:` setting means. A setting missing here fails generation.
+CANARY_SETTINGS_DOCS = {
+    "interval_seconds": "seconds between canary runs after the first (which is at start, before SERVING); "
+    "0.5 to 86400",
+    "fail_health": "while any canary fails, the gRPC health service says NOT_SERVING (SERVING again once all pass)",
+}
+
+#: What each key of a canary (`rewards.<name>.canaries[i]`) means. A key missing here fails generation.
+CANARY_DOCS = {
+    "name": "its label in the metrics (`canary`); unique within the reward; default: its position (`0`, `1`, ...)",
+    "sample": "the sample, as a client's sample dict: `query`, `response`, `reference`, `context`, `responses`, "
+    "`id`; any other key goes to `extra`",
+    "expect": "the reward the sample must get (required; a finite number)",
+    "tolerance": "how far the reward may be from `expect` (default 1e-9); no reward at all (an error) always fails",
 }
 
 #: What each setting of the HTTP face means. A setting missing here fails generation.
@@ -124,11 +142,12 @@ def graders_table() -> str:
 
 
 def config_reference() -> str:
-    from grpcgrade.core.config import HttpConfig, ServerConfig
+    from grpcgrade.core.canaries import CanarySettings
+    from grpcgrade.core.config import CANARY_KEYS, HttpConfig, ServerConfig
     from grpcgrade.core.samples import Limits
     from grpcgrade.llm.models import ModelConfig
 
-    top = [f.name for f in dataclasses.fields(ServerConfig) if f.name != "server_only_graders"]
+    top = [f.name for f in dataclasses.fields(ServerConfig) if f.name not in ("server_only_graders", "canaries")]
     _check_documented("ServerConfig", top, CONFIG_KEYS)
     defaults = {"grader_timeout_seconds": ServerConfig().grader_timeout_seconds, "default_reward": "none"}
     out = ["| key | default | meaning |", "|---|---|---|"]
@@ -147,6 +166,15 @@ def config_reference() -> str:
     _check_documented("Limits", names, LIMIT_DOCS)
     out += ["", "`limits:`", "", "| limit | default | bounds |", "|---|---:|---|"]
     out += [f"| `{n}` | {getattr(limits, n):,} | {_cell(LIMIT_DOCS[n])} |" for n in names]
+
+    canary = CanarySettings()
+    names = [f.name for f in dataclasses.fields(CanarySettings)]
+    _check_documented("CanarySettings", names, CANARY_SETTINGS_DOCS)
+    out += ["", "`canary:`", "", "| setting | default | meaning |", "|---|---|---|"]
+    out += [f"| `{n}` | `{json.dumps(getattr(canary, n))}` | {_cell(CANARY_SETTINGS_DOCS[n])} |" for n in names]
+    _check_documented("canary", list(CANARY_KEYS), CANARY_DOCS)
+    out += ["", "`rewards.<name>.canaries:` (each canary)", "", "| key | meaning |", "|---|---|"]
+    out += [f"| `{n}` | {_cell(CANARY_DOCS[n])} |" for n in CANARY_KEYS]
 
     settings = [f for f in dataclasses.fields(ModelConfig) if f.name not in ("name", "api_key")]
     _check_documented("ModelConfig", [f.name for f in settings], MODEL_DOCS)
