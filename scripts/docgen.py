@@ -35,8 +35,7 @@ CONFIG_KEYS = {
 
 #: What each `canary:` setting means. A setting missing here fails generation.
 CANARY_SETTINGS_DOCS = {
-    "interval_seconds": "seconds between canary runs after the first (which is at start, before SERVING); "
-    "0.5 to 86400",
+    "interval_seconds": "seconds between canary runs after the first (which is at start, before SERVING); 0.5 to 86400",
     "fail_health": "while any canary fails, the gRPC health service says NOT_SERVING (SERVING again once all pass)",
 }
 

@@ -38,18 +38,18 @@ SCORE_BUCKETS: tuple[float, ...] = (
 
 class Histogram(NamedTuple):
     """Numbers as Prometheus counts them: `buckets[i]` how many are <= `SCORE_BUCKETS[i]` (cumulative),
-    `count` how many in all (the `+Inf` bucket), `total` their sum, `squares` the sum of their squares (a
+    `observed` how many in all (the `+Inf` bucket), `total` their sum, `squares` the sum of their squares (a
     standard deviation needs it; Prometheus' own histogram has no such series)."""
 
     buckets: tuple[int, ...] = (0,) * len(SCORE_BUCKETS)
-    count: int = 0
+    observed: int = 0
     total: float = 0.0
     squares: float = 0.0
 
     def plus(self, other: Histogram) -> Histogram:
         return Histogram(
             tuple(a + b for a, b in zip(self.buckets, other.buckets, strict=True)),
-            self.count + other.count,
+            self.observed + other.observed,
             self.total + other.total,
             self.squares + other.squares,
         )

@@ -85,7 +85,7 @@ class _Distributions(Collector):
     bucket counts (`core.histograms`), which prometheus-client's Histogram can only take one sample at a
     time; with them, each reward's samples without a value and the sum of its values' squares."""
 
-    LE = [floatToGoString(b) for b in histograms.SCORE_BUCKETS]
+    LE = [floatToGoString(b) for b in histograms.SCORE_BUCKETS]  # type: ignore[no-untyped-call]  # as prometheus-client writes `le`
 
     def __init__(self) -> None:
         self.lock = threading.Lock()  # chunks are added on the event loop, scrapes read on the metrics thread
@@ -107,11 +107,11 @@ class _Distributions(Collector):
     ) -> HistogramMetricFamily:
         family = HistogramMetricFamily(name, doc, labels=[label])
         for key, h in values.items():
-            buckets = [*zip(self.LE, h.buckets, strict=True), ("+Inf", h.count)]
+            buckets = [*zip(self.LE, h.buckets, strict=True), ("+Inf", h.observed)]
             family.add_metric([key], buckets, None)
             # prometheus-client leaves out _count and _sum when a bucket bound is negative (OpenMetrics wants
             # a sum that never goes down); Prometheus' own clients export them, and the mean needs them.
-            family.samples.append(Sample(f"{name}_count", {label: key}, h.count))
+            family.samples.append(Sample(f"{name}_count", {label: key}, h.observed))
             family.samples.append(Sample(f"{name}_sum", {label: key}, h.total))
         return family
 
@@ -260,7 +260,7 @@ class Metrics:
             self.evaluations.labels(grader, "error").inc(errors)
             for code, n in stats.error_codes:
                 self.grader_errors.labels(grader, code).inc(n)
-        if stats.scores.count:
+        if stats.scores.observed:
             self.distributions.add_scores(grader, stats.scores)
         self.grading_seconds.labels(grader).inc(seconds)
         self.chunk_seconds.labels(grader).observe(seconds)
