@@ -36,6 +36,7 @@ from .grading import (
     grade_sync,
     grader_stats,
     inputs_of,
+    join_stats,
     problem_stats,
     usable,
     with_problems,
@@ -181,8 +182,13 @@ class Engine:
             for stat in stats:
                 self.observer(stat)
 
-    async def _run_job(self, job: Job, batch: list[dict[str, Any]], timeout: float | None) -> list[GraderResult]:
+    async def _run_job(
+        self, job: Job, batch: list[dict[str, Any]], timeout: float | None, unusable: int = 0
+    ) -> list[GraderResult]:
+        """The job's results for `batch`; its stats count the chunk's `unusable` samples as INVALID_SAMPLE."""
         if not batch:
+            if unusable:
+                self._observe([problem_stats(job.grader.name, unusable)])
             return []
         start = time.perf_counter()
         results: list[GraderResult]
@@ -194,7 +200,8 @@ class Engine:
             results = grade_sync(job.grader, batch, timeout)
         else:
             results = await grade_async(job.grader, batch, timeout)
-        self._observe([grader_stats(job.grader.name, results, time.perf_counter() - start)])
+        stats = grader_stats(job.grader.name, results, time.perf_counter() - start)
+        self._observe(join_stats([[stats], [problem_stats(job.grader.name, unusable)]]) if unusable else [stats])
         return results
 
     async def grade_chunk(
@@ -214,12 +221,11 @@ class Engine:
             self._observe(stats)
         else:
             good = usable(kwargs)
-            runs = (self._run_job(job, select_all(good, job.inputs), timeout) for job in jobs)
+            unusable = len(kwargs) - len(good)
+            runs = (self._run_job(job, select_all(good, job.inputs), timeout, unusable) for job in jobs)
             columns = list(await asyncio.gather(*runs))
             if good is not kwargs:
                 columns = [with_problems(j.grader.name, kwargs, c) for j, c in zip(jobs, columns, strict=True)]
-                unusable = len(kwargs) - len(good)
-                self._observe(problem_stats(job.grader.name, unusable) for job in jobs)
         values = rewards([job.spec for job in jobs], columns)
         if reward:
             self._observe([reward_stats(reward, values)])
