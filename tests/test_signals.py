@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from http_services import http_service
 
 from grpcgrade.core.config import parse_config
 from grpcgrade.core.errors import ConfigError
-from grpcgrade.testing import ServerProcess, health_status, start_server
+from grpcgrade.testing import ServerProcess, free_port, health_status, start_server
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -108,6 +109,25 @@ def test_score_and_reward_histograms_and_errors_per_code(tmp_path: Path, workers
             errors = server.metric("grpcgrade_grader_errors_total", grader=grader, code="INVALID_SAMPLE")
             assert errors == len(TOO_LONG)
             assert errors == server.metric("grpcgrade_evaluations_total", grader=grader, outcome="error")
+    finally:
+        assert server.stop() == 0
+
+
+def test_the_http_face_counts_its_configured_reward(tmp_path: Path) -> None:
+    """OpenRLHF's POST /rewards/NAME/get_reward grades with a configured reward: its values are counted."""
+    config = write_config(tmp_path, {"limits": {"max_field_chars": MAX_CHARS}, "rewards": {"shape": SHAPE}})
+    port = free_port()
+    server = start_server(tmp_path, "--workers", "1", "--config", config, "--http-port", str(port))
+    try:
+        body = json.dumps({"query": RESPONSES}).encode()
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/rewards/shape/get_reward", data=body)
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            assert json.load(answer)["extra_logs"]["grpcgrade_failed"] == [float(r in TOO_LONG) for r in RESPONSES]
+        rewards = [reward(r) for r in RESPONSES if r not in TOO_LONG]
+        got = buckets(server, "grpcgrade_reward_value", reward="shape")
+        assert got == expected_buckets(rewards, got) and got[math.inf] == len(rewards)
+        assert server.metric("grpcgrade_reward_value_sum", reward="shape") == pytest.approx(sum(rewards))
+        assert server.metric("grpcgrade_reward_absent_total", reward="shape") == len(TOO_LONG)
     finally:
         assert server.stop() == 0
 
