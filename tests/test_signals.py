@@ -22,7 +22,11 @@ from grpc_health.v1 import health_pb2
 from http_services import http_service
 
 from grpcgrade.core.config import parse_config
-from grpcgrade.core.errors import ConfigError
+from grpcgrade.core.errors import ConfigError, ErrorCode
+from grpcgrade.core.grading import GraderStats, failed_stats, grader_stats, join_stats
+from grpcgrade.core.histograms import EMPTY, SCORE_BUCKETS
+from grpcgrade.core.rewards import RewardStats, reward_stats
+from grpcgrade.grader import GraderScore
 from grpcgrade.testing import ServerProcess, free_port, health_status, start_server
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -269,3 +273,20 @@ def test_a_bad_canary_stops_the_server_with_a_message_not_a_traceback(tmp_path: 
         start_server(tmp_path, "--workers", "0", "--config", config)
     assert "canary.interval_seconds: must be between 0.5 and 86400, got 0" in str(failed.value)
     assert "Traceback" not in str(failed.value)
+
+
+def test_a_chunk_graded_piece_by_piece_joins_its_stats_per_grader_and_reward() -> None:
+    """A worker that died on a chunk: the pieces graded one by one are joined back for the metrics."""
+    graded = [GraderScore("json_validator", 0.0), GraderScore("json_validator", 1.0)]
+    parts = [
+        [grader_stats("json_validator", graded, 0.25), reward_stats("json", [1.0, None])],
+        [failed_stats("json_validator", ErrorCode.WORKER_LOST), RewardStats("json", EMPTY, 1)],
+    ]
+    stats, rewards = join_stats(parts)
+    assert isinstance(stats, GraderStats) and isinstance(rewards, RewardStats)
+    assert (stats.grader, stats.ok, stats.errors, stats.seconds) == ("json_validator", 2, 1, 0.25)
+    assert stats.error_codes == ((ErrorCode.WORKER_LOST, 1),)
+    assert stats.scores.buckets == tuple(sum(s <= le for s in (0.0, 1.0)) for le in SCORE_BUCKETS)
+    assert (stats.scores.observed, stats.scores.total) == (2, 1.0)
+    assert (rewards.reward, rewards.values.observed, rewards.values.total, rewards.absent) == ("json", 1, 1.0, 2)
+    assert rewards.values.squares == 1.0
