@@ -164,7 +164,8 @@ def test_debug_brings_the_traceback_back():
         ("limits: {max_samples_per_batch: lots}", "limits.max_samples_per_batch: must be a whole number, got 'lots'"),
         (
             "rewardz: {}",
-            "unknown key 'rewardz' (allowed: rewards, limits, grader_timeout_seconds, models, default_reward, http, canary)",
+            "unknown key 'rewardz' (allowed: rewards, limits, grader_timeout_seconds, models, default_reward, http, "
+            "canary)",
         ),
         ("rewards: {r: [json_validatr]}", "reward 'r': unknown grader 'json_validatr'; did you mean 'json_validator'"),
         (
