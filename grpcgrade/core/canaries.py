@@ -101,4 +101,7 @@ async def watch(
     run's results; runs until cancelled."""
     while True:
         await asyncio.sleep(interval)
-        await report(await run_canaries(engine, canaries))
+        try:
+            await report(await run_canaries(engine, canaries))
+        except Exception:  # the next run tries again; a stale last-run timestamp shows the gap
+            log.exception("canary run failed")
