@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import random
 
+import grpc
 import pytest
 from google.protobuf.json_format import MessageToDict
 
@@ -71,3 +73,84 @@ def test_cheap_graders_and_bad_samples_agree_on_every_path(server, inline_server
     bad = [r for r, s in zip(by_pool, samples, strict=True) if "extra" in s]
     assert bad and all(res.error.code == "INVALID_SAMPLE" for r in bad for res in r.results)
     assert sum(r.HasField("reward") for r in by_pool) == len(samples) - len(bad)
+
+
+# -- whole chunks cut from the request's bytes -------------------------------------------------------------
+
+
+def _record(field: int, payload: bytes) -> bytes:
+    """A length-delimited field (number < 16) written by hand: its tag, the varint length, the payload."""
+    length, out = len(payload), bytearray([field << 3 | 2])
+    while length >= 0x80:
+        out.append(length & 0x7F | 0x80)
+        length >>= 7
+    out.append(length)
+    return bytes(out) + payload
+
+
+JSONISH = ['{"a": 1}', "[1, 2", "42", "", "x" * 300, '{"k": "' + "y" * 200 + '"}', "[[[]]]", "nul"]
+
+
+def _json_samples(n: int) -> list[pb.Sample]:
+    return [pb.Sample(id=f"j{i}", response=JSONISH[i % len(JSONISH)]) for i in range(n)]
+
+
+def test_sample_offsets_cut_a_request_into_valid_chunks():
+    from grpcgrade.service.wire import ReceivedBatch, sample_offsets
+
+    samples = _json_samples(40)
+    data = pb.BatchEvaluateRequest(graders=[pb.GraderSpec(name="json_validator")], samples=samples, view=2)
+    raw = data.SerializeToString()
+    offsets = sample_offsets(raw)
+    assert offsets is not None and len(offsets) == 41
+    received = ReceivedBatch(raw)
+    assert received.view == pb.RESULT_VIEW_SCORES and received.graders[0].name == "json_validator"
+    for a, b in [(0, 40), (0, 1), (3, 17), (39, 40), (10, 10)]:
+        chunk = pb.BatchEvaluateRequest.FromString(received.samples_bytes(a, b))
+        assert list(chunk.samples) == samples[a:b]
+    interleaved = _record(2, samples[0].SerializeToString()) + _record(3, b"r") + _record(2, b"")
+    assert sample_offsets(interleaved) is None  # two runs of samples: the caller re-serializes
+    assert sample_offsets(raw[:-1]) is None  # cut short
+
+
+def _graded_raw(target: str, raw: bytes) -> dict[int, pb.EvaluateResponse]:
+    with grpc.insecure_channel(target) as channel:
+        call = channel.unary_stream(
+            "/grpcgrade.v1.GradingService/BatchEvaluate",
+            request_serializer=lambda b: b,
+            response_deserializer=pb.BatchEvaluateResponse.FromString,
+        )
+        return {item.index: item.result for message in call(raw, timeout=60) for item in message.items}
+
+
+@pytest.mark.parametrize("order", ["canonical", "interleaved", "unknown-fields"])
+def test_whole_chunks_from_any_field_order_grade_every_sample_once(server, order):
+    """The server cuts whole chunks from the bytes that arrived; fields in another order than protobuf
+    writes them (samples between other fields, fields it does not know) are graded all the same."""
+    samples = _json_samples(50)
+    records = [_record(2, s.SerializeToString()) for s in samples]
+    head = pb.BatchEvaluateRequest(graders=[pb.GraderSpec(name="json_validator")], chunk_size=7).SerializeToString()
+    if order == "canonical":
+        raw = head + b"".join(records)
+    elif order == "interleaved":
+        raw = b"".join(records[:20]) + head + b"".join(records[20:])
+    else:  # between samples: field 100 as a varint (tag 0xa0 0x06), field 101 as bytes (tag 0xaa 0x06)
+        raw = head + b"".join(records[:9]) + b"\xa0\x06\x01" + b"\xaa\x06\x01?" + b"".join(records[9:])
+    got = _graded_raw(server.target, raw)
+    assert sorted(got) == list(range(50))
+    for i, sample in enumerate(samples):
+        try:
+            json.loads(sample.response)
+            expected = 1.0
+        except ValueError:
+            expected = 0.0
+        assert got[i].id == sample.id and got[i].results[0].score == expected and got[i].reward == expected
+
+
+def test_an_over_long_field_in_a_cut_chunk_is_that_samples_error(server):
+    """Chunks under `max_field_chars` skip the per-field check; a larger one still checks each sample."""
+    samples = [pb.Sample(response="[1]"), pb.Sample(response="[" * 1_000_001), pb.Sample(response="{}")]
+    raw = pb.BatchEvaluateRequest(graders=[pb.GraderSpec(name="json_validator")], samples=samples).SerializeToString()
+    got = _graded_raw(server.target, raw)
+    assert got[1].results[0].error.code == "INVALID_SAMPLE" and not got[1].HasField("reward")
+    assert got[0].reward == 1.0 and got[2].reward == 1.0

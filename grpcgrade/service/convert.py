@@ -26,9 +26,10 @@ def spec_from_pb(spec: pb.GraderSpec) -> SpecData:
     )
 
 
-def sample_kwargs(sample: pb.Sample, limits: Limits) -> dict[str, Any] | SampleProblem:
+def sample_kwargs(sample: pb.Sample, limits: Limits, small: bool = False) -> dict[str, Any] | SampleProblem:
     """All the keyword arguments a grader could ask for (`select` keeps what each grader declares), or
-    the problem that makes the sample ungradable (reported per sample)."""
+    the problem that makes the sample ungradable (reported per sample). `small`: the caller knows the
+    sample's encoding is within `max_field_chars` (its whole request or chunk is), so no field is over it."""
     # `sample_id` (an `extra.sample_id` wins) lets Kolibrify-style batch graders match results by id.
     fields = {
         "sample_id": sample.id,
@@ -40,10 +41,10 @@ def sample_kwargs(sample: pb.Sample, limits: Limits) -> dict[str, Any] | SampleP
     }
     try:
         # No text holds more characters than the sample's encoding has bytes: one C call clears most samples.
-        if sample.ByteSize() > limits.max_field_chars:
+        if not small and sample.ByteSize() > limits.max_field_chars:
             check_fields(fields, limits)
         if sample.HasField("extra"):
-            size = sample.extra.ByteSize()  # `extra` is grader input too: one more field under the same limit
+            size = 0 if small else sample.extra.ByteSize()  # `extra` is grader input too: the same limit
             if size > limits.max_field_chars:
                 raise SampleProblem(
                     f"field 'extra' takes {size} bytes, over the limit max_field_chars={limits.max_field_chars}"
