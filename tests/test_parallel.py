@@ -154,3 +154,69 @@ def test_an_over_long_field_in_a_cut_chunk_is_that_samples_error(server):
     got = _graded_raw(server.target, raw)
     assert got[1].results[0].error.code == "INVALID_SAMPLE" and not got[1].HasField("reward")
     assert got[0].reward == 1.0 and got[2].reward == 1.0
+
+
+# -- the scores view's column path ---------------------------------------------------------------------------
+
+COLUMNS = [
+    "json_validator",
+    {"name": "length_penalty", "params": {"min_length": 3, "max_length": 12}, "weight": 2},
+    {"name": "json_validator", "key": "valid", "gate": True},
+]
+
+
+def _without_reasons(reply: pb.EvaluateResponse) -> dict:
+    out = pb.EvaluateResponse()
+    out.CopyFrom(reply)
+    for result in out.results:
+        result.ClearField("reason")
+        result.ClearField("metadata")
+    return MessageToDict(out)
+
+
+def test_score_columns_give_what_evaluate_gives(server, inline_server):
+    """json_validator and length_penalty grade the scores view's whole chunks as columns; the scores equal
+    the full view's (each sample through `evaluate`) and the inline server's, and follow their definitions."""
+    samples = [{"id": f"c{i}", "response": JSONISH[i % len(JSONISH)] + " " * (i % 5)} for i in range(300)]
+    with server.client(timeout=120, chunk_size=64) as pooled, inline_server.client(timeout=120) as inline:
+        columns = pooled.batch_evaluate(samples, COLUMNS, view=pb.RESULT_VIEW_SCORES)
+        full = pooled.batch_evaluate(samples, COLUMNS)
+        by_inline = inline.batch_evaluate(samples, COLUMNS, view=pb.RESULT_VIEW_SCORES)
+    assert [MessageToDict(r) for r in columns] == [_without_reasons(r) for r in full]
+    assert [MessageToDict(r) for r in columns] == [MessageToDict(r) for r in by_inline]
+    for sample, reply in zip(samples, columns, strict=True):
+        try:
+            json.loads(sample["response"])
+            valid = 1.0
+        except ValueError:
+            valid = 0.0
+        n = len(sample["response"])
+        penalty = -(3 - n) * 0.01 if n < 3 else -(n - 12) * 0.01 if n > 12 else 0.0
+        assert [r.score for r in reply.results] == [valid, penalty, valid]
+        assert reply.reward == valid * (valid + 2 * penalty) / 3
+
+
+@pytest.mark.parametrize(
+    ("view", "graders", "expected"),
+    [
+        (pb.RESULT_VIEW_SCORES, [{"name": "misbehave", "params": {"column": True}}], 2.0),
+        (pb.RESULT_VIEW_FULL, [{"name": "misbehave", "params": {"column": True}}], 1.0),
+        (pb.RESULT_VIEW_SCORES, [{"name": "misbehave", "params": {"column": True}}, "attentive"], 1.0),
+    ],
+    ids=["scores-view-whole-chunks", "full-view", "scores-view-per-grader"],
+)
+def test_score_column_answers_the_scores_view_of_whole_chunks_only(server, view, graders, expected):
+    """The test grader's column scores "which" 2.0 and its `evaluate` 1.0: which one answered shows."""
+    with server.client(timeout=60) as c:
+        replies = c.batch_evaluate([{"response": "which"}, {"response": "ok"}], graders, view=view)
+    assert [r.results[0].score for r in replies] == [expected, 1.0]
+
+
+def test_a_sample_with_extra_takes_the_sample_by_sample_path(server):
+    """`extra` is checked per sample (a key may not replace a field): such a chunk is not graded as columns."""
+    samples = [{"response": "which"}, {"response": "which", "extra": {"response": "x"}}, {"response": "which", "n": 1}]
+    graders = [{"name": "misbehave", "params": {"column": True}}]
+    with server.client(timeout=60) as c:
+        replies = c.batch_evaluate(samples, graders, view=pb.RESULT_VIEW_SCORES)
+    assert [r.results[0].score for r in replies] == [1.0, 0.0, 1.0]
+    assert replies[1].results[0].error.code == "INVALID_SAMPLE"

@@ -6,9 +6,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from grpcgrade.core.errors import SampleProblem
-from grpcgrade.core.rewards import SpecData
+from grpcgrade.core.rewards import Result, SpecData
 from grpcgrade.core.samples import SAMPLE_FIELDS, Limits, add_extra, check_fields
-from grpcgrade.grader import GraderError, GraderResult, GraderScore
+from grpcgrade.grader import GraderError, GraderScore
 from grpcgrade.v1 import grading_pb2 as pb
 
 from .structs import fill_struct, struct_to_dict
@@ -58,12 +58,16 @@ def sample_kwargs(sample: pb.Sample, limits: Limits, small: bool = False) -> dic
 # -- Python -> responses -----------------------------------------------------------------------------
 
 
-def add_result(results: Any, key: str, grader: str, result: GraderResult, full: bool) -> None:
+def add_result(results: Any, key: str, grader: str, result: Result, full: bool) -> None:
     """Append one grader's result to an EvaluateResponse's `results`; `full` adds reason and metadata.
+    A bare number is a score from the scores view's column path (no reason, no metadata).
 
     Fields go in through `add(...)` keywords: one call into protobuf's C code instead of one per field,
     which is most of the cost of a cheap grader's response.
     """
+    if isinstance(result, (float, int)):
+        results.add(key=key, grader=grader, score=result)
+        return
     if isinstance(result, GraderScore):
         out = results.add(key=key, grader=grader, score=result.score, reason=result.reason if full else "")
     elif isinstance(result, GraderError):
@@ -80,7 +84,7 @@ def fill_response(
     out: pb.EvaluateResponse,
     sample_id: str,
     labels: list[tuple[str, str]],
-    results: Sequence[GraderResult],
+    results: Sequence[Result],
     reward: float | None,
     full: bool = True,
 ) -> None:
@@ -99,7 +103,7 @@ def fill_items(
     indices: Sequence[int],
     ids: Sequence[str],
     labels: list[tuple[str, str]],
-    columns: Sequence[Sequence[GraderResult]],
+    columns: Sequence[Sequence[Result]],
     rewards: Sequence[float | None],
     full: bool,
 ) -> None:

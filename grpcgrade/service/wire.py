@@ -15,10 +15,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from grpcgrade.core.grading import Stats, failed_stats, grade_chunk_sync, join_stats
+from grpcgrade.core.grading import Stats, column_inputs, failed_stats, grade_chunk_sync, grade_columns, join_stats
 from grpcgrade.core.histograms import EMPTY
 from grpcgrade.core.registry import get_registry
-from grpcgrade.core.rewards import RewardStats, SpecData, reward_stats, rewards
+from grpcgrade.core.rewards import Result, RewardStats, SpecData, reward_stats, rewards
 from grpcgrade.core.samples import Limits
 from grpcgrade.core.workers import Work
 from grpcgrade.grader import BaseGrader, GraderError
@@ -131,8 +131,19 @@ def grade_serialized(
     with the configured `reward`'s name, its values are counted here too."""
     samples = pb.BatchEvaluateRequest.FromString(data).samples
     # No field of a sample holds more characters than the chunk has bytes: one comparison clears them all.
-    checked = len(data) <= limits.max_field_chars
-    columns, graded = grade_chunk_sync(graders, [sample_kwargs(s, limits, checked) for s in samples], timeout)
+    small = len(data) <= limits.max_field_chars
+
+    def kwargs() -> list[Any]:
+        return [sample_kwargs(s, limits, small) for s in samples]
+
+    columns: list[list[Result]]
+    fields = _column_fields(graders) if not full and small else None
+    if fields is not None and not any(s.HasField("extra") for s in samples):
+        # The scores view of graders with a `score_column`: text columns in, scores out, no dict per sample.
+        text = {name: [getattr(s, name) for s in samples] for name in fields}
+        columns, graded = grade_columns(graders, text, len(samples), kwargs, timeout)
+    else:
+        columns, graded = grade_chunk_sync(graders, kwargs(), timeout)  # type: ignore[assignment]
     stats: list[Stats] = list(graded)
     labels = [(spec.label, grader.name) for spec, grader in zip(specs, graders, strict=True)]
     out = pb.BatchEvaluateResponse()
@@ -142,6 +153,17 @@ def grade_serialized(
         stats.append(reward_stats(reward, values))
     fill_items(out.items, range(offset, offset + len(ids)), ids, labels, columns, values, full)
     return out.SerializeToString(), stats
+
+
+def _column_fields(graders: Sequence[BaseGrader]) -> set[str] | None:
+    """The text fields every grader's `score_column` takes, or None when one of them has none."""
+    fields: set[str] = set()
+    for grader in graders:
+        inputs = column_inputs(grader)
+        if not inputs:
+            return None
+        fields.update(inputs)
+    return fields
 
 
 def grade_wire(

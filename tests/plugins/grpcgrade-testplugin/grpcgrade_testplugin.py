@@ -90,11 +90,17 @@ class Misbehave(BaseGrader):
     time-limit signal cannot interrupt), "die" (the process is killed), "nan", "slow_error" (raises at
     once an error whose message takes 0.5 s to build), "swallow" (runs 2 s, catching every `Exception`
     on the way, as a grader with a fallback score does), "long:N" (a reason of N characters);
-    else scores 1.0."""
+    else scores 1.0. `column=True` also offers the scores view's `score_column`, misbehaving the same way;
+    it scores "which" 2.0 (breaking its contract on purpose), so a test sees which of the two answered."""
 
-    def __init__(self, heavy: bool = True) -> None:
+    def __init__(self, heavy: bool = True, column: bool = False) -> None:
         super().__init__()
         self.heavy = heavy
+        if column:
+            self.score_column = self._scores
+
+    def _scores(self, response: list) -> list:
+        return [2.0 if text == "which" else self.evaluate(text).score for text in response]
 
     def evaluate(self, response: str) -> GraderScore:
         if response == "hang":
