@@ -30,14 +30,16 @@ def scores(replies) -> list[object]:
 #: How a sync grader runs: whole chunks in workers (every grader of the call can), a chunk per grader in
 #: workers (beside an async grader, which runs in the server's loop), or inline in the server's loop.
 #: The scores view of a grader with a `score_column`: whole chunks graded as columns, sample by sample
-#: where the column call fails.
+#: where the column call fails. A small batch of graders of bounded cost: whole chunks graded inline.
 PATHS = {
     "whole-chunks-in-workers": [{"name": "misbehave"}],
     "score-column-in-workers": [{"name": "misbehave", "params": {"column": True}}],
     "per-grader-in-workers": [{"name": "misbehave"}, "attentive"],
     "inline": [{"name": "misbehave", "params": {"heavy": False}}, "attentive"],
+    "inline-small-bounded": [{"name": "misbehave", "params": {"bounded": True}}],
+    "inline-small-bounded-column": [{"name": "misbehave", "params": {"bounded": True, "column": True}}],
 }
-VIEWS = {"score-column-in-workers": pb.RESULT_VIEW_SCORES}
+VIEWS = {"score-column-in-workers": pb.RESULT_VIEW_SCORES, "inline-small-bounded-column": pb.RESULT_VIEW_SCORES}
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -52,7 +54,7 @@ def test_a_hanging_grader_times_out_and_the_others_go_on(fault_server, path):
         assert scores([c.evaluate({"response": "ok"}, graders)]) == [1.0]  # the server is fine
 
 
-IN_WORKERS = {k: v for k, v in PATHS.items() if k != "inline"}
+IN_WORKERS = {k: v for k, v in PATHS.items() if not k.startswith("inline")}
 
 
 @pytest.mark.parametrize("path", IN_WORKERS)

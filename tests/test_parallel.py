@@ -9,7 +9,7 @@ import grpc
 import pytest
 from google.protobuf.json_format import MessageToDict
 
-from grpcgrade.testing import start_server
+from grpcgrade.testing import children, start_server
 from grpcgrade.v1 import grading_pb2 as pb
 
 WORDS = "the a cat dog sat on mat rug reward policy 机器 学习 是 人工 智能 , . ! 3.14 42".split()
@@ -174,10 +174,13 @@ def _without_reasons(reply: pb.EvaluateResponse) -> dict:
     return MessageToDict(out)
 
 
-def test_score_columns_give_what_evaluate_gives(server, inline_server):
-    """json_validator and length_penalty grade the scores view's whole chunks as columns; the scores equal
-    the full view's (each sample through `evaluate`) and the inline server's, and follow their definitions."""
-    samples = [{"id": f"c{i}", "response": JSONISH[i % len(JSONISH)] + " " * (i % 5)} for i in range(300)]
+@pytest.mark.parametrize("padding", [0, 1000], ids=["small-inline", "large-in-workers"])
+def test_score_columns_give_what_evaluate_gives(server, inline_server, padding):
+    """json_validator and length_penalty grade the scores view's whole chunks as columns (inline for a small
+    batch, in workers for a large one); the scores equal the full view's (each sample through `evaluate`)
+    and the inline server's, and follow their definitions."""
+    pad = " " * padding  # 300 x 1 KB: over the inline bound
+    samples = [{"id": f"c{i}", "response": JSONISH[i % len(JSONISH)] + pad + " " * (i % 5)} for i in range(300)]
     with server.client(timeout=120, chunk_size=64) as pooled, inline_server.client(timeout=120) as inline:
         columns = pooled.batch_evaluate(samples, COLUMNS, view=pb.RESULT_VIEW_SCORES)
         full = pooled.batch_evaluate(samples, COLUMNS)
@@ -220,3 +223,34 @@ def test_a_sample_with_extra_takes_the_sample_by_sample_path(server):
         replies = c.batch_evaluate(samples, graders, view=pb.RESULT_VIEW_SCORES)
     assert [r.results[0].score for r in replies] == [1.0, 0.0, 1.0]
     assert replies[1].results[0].error.code == "INVALID_SAMPLE"
+
+
+# -- small batches of graders of bounded cost: inline ---------------------------------------------------------
+
+INLINE_MAX_BYTES = 256 * 1024  # grpcgrade.core.engine's bound, as docs/architecture.md states it
+
+
+@pytest.mark.parametrize(
+    ("params", "padding", "where"),
+    [
+        ({"bounded": True}, 0, "server"),
+        ({"bounded": True, "column": True}, 0, "server"),
+        ({"bounded": True}, INLINE_MAX_BYTES, "worker"),  # over the bound: workers
+        ({}, 0, "worker"),  # cost not declared bounded: workers, however small
+    ],
+    ids=["bounded-small", "bounded-small-column", "bounded-large", "unbounded-small"],
+)
+@pytest.mark.parametrize("view", [pb.RESULT_VIEW_FULL, pb.RESULT_VIEW_SCORES], ids=["full", "scores"])
+def test_small_batches_of_bounded_graders_are_graded_where_they_arrive(server, params, padding, where, view):
+    """The test grader scores "pid..." with the id of the process that graded it."""
+    samples = [{"response": "pid"}, {"response": "pid" + " " * padding}]
+    graders = [{"name": "misbehave", "params": params}]
+    with server.client(timeout=60) as c:
+        batch = c.batch_evaluate(samples, graders, view=view)
+        unary = c.evaluate(samples[0], graders, view=view) if not padding else batch[0]
+    pids = {r.results[0].score for r in [*batch, unary]}
+    workers = {float(pid) for pid in children(server.proc.pid)}
+    if where == "server":
+        assert pids == {float(server.proc.pid)}
+    else:
+        assert pids <= workers and pids

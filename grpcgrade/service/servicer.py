@@ -114,7 +114,7 @@ class GradingServicer(pb_grpc.GradingServiceServicer):
         chunk = [(0, sample_kwargs(request.sample, self.limits))]
         self._in_flight(1)
         try:
-            graded = await self.engine.grade_chunk(jobs, chunk, timeout, request.reward)
+            graded = await self.engine.grade_chunk(jobs, chunk, timeout, request.reward, request.ByteSize())
         finally:
             self._in_flight(-1)
         response = pb.EvaluateResponse()
@@ -184,7 +184,7 @@ class GradingServicer(pb_grpc.GradingServiceServicer):
         def whole(a: int, b: int, timeout: float | None) -> Work:
             return wire_work(specs, labels, request, a, b, full, limits, timeout, request.reward)
 
-        batch = Batch(len(samples), chunk, whole)
+        batch = Batch(len(samples), chunk, whole, len(request.data))
         limit = limits.max_message_bytes
         async for graded in self.engine.grade_batch(jobs, batch, size, timeout, self.budget, request.reward):
             if isinstance(graded, WholeChunk):
