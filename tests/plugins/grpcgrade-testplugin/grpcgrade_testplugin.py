@@ -90,8 +90,9 @@ class Misbehave(BaseGrader):
     time-limit signal cannot interrupt), "die" (the process is killed), "nan", "slow_error" (raises at
     once an error whose message takes 0.5 s to build), "swallow" (runs 2 s, catching every `Exception`
     on the way, as a grader with a fallback score does), "long:N" (a reason of N characters), "pid..."
-    (scores the grading process's id: shows where it ran); else scores 1.0. `column=True` also offers the scores view's `score_column`, misbehaving the same way;
-    it scores "which" 2.0 (breaking its contract on purpose), so a test sees which of the two answered.
+    (scores the grading process's id: shows where it ran); else scores 1.0. `column=True` also offers the
+    scores view's `score_column`, misbehaving the same way; it scores "which" 2.0 (breaking its contract on
+    purpose), so a test sees which of the two answered.
     `bounded=True` claims a bounded cost (falsely, on purpose): small batches are then graded inline."""
 
     def __init__(self, heavy: bool = True, column: bool = False, bounded: bool = False) -> None:
