@@ -32,11 +32,8 @@ from grpcgrade.grader import (
 
 from .errors import ErrorCode, GraderCancelled, GraderTimeout, SampleProblem
 from .histograms import EMPTY, Histogram, count_pairs, histogram
-from .rewards import RewardStats
+from .rewards import NUMBER_TYPES, Result, RewardStats
 from .samples import TEXT_FIELDS, select_all
-
-#: A grader's result for one sample as the scores view needs it: a checked score, or the result object.
-Scored = float | GraderResult
 
 
 class GraderStats(NamedTuple):
@@ -304,9 +301,6 @@ def grade_chunk_sync(
     return columns, stats
 
 
-_NUMBERS = {float, int}
-
-
 def grade_column(
     grader: BaseGrader, columns: Mapping[str, Sequence[str]], n: int, timeout: float | None
 ) -> list[float] | None:
@@ -322,12 +316,10 @@ def grade_column(
                 scores = grader.score_column(**{name: columns[name] for name in column_inputs(grader)})  # type: ignore[misc]
             finally:
                 _Watch.active = False
-        except GraderTimeout:
+        except (GraderTimeout, Exception):
             return None
-        except Exception:
-            return None
-    try:  # one C loop for the common case; a sum is finite only when every term is
-        fine = len(scores) == n and {*map(type, scores)} <= _NUMBERS and math.isfinite(sum(scores))
+    try:  # C loops for the common case; a sum is finite only when every term is
+        fine = len(scores) == n and {*map(type, scores)} <= NUMBER_TYPES and math.isfinite(sum(scores))
     except (TypeError, OverflowError):
         fine = False
     return list(scores) if fine else None
@@ -339,22 +331,22 @@ def grade_columns(
     n: int,
     kwargs: Callable[[], list[Any]],
     timeout: float | None,
-) -> tuple[list[list[Scored]], list[GraderStats]]:
+) -> tuple[list[list[Result]], list[GraderStats]]:
     """Every grader over a chunk given as text columns (the scores view, every grader with a
     `score_column`): `columns[j][k]` grader j's score for sample k, or, where its column call could not
     answer, its result from grading the chunk's `kwargs()` sample by sample."""
-    out: list[list[Scored]] = []
+    out: list[list[Result]] = []
     stats: list[GraderStats] = []
     chunk: list[Any] | None = None
     for grader in graders:
         start = time.perf_counter()
         scores = grade_column(grader, columns, n, timeout)
         if scores is not None:
-            out.append(list[Scored](scores))
+            out.append(list(scores))
             stats.append(GraderStats(grader.name, n, 0, time.perf_counter() - start, histogram(scores)))
             continue
         chunk = kwargs() if chunk is None else chunk
         (results,), (stat,) = grade_chunk_sync([grader], chunk, timeout)
-        out.append(list[Scored](results))
+        out.append(list(results))
         stats.append(stat._replace(seconds=time.perf_counter() - start))
     return out, stats

@@ -19,7 +19,8 @@ from grpcgrade.grader import GraderError, GraderRank, GraderResult
 from .errors import InvalidParams
 from .histograms import Histogram, histogram
 
-_NUMBERS = {float, int}
+#: The types of a bare score (see `Result`).
+NUMBER_TYPES = frozenset((float, int))
 
 
 @dataclass(frozen=True)
@@ -114,7 +115,7 @@ def rewards(specs: list[SpecData], columns: Sequence[Sequence[Result]]) -> list[
     """`combine` for a chunk graded column by column (`columns[j][k]`: grader j, sample k)."""
     if len(columns) == 1:  # the common case: a single grader's score is the reward, gate or not
         column = columns[0]
-        if {*map(type, column)} <= _NUMBERS:  # a column of scores (the scores view's column path)
+        if {*map(type, column)} <= NUMBER_TYPES:  # a column of scores (the scores view's column path)
             return list(column)  # type: ignore[arg-type]
         return [
             r if isinstance(r, (int, float)) else None if isinstance(r, (GraderError, GraderRank)) else r.score
