@@ -123,7 +123,7 @@ def _graded_raw(target: str, raw: bytes) -> dict[int, pb.EvaluateResponse]:
         return {item.index: item.result for message in call(raw, timeout=60) for item in message.items}
 
 
-@pytest.mark.parametrize("order", ["canonical", "interleaved", "unknown-fields"])
+@pytest.mark.parametrize("order", ["canonical", "interleaved", "unknown-fields", "unknown-group"])
 def test_whole_chunks_from_any_field_order_grade_every_sample_once(server, order):
     """The server cuts whole chunks from the bytes that arrived; fields in another order than protobuf
     writes them (samples between other fields, fields it does not know) are graded all the same."""
@@ -134,8 +134,10 @@ def test_whole_chunks_from_any_field_order_grade_every_sample_once(server, order
         raw = head + b"".join(records)
     elif order == "interleaved":
         raw = b"".join(records[:20]) + head + b"".join(records[20:])
-    else:  # between samples: field 100 as a varint (tag 0xa0 0x06), field 101 as bytes (tag 0xaa 0x06)
+    elif order == "unknown-fields":  # field 100 as a varint (tag a0 06), field 101 as bytes (tag aa 06)
         raw = head + b"".join(records[:9]) + b"\xa0\x06\x01" + b"\xaa\x06\x01?" + b"".join(records[9:])
+    else:  # field 100 as an (empty) group, which protobuf keeps as an unknown field
+        raw = head + b"".join(records[:30]) + b"\xa3\x06\xa4\x06" + b"".join(records[30:])
     got = _graded_raw(server.target, raw)
     assert sorted(got) == list(range(50))
     for i, sample in enumerate(samples):
