@@ -7,7 +7,9 @@ then use every core as heavy ones do, for a hop per chunk instead of a pickled d
 
 Cutting: a serialized BatchEvaluateRequest holds each sample as one record (tag 0x12, a varint length, the
 sample's bytes), and records concatenate into a valid message, so samples a..b-1 are one slice of the bytes
-that arrived (`ReceivedBatch`). A request that is one chunk goes to the worker as it arrived.
+that arrived (`ReceivedBatch`). A request that is one chunk goes to the worker as it arrived. The bytes are
+kept for the call beside the parsed message (the request is held twice, within `max_message_bytes` each),
+the price of never parsing and writing a sample again to send it.
 """
 
 from __future__ import annotations
