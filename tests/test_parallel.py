@@ -256,3 +256,31 @@ def test_small_batches_of_bounded_graders_are_graded_where_they_arrive(server, p
         assert pids == {float(server.proc.pid)}
     else:
         assert pids <= workers and pids
+
+
+@pytest.mark.parametrize("padding", [0, 1000], ids=["small-inline", "large-in-workers"])
+def test_score_columns_are_counted_in_the_score_histograms(server, padding):
+    """The column path reports each grader's scores as `evaluate`'s path does (count, sum, buckets)."""
+    samples = [{"response": JSONISH[i % len(JSONISH)] + " " * padding} for i in range(300)]
+    valid = sum(json_score_of(s["response"]) for s in samples)
+
+    def histogram() -> tuple[float, float, float]:
+        labels = {"grader": "json_validator"}
+        count = server.metric("grpcgrade_grader_score_count", **labels) or 0.0
+        total = server.metric("grpcgrade_grader_score_sum", **labels) or 0.0
+        zeros = server.metric("grpcgrade_grader_score_bucket", le="0.0", **labels) or 0.0
+        return count, total, zeros
+
+    before = histogram()
+    with server.client(timeout=60) as c:
+        c.batch_evaluate(samples, ["json_validator"], view=pb.RESULT_VIEW_SCORES)
+    after = histogram()
+    assert [a - b for a, b in zip(after, before, strict=True)] == [300, valid, 300 - valid]
+
+
+def json_score_of(text: str) -> float:
+    try:
+        json.loads(text)
+    except ValueError:
+        return 0.0
+    return 1.0
