@@ -32,13 +32,15 @@ def grade_wire(
     limits: Limits,
     timeout: float | None,
     reward: str = "",
+    deadline: float | None = None,
 ) -> tuple[bytes, list[Stats]]:
     """Runs in the worker: a serialized BatchEvaluateRequest's samples in, a serialized response out; with
-    the configured `reward`'s name, its values are counted here too."""
+    the configured `reward`'s name, its values are counted here too. Past the call's `deadline`
+    (`time.monotonic()`) the samples left are answered BUDGET_EXCEEDED."""
     registry = get_registry()
     samples = pb.BatchEvaluateRequest.FromString(data).samples
     graders = [registry.build(spec.name, spec.params) for spec in specs]
-    columns, graded = grade_chunk_sync(graders, [sample_kwargs(s, limits) for s in samples], timeout)
+    columns, graded = grade_chunk_sync(graders, [sample_kwargs(s, limits) for s in samples], timeout, deadline)
     stats: list[Stats] = list(graded)
     labels = [(spec.label, grader.name) for spec, grader in zip(specs, graders, strict=True)]
     out = pb.BatchEvaluateResponse()
@@ -59,25 +61,30 @@ def wire_work(
     limits: Limits,
     timeout: float | None,
     reward: str = "",
+    deadline: float | None = None,
 ) -> Work:
     """`samples` (the request's `offset`...) as one unit of pool work; its result is `(bytes, [Stats])`:
-    each grader's, and the configured `reward`'s when the call names one."""
+    each grader's, and the configured `reward`'s when the call names one. Past the call's `deadline`
+    (`time.monotonic()`) the samples left are answered BUDGET_EXCEEDED."""
     data = pb.BatchEvaluateRequest(samples=samples).SerializeToString()
 
     def split() -> list[Work]:
-        return [wire_work(specs, labels, [s], offset + k, full, limits, timeout, reward) for k, s in enumerate(samples)]
+        return [
+            wire_work(specs, labels, [s], offset + k, full, limits, timeout, reward, deadline)
+            for k, s in enumerate(samples)
+        ]
 
     def failed(code: str, message: str) -> tuple[bytes, list[Stats]]:
         """Every grader's error for the one sample no worker could grade (which grader hung is unknown)."""
         out = pb.BatchEvaluateResponse()
         errors = [[GraderError(name, message, code=code)] for _, name in labels]
         fill_items(out.items, [offset], [samples[0].id], labels, errors, [None], full)
-        stats: list[Stats] = [failed_stats(name, code) for _, name in labels]
+        stats: list[Stats] = [failed_stats(name, code, first=j == 0) for j, (_, name) in enumerate(labels)]
         if reward:
             stats.append(RewardStats(reward, EMPTY, 1))
         return out.SerializeToString(), stats
 
-    args = (specs, data, offset, full, limits, timeout, reward)
+    args = (specs, data, offset, full, limits, timeout, reward, deadline)
     return Work(grade_wire, args, len(samples), timeout, split, failed, _join)
 
 
