@@ -5,19 +5,25 @@ Every call carries a deadline. UNAVAILABLE (and a draining server's CANCELLED) i
 retry policy (service config), and with several addresses or a `dns:///` name the channel balances
 round-robin over the replicas, so a retried call lands on another one. Large batches are split into
 chunks, several in flight, and the results come back in input order.
+
+The reward guard's options (docs/reward-guard.md) go with each call: `budget_seconds` is the whole call's,
+so each chunk's request carries the time left when it is sent; `max_failure_ratio` applies to each chunk's
+request on its own; `cache` to all of them. A call ended by its failure budget raises `FailureBudgetExceeded`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
 import queue
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import grpc
 from google.protobuf.json_format import MessageToDict
@@ -53,6 +59,68 @@ DEFAULT_MAX_BATCH = 1024
 Target = str | Sequence[str]
 Graders = Iterable[str | Mapping[str, Any] | pb.GraderSpec] | None
 Progress = Callable[[int, int], None]
+#: A call's use of the server's result cache: "on", "off", None (the server's default per grader) or the enum.
+Cache = str | int | None  # int: a grading_pb2.CacheMode value
+CACHE_MODES: dict[str | None, pb.CacheMode] = {
+    None: pb.CACHE_MODE_UNSPECIFIED,
+    "on": pb.CACHE_MODE_ON,
+    "off": pb.CACHE_MODE_OFF,
+}
+#: The budget a chunk's request carries when the call's budget ran out before it was sent: the smallest
+#: positive one (0 would mean no budget at all), so the server answers every sample BUDGET_EXCEEDED at once.
+SPENT_BUDGET = math.ulp(0.0)
+
+
+def cache_mode(cache: Cache) -> pb.CacheMode:
+    """`cache=` as the request's enum; ValueError for anything else."""
+    if isinstance(cache, int) and not isinstance(cache, bool) and cache in pb.CacheMode.values():
+        return cast("pb.CacheMode", cache)
+    if (cache is None or isinstance(cache, str)) and cache in CACHE_MODES:
+        return CACHE_MODES[cache]
+    raise ValueError(f"cache must be 'on', 'off', None or a grading_pb2.CacheMode, not {cache!r}")
+
+
+class FailureBudgetExceeded(grpc.RpcError):
+    """The server ended a call because its failed samples passed `max_failure_ratio` (FAILED_PRECONDITION).
+    The message says how many failed and names the grader with the most errors and its most frequent code;
+    `code()` and `details()` answer as the grpc.RpcError it stands for."""
+
+    def __init__(self, details: str) -> None:
+        super().__init__(details)
+        self._details = details
+
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.FAILED_PRECONDITION
+
+    def details(self) -> str:
+        return self._details
+
+
+def _surfaced(exc: grpc.RpcError) -> grpc.RpcError:
+    """A failed call's error as the caller should see it: the failure budget's as `FailureBudgetExceeded`."""
+    code = getattr(exc, "code", None)
+    if callable(code) and code() == grpc.StatusCode.FAILED_PRECONDITION:
+        return FailureBudgetExceeded(exc.details() or "")
+    return exc
+
+
+def set_guards(
+    request: pb.BatchEvaluateRequest,
+    started: float,
+    budget_seconds: float,
+    max_failure_ratio: float | None,
+    cache: Cache,
+) -> None:
+    """The reward guard's fields of one chunk's request: the budget left of the call started at `started`
+    (`time.monotonic()`), the failure ratio, the cache mode. Out-of-range values go as they are: the server
+    refuses them, naming the field."""
+    if budget_seconds > 0 and math.isfinite(budget_seconds):
+        request.budget_seconds = max(budget_seconds - (time.monotonic() - started), SPENT_BUDGET)
+    else:
+        request.budget_seconds = budget_seconds
+    if max_failure_ratio is not None:
+        request.max_failure_ratio = max_failure_ratio
+    request.cache = cache_mode(cache)
 
 
 def channel_target(target: Target) -> str:
@@ -269,8 +337,10 @@ class GradingClient(_Base):
         timeout: float | None = None,
         grader_timeout: float = 0.0,
         view: pb.ResultView = pb.RESULT_VIEW_FULL,
+        cache: Cache = None,
     ) -> pb.EvaluateResponse:
         request = self._evaluate_request(sample, graders, reward, grader_timeout, view)
+        request.cache = cache_mode(cache)
         return self.stub.Evaluate(request, timeout=timeout or self.timeout, metadata=self._metadata)
 
     def batch_evaluate(
@@ -283,20 +353,31 @@ class GradingClient(_Base):
         grader_timeout: float = 0.0,
         view: pb.ResultView = pb.RESULT_VIEW_FULL,
         on_progress: Progress | None = None,
+        budget_seconds: float = 0.0,
+        max_failure_ratio: float | None = None,
+        cache: Cache = None,
     ) -> list[pb.EvaluateResponse]:
         """One result per sample, in input order; raises grpc.RpcError if any chunk's call fails.
 
-        `view=pb.RESULT_VIEW_SCORES` leaves out reasons and metadata: less work for both ends."""
+        `view=pb.RESULT_VIEW_SCORES` leaves out reasons and metadata: less work for both ends.
+        The reward guard (docs/reward-guard.md): `budget_seconds` for the whole call (0: none), after which
+        the samples not yet graded come back BUDGET_EXCEEDED; `max_failure_ratio` for each chunk's call
+        (`chunk_size` samples), past which it raises `FailureBudgetExceeded`; `cache` "on"/"off"/None."""
         graders = list(graders or [])
         out: list[pb.EvaluateResponse | None] = [None] * len(samples)
         done = 0
         lock = threading.Lock()
+        started = time.monotonic()
 
         def run(start: int, part: Sequence[Any]) -> None:
             nonlocal done
             request = self._batch_request(part, graders, reward, grader_timeout, view)
+            set_guards(request, started, budget_seconds, max_failure_ratio, cache)
             stream = self.stub.BatchEvaluate(request, timeout=timeout or self.timeout, metadata=self._metadata)
-            got = self._place(out, start, stream)
+            try:
+                got = self._place(out, start, stream)
+            except grpc.RpcError as exc:
+                raise _surfaced(exc) from None
             with lock:
                 done += got
                 if on_progress:
@@ -433,8 +514,10 @@ class AsyncGradingClient(_Base):
         timeout: float | None = None,
         grader_timeout: float = 0.0,
         view: pb.ResultView = pb.RESULT_VIEW_FULL,
+        cache: Cache = None,
     ) -> pb.EvaluateResponse:
         request = self._evaluate_request(sample, graders, reward, grader_timeout, view)
+        request.cache = cache_mode(cache)
         return await self.stub.Evaluate(request, timeout=timeout or self.timeout, metadata=self._metadata)
 
     async def batch_evaluate(
@@ -447,21 +530,30 @@ class AsyncGradingClient(_Base):
         grader_timeout: float = 0.0,
         view: pb.ResultView = pb.RESULT_VIEW_FULL,
         on_progress: Progress | None = None,
+        budget_seconds: float = 0.0,
+        max_failure_ratio: float | None = None,
+        cache: Cache = None,
     ) -> list[pb.EvaluateResponse]:
+        """`GradingClient.batch_evaluate`, awaited (the reward guard's options as there)."""
         graders = list(graders or [])
         out: list[pb.EvaluateResponse | None] = [None] * len(samples)
         gate = asyncio.Semaphore(self.max_in_flight)
         done = 0
+        started = time.monotonic()
 
         async def run(start: int, part: Sequence[Any]) -> None:
             nonlocal done
             async with gate:
                 request = self._batch_request(part, graders, reward, grader_timeout, view)
+                set_guards(request, started, budget_seconds, max_failure_ratio, cache)
                 call = self.stub.BatchEvaluate(request, timeout=timeout or self.timeout, metadata=self._metadata)
-                async for message in call:
-                    done += self._place(out, start, [message])
-                    if on_progress:
-                        on_progress(done, len(samples))
+                try:
+                    async for message in call:
+                        done += self._place(out, start, [message])
+                        if on_progress:
+                            on_progress(done, len(samples))
+                except grpc.RpcError as exc:
+                    raise _surfaced(exc) from None
 
         await asyncio.gather(*(run(s, p) for s, p in _chunks(samples, self.chunk_size)))
         return self._missing(out)
@@ -480,9 +572,11 @@ class AsyncGradingClient(_Base):
         max_batch: int = DEFAULT_MAX_BATCH,
         grader_timeout: float = 0.0,
         view: pb.ResultView = pb.RESULT_VIEW_SCORES,
+        **guards: Any,
     ) -> Coalescer:
-        """One-sample calls that arrive together leave as one BatchEvaluate (see `Coalescer`)."""
-        return Coalescer(self, list(graders or []), reward, linger, max_batch, grader_timeout, view)
+        """One-sample calls that arrive together leave as one BatchEvaluate (see `Coalescer`); `guards`:
+        `budget_seconds`, `max_failure_ratio`, `cache`, for each coalesced call."""
+        return Coalescer(self, list(graders or []), reward, linger, max_batch, grader_timeout, view, **guards)
 
 
 class Coalescer:
@@ -490,7 +584,8 @@ class Coalescer:
     seconds of the first (at most `max_batch`) go to the server as one BatchEvaluate, and each caller gets
     its own sample's result. A trainer's reward loop that calls once per sample (veRL's) then costs a few
     batch calls per step instead of thousands of unary ones. If the batch call fails, every caller of that
-    batch gets the error; nothing is answered twice or dropped.
+    batch gets the error; nothing is answered twice or dropped. The reward guard's options
+    (`budget_seconds`, `max_failure_ratio`, `cache`) apply to each coalesced call.
     """
 
     def __init__(
@@ -502,6 +597,9 @@ class Coalescer:
         max_batch: int = DEFAULT_MAX_BATCH,
         grader_timeout: float = 0.0,
         view: pb.ResultView = pb.RESULT_VIEW_SCORES,
+        budget_seconds: float = 0.0,
+        max_failure_ratio: float | None = None,
+        cache: Cache = None,
     ) -> None:
         if max_batch < 1 or linger < 0:
             raise ValueError("max_batch must be >= 1 and linger >= 0")
@@ -512,6 +610,11 @@ class Coalescer:
         self.max_batch = max_batch
         self.grader_timeout = grader_timeout
         self.view = view
+        self.guards: dict[str, Any] = {
+            "budget_seconds": budget_seconds,
+            "max_failure_ratio": max_failure_ratio,
+            "cache": cache_mode(cache),
+        }
         self._pending: list[tuple[Any, asyncio.Future[pb.EvaluateResponse]]] = []
         self._timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -542,7 +645,12 @@ class Coalescer:
         self.batches += 1
         try:
             results = await self.client.batch_evaluate(
-                [s for s, _ in batch], self.graders, self.reward, grader_timeout=self.grader_timeout, view=self.view
+                [s for s, _ in batch],
+                self.graders,
+                self.reward,
+                grader_timeout=self.grader_timeout,
+                view=self.view,
+                **self.guards,
             )
         except BaseException as exc:
             for _, future in batch:

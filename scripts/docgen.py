@@ -53,6 +53,10 @@ HTTP_DOCS = {
     "failure_reward": "the reward a failed sample gets over HTTP, where OpenRLHF needs a number (it is also "
     "flagged in `extra_logs.grpcgrade_failed`)",
     "strip_suffixes": "trailing end-of-turn tokens removed, repeatedly, from each decoded query before grading",
+    "budget_seconds": "the step budget of a request whose body has no `budget_seconds`; 0: none "
+    "(see [Reward guard](reward-guard.md#step-budget))",
+    "max_failure_ratio": "the failure budget of a request whose body has no `max_failure_ratio`; null: none "
+    "(see [Reward guard](reward-guard.md#failure-budget))",
 }
 
 #: What each request limit bounds. A limit missing here fails generation.

@@ -65,6 +65,7 @@ def test_list_graders_names_plugins_versions_and_params(client):
         "id_number",
         "longest_first",
         "misbehave",
+        "napper",
         "shout",
         "sleepy",
         "tool_call_names",

@@ -40,7 +40,8 @@ from .canaries import (
     Canary,
     CanarySettings,
 )
-from .errors import ConfigError, SampleProblem
+from .errors import ConfigError, InvalidParams, SampleProblem
+from .guard import call_guards
 from .rewards import Reward, SpecData
 from .samples import SAMPLE_FIELDS, TEXT_FIELDS, Limits, add_extra
 
@@ -63,11 +64,14 @@ DEFAULT_STRIP_SUFFIXES = (
 
 @dataclass(frozen=True)
 class HttpConfig:
-    """The HTTP/JSON face (`--http-port`): what a failed sample's reward is, and which trailing special
-    tokens are not part of a response."""
+    """The HTTP/JSON face (`--http-port`): what a failed sample's reward is, which trailing special
+    tokens are not part of a response, and the reward guard's defaults for requests that do not set them
+    (OpenRLHF sends no options: docs/reward-guard.md)."""
 
     failure_reward: float = 0.0
     strip_suffixes: tuple[str, ...] = DEFAULT_STRIP_SUFFIXES
+    budget_seconds: float = 0.0
+    max_failure_ratio: float | None = None
 
 
 @dataclass
@@ -269,11 +273,10 @@ def parse_http(raw: Any, source: str) -> HttpConfig:
         return HttpConfig()
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: http must be a mapping")
-    unknown = set(raw) - {"failure_reward", "strip_suffixes"}
+    allowed = ("failure_reward", "strip_suffixes", "budget_seconds", "max_failure_ratio")
+    unknown = set(raw) - set(allowed)
     if unknown:
-        raise ConfigError(
-            f"{source}: http: unknown key {sorted(unknown)[0]!r} (allowed: failure_reward, strip_suffixes)"
-        )
+        raise ConfigError(f"{source}: http: unknown key {sorted(unknown)[0]!r} (allowed: {', '.join(allowed)})")
     suffixes = raw.get("strip_suffixes", DEFAULT_STRIP_SUFFIXES)
     if not isinstance(suffixes, list | tuple) or not all(isinstance(x, str) and x for x in suffixes):
         raise ConfigError(f"{source}: http: strip_suffixes must be a list of non-empty strings")
@@ -283,7 +286,21 @@ def parse_http(raw: Any, source: str) -> HttpConfig:
         raise ConfigError(f"{source}: http: failure_reward must be a number") from None
     if not math.isfinite(failure):
         raise ConfigError(f"{source}: http: failure_reward must be finite")
-    return HttpConfig(failure_reward=failure, strip_suffixes=tuple(suffixes))
+    budget, ratio = raw.get("budget_seconds", 0.0), raw.get("max_failure_ratio")
+    try:
+        if isinstance(budget, bool) or not isinstance(budget, int | float):
+            raise InvalidParams("budget_seconds", f"must be a number of seconds, got {budget!r}")
+        if ratio is not None and (isinstance(ratio, bool) or not isinstance(ratio, int | float)):
+            raise InvalidParams("max_failure_ratio", f"must be a number, got {ratio!r}")
+        call_guards(float(budget), None if ratio is None else float(ratio), 0, 0.0)
+    except InvalidParams as exc:
+        raise ConfigError(f"{source}: http: {exc}") from None
+    return HttpConfig(
+        failure_reward=failure,
+        strip_suffixes=tuple(suffixes),
+        budget_seconds=float(budget),
+        max_failure_ratio=None if ratio is None else float(ratio),
+    )
 
 
 def load_config(path: str | Path) -> ServerConfig:

@@ -17,6 +17,10 @@ Where work runs, in the words used throughout (code, tests, docs):
 The engine chooses among them; the service only translates. Several chunks are in flight so every core
 works; they come back as they finish, and a new chunk starts only when a finished one has been handed on,
 so a slow reader slows the grading instead of growing a queue.
+
+A call's guards (see `guard`) work the same on every path: its deadline goes with each chunk, so what is
+running stops at it with BUDGET_EXCEEDED, and what has not come back shortly after it is cut here; its
+failure tally is kept chunk by chunk and ends the call once it is over the allowance.
 """
 
 from __future__ import annotations
@@ -24,16 +28,18 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from grpcgrade.grader import BaseGrader, GraderResult, Inputs
 
 from .budget import OutputBudget
-from .errors import InvalidParams, SampleProblem, UnknownReward
+from .errors import ErrorCode, InvalidParams, SampleProblem, UnknownReward
 from .grading import (
     Stats,
+    budget_error,
+    failed_stats,
     grade_async,
     grade_chunk_sync,
     grade_sync,
@@ -44,6 +50,7 @@ from .grading import (
     usable,
     with_problems,
 )
+from .guard import CUT_GRACE_SECONDS, FailureTally
 from .registry import Registry
 from .rewards import Reward, SpecData, check_weights, number_repeats, reward_stats, rewards
 from .samples import select_all
@@ -82,20 +89,23 @@ class WholeChunk:
 
     payload: Any
     size: int
+    start: int = 0  # the index of its first sample in the request
+    stats: Sequence[Stats] = ()  # each grader's (and the reward's), as the worker counted them
 
 
 @dataclass(frozen=True)
 class Batch:
     """A batch as the service hands it over: `size` samples, cut into chunks on demand, either way.
 
-    `chunk(a, b)` gives samples a..b-1 as keyword arguments; `whole(a, b, timeout)`, where the service can
-    make one, the same samples as one unit of whole-chunk work. Cutting is lazy: a chunk is made when it is graded.
-    `nbytes` is the size of the request's samples where the service knows it (else 0: not small).
+    `chunk(a, b)` gives samples a..b-1 as keyword arguments; `whole(a, b, timeout, deadline)`, where the
+    service can make one, the same samples as one unit of whole-chunk work, graded until the call's
+    `deadline` (see `guard`). Cutting is lazy: a chunk is made when it is graded. `nbytes` is the size of
+    the request's samples where the service knows it (else 0: not small).
     """
 
     size: int
     chunk: Callable[[int, int], Chunk]
-    whole: Callable[[int, int, float | None], Work] | None = None
+    whole: Callable[[int, int, float | None, float | None], Work] | None = None
     nbytes: int = 0
 
 
@@ -196,9 +206,15 @@ class Engine:
                 self.observer(stat)
 
     async def _run_job(
-        self, job: Job, batch: list[dict[str, Any]], timeout: float | None, unusable: int = 0
+        self,
+        job: Job,
+        batch: list[dict[str, Any]],
+        timeout: float | None,
+        unusable: int = 0,
+        deadline: float | None = None,
     ) -> list[GraderResult]:
-        """The job's results for `batch`; its stats count the chunk's `unusable` samples as INVALID_SAMPLE."""
+        """The job's results for `batch`; its stats count the chunk's `unusable` samples as INVALID_SAMPLE.
+        Past the call's `deadline` the samples left are BUDGET_EXCEEDED."""
         if not batch:
             if unusable:
                 self._observe([problem_stats(job.grader.name, unusable)])
@@ -208,38 +224,45 @@ class Engine:
         if job.in_worker:
             assert self.pool is not None
             name = self.registry.entry(job.spec.name).name
-            results, _ = await self.pool.run(grader_work(name, job.spec.params, batch, timeout))
+            results, _ = await self.pool.run(grader_work(name, job.spec.params, batch, timeout, deadline))
         elif job.grader.is_sync:
-            results = grade_sync(job.grader, batch, timeout)
+            results = grade_sync(job.grader, batch, timeout, deadline)
         else:
-            results = await grade_async(job.grader, batch, timeout)
+            results = await grade_async(job.grader, batch, timeout, deadline)
         stats = grader_stats(job.grader.name, results, time.perf_counter() - start)
         self._observe(join_stats([[stats], [problem_stats(job.grader.name, unusable)]]) if unusable else [stats])
         return results
 
     async def grade_chunk(
-        self, jobs: list[Job], chunk: Chunk, timeout: float | None = None, reward: str = "", nbytes: int = 0
+        self,
+        jobs: list[Job],
+        chunk: Chunk,
+        timeout: float | None = None,
+        reward: str = "",
+        deadline: float | None = None,
+        nbytes: int = 0,
     ) -> GradedChunk:
         """One chunk, each grader where it runs; inline synchronous graders one after the other (also every
         grader of a chunk of `nbytes` that `inline_small` allows). `reward` names the configured reward the
-        call asked for: its values are counted for the metrics."""
+        call asked for: its values are counted for the metrics. Past the call's `deadline`
+        (`time.monotonic()`) the samples left are answered BUDGET_EXCEEDED."""
         timeout = self.timeout(timeout)
         indices = [index for index, _ in chunk]
         kwargs = [kw for _, kw in chunk]
         if self.inline_small(jobs, nbytes):
-            columns, stats = grade_chunk_sync([job.grader for job in jobs], kwargs, timeout)
+            columns, stats = grade_chunk_sync([job.grader for job in jobs], kwargs, timeout, deadline)
             self._observe(stats)
         elif self.pool is not None and self.whole_chunks(jobs):
             specs = [(self.registry.entry(job.spec.name).name, job.spec.params) for job in jobs]
-            columns, stats = await self.pool.run(chunk_work(specs, kwargs, timeout))
+            columns, stats = await self.pool.run(chunk_work(specs, kwargs, timeout, deadline))
             self._observe(stats)
         elif all(job.grader.is_sync and not job.in_worker for job in jobs):
-            columns, stats = grade_chunk_sync([job.grader for job in jobs], kwargs, timeout)
+            columns, stats = grade_chunk_sync([job.grader for job in jobs], kwargs, timeout, deadline)
             self._observe(stats)
         else:
             good = usable(kwargs)
             unusable = len(kwargs) - len(good)
-            runs = (self._run_job(job, select_all(good, job.inputs), timeout, unusable) for job in jobs)
+            runs = (self._run_job(job, select_all(good, job.inputs), timeout, unusable, deadline) for job in jobs)
             columns = list(await asyncio.gather(*runs))
             if good is not kwargs:
                 columns = [with_problems(j.grader.name, kwargs, c) for j, c in zip(jobs, columns, strict=True)]
@@ -256,35 +279,72 @@ class Engine:
         timeout: float | None = None,
         budget: OutputBudget | None = None,
         reward: str = "",
+        deadline: float | None = None,
+        failures: FailureTally | None = None,
     ) -> AsyncIterator[GradedChunk | WholeChunk]:
         """Grade a batch chunk after chunk, the engine choosing the path; each chunk is yielded as it
         finishes (not necessarily in order), as a `GradedChunk`, or a `WholeChunk` from a worker.
         With a `budget`, a whole chunk's answer is charged from when it is graded until the next chunk is
         asked for (it has been handed on), and each chunk starts only when the budget has room. `reward`: as
-        for `grade_chunk` (a whole chunk counts its reward where it is graded: `Batch.whole` knows it)."""
+        for `grade_chunk` (a whole chunk counts its reward where it is graded: `Batch.whole` knows it).
+
+        The call's guards (see `guard`): once its `deadline` (`time.monotonic()`) passes, no chunk starts,
+        running ones answer what they have not graded with BUDGET_EXCEEDED, and the chunks that have not
+        come back `CUT_GRACE_SECONDS` later are cancelled; every sample not yet answered then comes last,
+        as one `GradedChunk` of BUDGET_EXCEEDED results. With `failures`, each chunk is counted before it
+        is yielded, and TooManyFailures is raised (the running chunks cancelled) once they are too many."""
         timeout = self.timeout(timeout)
         starts = range(0, batch.size, size)
         steps: Iterator[Awaitable[GradedChunk | WholeChunk]]
         if batch.whole is not None and self.inline_small(jobs, batch.nbytes):
-            steps = (self._run_inline(batch.whole(a, min(a + size, batch.size), timeout)) for a in starts)
+            whole = batch.whole
+            steps = (self._run_inline(whole(a, min(a + size, batch.size), timeout, deadline), a) for a in starts)
         elif batch.whole is not None and self.pool is not None and self.whole_chunks(jobs):
-            steps = (self._run_whole(batch.whole(a, min(a + size, batch.size), timeout)) for a in starts)
+            whole = batch.whole
+            steps = (self._run_whole(whole(a, min(a + size, batch.size), timeout, deadline), a) for a in starts)
         else:
-            steps = (self.grade_chunk(jobs, batch.chunk(a, min(a + size, batch.size)), timeout, reward) for a in starts)
-        async for graded in _pipelined(steps, self.window(jobs), budget):
-            yield graded
+            chunk = batch.chunk
+            steps = (
+                self.grade_chunk(jobs, chunk(a, min(a + size, batch.size)), timeout, reward, deadline) for a in starts
+            )
+        names = [job.grader.name for job in jobs]
+        answered: set[int] = set()
+        pipeline = _pipelined(steps, self.window(jobs), budget, deadline)
+        try:
+            async for graded in pipeline:
+                if isinstance(graded, WholeChunk):
+                    answered.add(graded.start)
+                    if failures is not None:
+                        failures.add_stats(graded.stats)
+                else:
+                    answered.add(graded.indices[0])  # a chunk of samples a..b-1 starts at a
+                    if failures is not None:
+                        failures.add_columns(names, graded.columns, graded.rewards)
+                if failures is not None:
+                    failures.check()
+                yield graded
+        finally:  # ended, cut, failed or closed by the caller: whatever still runs is cancelled now
+            await pipeline.aclose()
+        if len(answered) < len(starts):  # only past the deadline: the rest is cut
+            cut = [i for a in starts if a not in answered for i in range(a, min(a + size, batch.size))]
+            stats = [failed_stats(n, ErrorCode.BUDGET_EXCEEDED, len(cut), first=j == 0) for j, n in enumerate(names)]
+            self._observe([*stats, reward_stats(reward, [None] * len(cut))] if reward else stats)
+            if failures is not None:
+                failures.add_stats(stats)
+                failures.check()
+            yield GradedChunk(cut, [[budget_error(name)] * len(cut) for name in names], [None] * len(cut))
 
-    async def _run_inline(self, work: Work) -> WholeChunk:
+    async def _run_inline(self, work: Work, start: int) -> WholeChunk:
         """Whole-chunk work run here, as a worker would run it (`inline_small` said it is small and bounded)."""
         payload, stats = work.fn(*work.args)
         self._observe(stats)
-        return WholeChunk(payload, work.size)
+        return WholeChunk(payload, work.size, start, stats)
 
-    async def _run_whole(self, work: Work) -> WholeChunk:
+    async def _run_whole(self, work: Work, start: int) -> WholeChunk:
         assert self.pool is not None
         payload, stats = await self.pool.run(work)
         self._observe(stats)
-        return WholeChunk(payload, work.size)
+        return WholeChunk(payload, work.size, start, stats)
 
 
 def _output_bytes(graded: object) -> int:
@@ -294,12 +354,15 @@ def _output_bytes(graded: object) -> int:
 
 
 async def _pipelined(
-    steps: Iterator[Awaitable[T]], window: int, budget: OutputBudget | None = None
-) -> AsyncIterator[T]:
+    steps: Iterator[Awaitable[T]], window: int, budget: OutputBudget | None = None, deadline: float | None = None
+) -> AsyncGenerator[T, None]:
     """Await `steps` with `window` in flight, yielding results as they finish. A step starts only when a
     finished one has been handed on (and the budget has room), so a slow reader slows the work instead of
     growing a queue. A finished step's output is charged to the budget until it has been handed on; while
-    waiting for room, finished steps are still handed on (they are what frees it)."""
+    waiting for room, finished steps are still handed on (they are what frees it).
+
+    Once `deadline` (`time.monotonic()`) has passed no step starts, and the steps still running
+    `CUT_GRACE_SECONDS` after it are cancelled: the iteration then ends with steps left undone."""
     pending: set[asyncio.Future[T]] = set()
     charged: dict[asyncio.Future[T], int] = {}
     closed = False
@@ -313,19 +376,25 @@ async def _pipelined(
     upcoming = next(steps, None)
     try:
         while True:
-            while upcoming is not None and len(pending) < window and (budget is None or budget.has_room()):
+            late = deadline is not None and time.monotonic() >= deadline
+            while upcoming is not None and not late and len(pending) < window and (budget is None or budget.has_room()):
                 task = asyncio.ensure_future(upcoming)
                 task.add_done_callback(charge)
                 pending.add(task)
                 upcoming = next(steps, None)
-            if upcoming is None and not pending:
+            if not pending and (upcoming is None or late):
                 return
             waits: set[asyncio.Future[Any]] = set(pending)
-            if upcoming is not None and len(pending) < window:  # the budget is spent: wait for room too
+            if upcoming is not None and not late and len(pending) < window:  # the budget is spent: wait for room
                 assert budget is not None
                 room = room or asyncio.ensure_future(budget.room())
                 waits.add(room)
-            done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            wait = None
+            if deadline is not None:  # wake at the deadline, then at the end of its grace
+                wait = max(0.0, deadline + (CUT_GRACE_SECONDS if late else 0.0) - time.monotonic())
+            done, _ = await asyncio.wait(waits, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
+            if not done and late and time.monotonic() >= deadline + CUT_GRACE_SECONDS:  # type: ignore[operator]
+                return  # what still runs is cancelled below; the caller answers its samples
             if room is not None and room in done:
                 room = None
             for finished in pending.intersection(done):

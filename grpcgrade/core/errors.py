@@ -109,3 +109,13 @@ class GraderTimeout(BaseException):
 
 class GraderCancelled(BaseException):
     """Raised inside a grader whose call was cancelled or ran past its deadline: nobody waits for the result."""
+
+
+class GraderOverBudget(BaseException):
+    """Raised inside a grader whose sample was running when its call's step budget ran out: the sample is
+    answered BUDGET_EXCEEDED. A `BaseException` for the reason given at `GraderTimeout`."""
+
+
+class TooManyFailures(Exception):
+    """A call's failures passed its failure budget (`max_failure_ratio`): the call ends with
+    FAILED_PRECONDITION; the message names the grader with the most errors and its most frequent code."""

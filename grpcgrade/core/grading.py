@@ -30,7 +30,7 @@ from grpcgrade.grader import (
     is_finite_score,
 )
 
-from .errors import ErrorCode, GraderCancelled, GraderTimeout, SampleProblem
+from .errors import ErrorCode, GraderCancelled, GraderOverBudget, GraderTimeout, SampleProblem
 from .histograms import EMPTY, Histogram, count_pairs, histogram
 from .rewards import NUMBER_TYPES, Result, RewardStats
 from .samples import TEXT_FIELDS, select_all
@@ -47,6 +47,10 @@ class GraderStats(NamedTuple):
     scores: Histogram = EMPTY
     #: The errors by code: ((code, count), ...), each code once.
     error_codes: tuple[tuple[str, int], ...] = ()
+    #: The chunk's samples that failed with this grader the first of the call's graders to fail on them, so
+    #: the graders' `failed` add up to the chunk's failed samples (the failure budget's count); filled
+    #: where a chunk's graders run together (`grade_chunk_sync`, `failed_stats`), 0 elsewhere.
+    failed: int = 0
 
 
 #: What a chunk's grading reports to the metrics: each grader's work, and a configured reward's values.
@@ -65,9 +69,10 @@ def grader_stats(name: str, results: list[GraderResult], seconds: float) -> Grad
     return GraderStats(name, len(results) - failed, failed, seconds, histogram(scores), errors)
 
 
-def failed_stats(name: str, code: str, samples: int = 1) -> GraderStats:
-    """The stats of samples that could not be graded at all (a worker died or hung on one)."""
-    return GraderStats(name, 0, samples, 0.0, EMPTY, ((code, samples),))
+def failed_stats(name: str, code: str, samples: int = 1, first: bool = False) -> GraderStats:
+    """The stats of samples that could not be graded at all (a worker died or hung on one); `first`: this
+    grader is the first of its chunk's, which counts them as failed samples (`GraderStats.failed`)."""
+    return GraderStats(name, 0, samples, 0.0, EMPTY, ((code, samples),), samples if first else 0)
 
 
 def problem_stats(name: str, samples: int) -> GraderStats:
@@ -153,9 +158,17 @@ class _Watch:
     start = 0.0
     limit = float("inf")
     cancelled: Callable[[], bool] | None = None  # set in a worker while it grades a call's chunk
+    deadline = float("inf")  # the call's step budget ends (`time.monotonic()`), for the chunk being graded
+    over = False  # the deadline has passed: the chunk's remaining samples are not graded
 
 
 def _on_alarm(signum: int, frame: Any) -> None:
+    if not _Watch.over and time.monotonic() >= _Watch.deadline:
+        _Watch.over = True
+        if _Watch.active and not _Watch.fired:
+            _Watch.fired = True
+            raise GraderOverBudget
+        return
     if not _Watch.active or _Watch.fired:
         return
     if time.perf_counter() - _Watch.start >= _Watch.limit:
@@ -167,14 +180,21 @@ def _on_alarm(signum: int, frame: Any) -> None:
 
 
 ALARM_MAX_INTERVAL = 0.1  # how late a cancellation reaches a sample that is running Python code
+#: After a call's deadline, how long the later graders of a chunk graded one grader after the other may
+#: still take to finish the samples the first graded in time (see `grade_chunk_sync`); well within the
+#: engine's `guard.CUT_GRACE_SECONDS`, so what they finish comes back before the engine cuts the chunk.
+FINISH_SECONDS = 0.3
 
 
 @contextlib.contextmanager
-def _alarm(seconds: float | None) -> Iterator[bool]:
+def _alarm(seconds: float | None, deadline: float | None = None) -> Iterator[bool]:
     """A periodic SIGALRM for a whole chunk; it raises only in a sample that has run past `seconds` (at most
-    10% late) or whose call was cancelled. The handler is installed once per process and the timer armed
-    per chunk: two cheap syscalls per chunk, nothing per sample. Off the main thread there is no limit."""
-    watching = bool(seconds) or _Watch.cancelled is not None
+    10% late), whose call was cancelled, or that is running when the call's `deadline` passes. The handler
+    is installed once per process and the timer armed per chunk: two cheap syscalls per chunk, nothing per
+    sample. Off the main thread there is no limit (the engine cuts what passes a deadline there)."""
+    _Watch.deadline = float("inf") if deadline is None else deadline
+    _Watch.over = deadline is not None and time.monotonic() >= deadline
+    watching = bool(seconds) or _Watch.cancelled is not None or deadline is not None
     if not watching or threading.current_thread() is not threading.main_thread():
         yield False
         return
@@ -227,18 +247,30 @@ def error_from(grader: BaseGrader, exc: BaseException, timeout: float | None) ->
     return GraderError(grader.name, f"{type(exc).__name__}: {exc}", code=ErrorCode.GRADER_FAILED)
 
 
-def grade_sync(grader: BaseGrader, batch: list[dict[str, Any]], timeout: float | None) -> list[GraderResult]:
+def budget_error(grader: str) -> GraderError:
+    """A sample's result for a grader that did not grade it before the call's deadline (`budget_seconds`)."""
+    return GraderError(grader, "the call's step budget (budget_seconds) ran out", code=ErrorCode.BUDGET_EXCEEDED)
+
+
+def grade_sync(
+    grader: BaseGrader, batch: list[dict[str, Any]], timeout: float | None, deadline: float | None = None
+) -> list[GraderResult]:
     """Grade a chunk with a synchronous grader; one result per sample, in order.
 
     The timer is live only while `evaluate` runs (`_Watch.active`), and raises at most once per sample, so a
     timeout always lands inside the `try` that records it. A cancelled call's chunk stops with
     `GraderCancelled` (between samples, or inside one at the next tick): its results would be thrown away.
+    Once the call's `deadline` (`time.monotonic()`) passes, the running sample is stopped at the next tick
+    and it and the rest of the chunk get BUDGET_EXCEEDED; the results before it are kept.
     """
     out: list[GraderResult] = []
     evaluate = grader.evaluate
-    with _alarm(timeout):
+    with _alarm(timeout, deadline):
         for kwargs in batch:
             _check_cancelled()
+            if _Watch.over:
+                out.extend([budget_error(grader.name)] * (len(batch) - len(out)))
+                break
             try:
                 _Watch.start, _Watch.fired = time.perf_counter(), False
                 _Watch.active = True
@@ -249,31 +281,49 @@ def grade_sync(grader: BaseGrader, batch: list[dict[str, Any]], timeout: float |
                 out.append(check_result(grader, result, kwargs))
             except GraderTimeout as exc:
                 out.append(error_from(grader, exc, timeout))
+            except GraderOverBudget:
+                out.append(budget_error(grader.name))
             except Exception as exc:
                 out.append(error_from(grader, exc, timeout))
     return out
 
 
-async def grade_async(grader: BaseGrader, batch: list[dict[str, Any]], timeout: float | None) -> list[GraderResult]:
-    """Grade a chunk with an async grader: the samples run concurrently, each under the time limit."""
+def _within(timeout: float | None, deadline: float | None) -> float | None:
+    """The time a sample may still take: its own limit, or less when the call's deadline comes first."""
+    if deadline is None:
+        return timeout
+    left = deadline - time.monotonic()
+    return left if timeout is None else min(timeout, left)
+
+
+async def grade_async(
+    grader: BaseGrader, batch: list[dict[str, Any]], timeout: float | None, deadline: float | None = None
+) -> list[GraderResult]:
+    """Grade a chunk with an async grader: the samples run concurrently, each under the time limit; those
+    still running when the call's `deadline` passes are stopped with BUDGET_EXCEEDED."""
     if grader.bounds_own_time:
         timeout = None
 
+    def timed_out() -> GraderError:
+        if deadline is not None and time.monotonic() >= deadline:
+            return budget_error(grader.name)
+        return error_from(grader, GraderTimeout(), timeout)
+
     async def one(kwargs: dict[str, Any]) -> GraderResult:
         try:
-            result = await asyncio.wait_for(grader.aevaluate(**kwargs), timeout)
+            result = await asyncio.wait_for(grader.aevaluate(**kwargs), _within(timeout, deadline))
             return check_result(grader, result, kwargs)
         except TimeoutError:
-            return error_from(grader, GraderTimeout(), timeout)
+            return timed_out()
         except Exception as exc:
             return error_from(grader, exc, timeout)
 
     batch_method = getattr(grader, "aevaluate_batch", None)
     if batch_method is not None:
         try:
-            results = await asyncio.wait_for(batch_method(batch), timeout)
+            results = await asyncio.wait_for(batch_method(batch), _within(timeout, deadline))
         except TimeoutError:
-            return [error_from(grader, GraderTimeout(), timeout) for _ in batch]
+            return [timed_out() for _ in batch]
         except Exception as exc:
             return [error_from(grader, exc, timeout) for _ in batch]
         return [
@@ -284,21 +334,56 @@ async def grade_async(grader: BaseGrader, batch: list[dict[str, Any]], timeout: 
 
 
 def grade_chunk_sync(
-    graders: Sequence[BaseGrader], chunk: list[Any], timeout: float | None
+    graders: Sequence[BaseGrader], chunk: list[Any], timeout: float | None, deadline: float | None = None
 ) -> tuple[list[list[GraderResult]], list[GraderStats]]:
     """Every grader over a chunk, one after the other, where the chunk is (inline, or a whole chunk in a
-    worker): `columns[j][k]` is grader j's result for sample k, unusable samples included as errors."""
+    worker): `columns[j][k]` is grader j's result for sample k, unusable samples included as errors.
+
+    Past the call's `deadline`, what is left is BUDGET_EXCEEDED (see `grade_sync`). Graders run one after
+    the other, so the first grader's samples graded before the deadline still get the later graders'
+    results if they come within `FINISH_SECONDS` after it; a sample one grader did not reach in time is
+    not graded by the later ones (BUDGET_EXCEEDED from each)."""
     good = usable(chunk)
     columns: list[list[GraderResult]] = []
     stats: list[GraderStats] = []
-    for grader in graders:
+    failed: set[int] = set()  # samples some grader failed on, filled only for chunks with errors
+    cut: set[int] = set()  # samples of `good` a grader did not reach by the deadline
+    for j, grader in enumerate(graders):
         start = time.perf_counter()
-        results = grade_sync(grader, select_all(good, inputs_of(grader)), timeout)
+        batch = select_all(good, inputs_of(grader))
+        if deadline is None:
+            results = grade_sync(grader, batch, timeout)
+        elif not cut:
+            results = grade_sync(grader, batch, timeout, deadline + (FINISH_SECONDS if j else 0.0))
+        else:
+            graded = iter(
+                grade_sync(
+                    grader, [kw for k, kw in enumerate(batch) if k not in cut], timeout, deadline + FINISH_SECONDS
+                )
+            )
+            results = [budget_error(grader.name) if k in cut else next(graded) for k in range(len(batch))]
+        if deadline is not None:
+            cut.update(
+                k for k, r in enumerate(results) if isinstance(r, GraderError) and r.code == ErrorCode.BUDGET_EXCEEDED
+            )
         if good is not chunk:  # the unusable samples' INVALID_SAMPLE errors are counted too
             results = with_problems(grader.name, chunk, results)
-        stats.append(grader_stats(grader.name, results, time.perf_counter() - start))
+        graded_stats = grader_stats(grader.name, results, time.perf_counter() - start)
+        if graded_stats.errors:
+            graded_stats = graded_stats._replace(failed=_first_failures(results, failed))
+        stats.append(graded_stats)
         columns.append(results)
     return columns, stats
+
+
+def _first_failures(column: list[GraderResult], failed: set[int]) -> int:
+    """How many of the column's errors are on samples no earlier grader failed on (added to `failed`)."""
+    first = 0
+    for k, result in enumerate(column):
+        if isinstance(result, GraderError) and k not in failed:
+            failed.add(k)
+            first += 1
+    return first
 
 
 def grade_column(
@@ -333,20 +418,15 @@ def grade_columns(
     timeout: float | None,
 ) -> tuple[list[list[Result]], list[GraderStats]]:
     """Every grader over a chunk given as text columns (the scores view, every grader with a
-    `score_column`): `columns[j][k]` grader j's score for sample k, or, where its column call could not
-    answer, its result from grading the chunk's `kwargs()` sample by sample."""
+    `score_column`): `columns[j][k]` grader j's score for sample k; where a column call cannot answer, the
+    chunk's `kwargs()` graded sample by sample by every grader instead (`grade_chunk_sync`)."""
     out: list[list[Result]] = []
     stats: list[GraderStats] = []
-    chunk: list[Any] | None = None
     for grader in graders:
         start = time.perf_counter()
         scores = grade_column(grader, columns, n, timeout)
-        if scores is not None:
-            out.append(list(scores))
-            stats.append(GraderStats(grader.name, n, 0, time.perf_counter() - start, histogram(scores)))
-            continue
-        chunk = kwargs() if chunk is None else chunk
-        (results,), (stat,) = grade_chunk_sync([grader], chunk, timeout)
-        out.append(list(results))
-        stats.append(stat._replace(seconds=time.perf_counter() - start))
+        if scores is None:
+            return grade_chunk_sync(graders, kwargs(), timeout)  # type: ignore[return-value]
+        out.append(list(scores))
+        stats.append(GraderStats(grader.name, n, 0, time.perf_counter() - start, histogram(scores)))
     return out, stats

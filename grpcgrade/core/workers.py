@@ -89,23 +89,27 @@ def _call(slot: int, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
 
 
 def _run(
-    name: str, params: dict[str, Any], batch: list[dict[str, Any]], timeout: float | None
+    name: str,
+    params: dict[str, Any],
+    batch: list[dict[str, Any]],
+    timeout: float | None,
+    deadline: float | None = None,
 ) -> tuple[list[GraderResult], float]:
     from .registry import get_registry
 
     grader = get_registry().build(name, params)
     start = time.perf_counter()
-    results = grade_sync(grader, batch, timeout)
+    results = grade_sync(grader, batch, timeout, deadline)
     return results, time.perf_counter() - start
 
 
 def _run_chunk(
-    specs: list[tuple[str, dict[str, Any]]], chunk: list[Any], timeout: float | None
+    specs: list[tuple[str, dict[str, Any]]], chunk: list[Any], timeout: float | None, deadline: float | None = None
 ) -> tuple[list[list[GraderResult]], list[GraderStats]]:
     from .registry import get_registry
 
     registry = get_registry()
-    return grade_chunk_sync([registry.build(name, params) for name, params in specs], chunk, timeout)
+    return grade_chunk_sync([registry.build(name, params) for name, params in specs], chunk, timeout, deadline)
 
 
 @dataclass(frozen=True)
@@ -126,26 +130,35 @@ class Work:
     join: Callable[[list[Any]], Any]
 
 
-def grader_work(name: str, params: dict[str, Any], batch: list[dict[str, Any]], timeout: float | None) -> Work:
-    """One grader over a chunk of keyword arguments: `([results], seconds)` back."""
+def grader_work(
+    name: str,
+    params: dict[str, Any],
+    batch: list[dict[str, Any]],
+    timeout: float | None,
+    deadline: float | None = None,
+) -> Work:
+    """One grader over a chunk of keyword arguments: `([results], seconds)` back. Past the call's
+    `deadline` (`time.monotonic()`, the same clock in every process) what is left is BUDGET_EXCEEDED."""
     return Work(
         _run,
-        (name, params, batch, timeout),
+        (name, params, batch, timeout, deadline),
         len(batch),
         timeout,
-        lambda: [grader_work(name, params, [kw], timeout) for kw in batch],
+        lambda: [grader_work(name, params, [kw], timeout, deadline) for kw in batch],
         lambda code, message: ([GraderError(name, message, code=code)], 0.0),
         lambda parts: ([r for res, _ in parts for r in res], sum(t for _, t in parts)),
     )
 
 
-def chunk_work(specs: list[tuple[str, dict[str, Any]]], chunk: list[Any], timeout: float | None) -> Work:
+def chunk_work(
+    specs: list[tuple[str, dict[str, Any]]], chunk: list[Any], timeout: float | None, deadline: float | None = None
+) -> Work:
     """Every grader of a call over a chunk of keyword arguments (or `SampleProblem`s), in one worker:
-    `(columns, [GraderStats])` back, as `grade_chunk_sync` gives them."""
+    `(columns, [GraderStats])` back, as `grade_chunk_sync` gives them (`deadline`: see `grader_work`)."""
 
     def failed(code: str, message: str) -> tuple[list[list[GraderResult]], list[GraderStats]]:
         columns: list[list[GraderResult]] = [[GraderError(name, message, code=code)] for name, _ in specs]
-        return columns, [failed_stats(name, code) for name, _ in specs]
+        return columns, [failed_stats(name, code, first=j == 0) for j, (name, _) in enumerate(specs)]
 
     def join(parts: list[tuple[list[list[GraderResult]], list[GraderStats]]]) -> Any:
         columns = [[r for cols, _ in parts for r in cols[j]] for j in range(len(specs))]
@@ -154,10 +167,10 @@ def chunk_work(specs: list[tuple[str, dict[str, Any]]], chunk: list[Any], timeou
 
     return Work(
         _run_chunk,
-        (specs, chunk, timeout),
+        (specs, chunk, timeout, deadline),
         len(chunk),
         timeout,
-        lambda: [chunk_work(specs, [kw], timeout) for kw in chunk],
+        lambda: [chunk_work(specs, [kw], timeout, deadline) for kw in chunk],
         failed,
         join,
     )

@@ -33,7 +33,8 @@ from typing import Any
 
 import grpc
 
-from grpcgrade.client import AsyncGradingClient, Graders, GradingClient, Target
+from grpcgrade.client import AsyncGradingClient, Cache, Graders, GradingClient, Target, cache_mode
+from grpcgrade.core.guard import failure_limit, step_deadline
 from grpcgrade.v1 import grading_pb2 as pb
 
 from .common import RESERVED, as_text, json_value, reward_of, score_of, usable_extra
@@ -243,12 +244,23 @@ class _Config:
         extra_columns: Sequence[str] | None = None,
         check: bool = True,
         wait_for_ready: float | None = 30.0,
+        budget_seconds: float = 0.0,
+        max_failure_ratio: float | None = None,
+        cache: Cache = None,
         **client_options: Any,
     ) -> None:
         self.target = target
         self.graders = list(graders or [])
         self.reward = reward
         self.builder = SampleBuilder(columns, extra_columns)
+        step_deadline(budget_seconds, 0.0)  # out of range: ValueError naming the option, now, not at step 1
+        failure_limit(max_failure_ratio, 0)
+        #: The reward guard's options of every call (docs/reward-guard.md).
+        self.guards: dict[str, Any] = {
+            "budget_seconds": budget_seconds,
+            "max_failure_ratio": max_failure_ratio,
+            "cache": cache_mode(cache),
+        }
         self.client_options = client_options
         self.catalog = validate(target, self.graders, reward, wait_for_ready, client_options) if check else None
 
@@ -281,7 +293,10 @@ def reward_function(
     Options: `columns` ({column: sample field or None}) and `extra_columns` (the only columns sent in
     `extra`), see the module docstring; `check=True` builds the function only after the server has answered
     and accepted the reward or graders, waiting `wait_for_ready` seconds (default 30) for a server that is
-    still starting; anything else (`token`, `timeout`, `chunk_size`...) goes to the client.
+    still starting; the reward guard's `budget_seconds` (per step: the samples not graded by then come back
+    as None), `max_failure_ratio` (past it the step raises `grpcgrade.client.FailureBudgetExceeded`) and
+    `cache` ("on", "off", None: the server's default), see docs/reward-guard.md; anything else (`token`,
+    `timeout`, `chunk_size`...) goes to the client.
     """
     config = _Config(target, graders, reward, **options)
     client: GradingClient | None = None
@@ -291,7 +306,9 @@ def reward_function(
         if client is None:  # made on first use: a trainer may copy the function to other processes first
             client = GradingClient(config.target, **config.client_options)
         samples = config.builder.samples(prompts, completions, kwargs)
-        results = client.batch_evaluate(samples, config.graders, config.reward, view=pb.RESULT_VIEW_SCORES)
+        results = client.batch_evaluate(
+            samples, config.graders, config.reward, view=pb.RESULT_VIEW_SCORES, **config.guards
+        )
         report(results, kwargs)
         return [reward_of(r) for r in results]
 
@@ -316,7 +333,9 @@ def async_reward_function(
         if client is None:
             client = clients[loop] = AsyncGradingClient(config.target, **config.client_options)
         samples = config.builder.samples(prompts, completions, kwargs)
-        results = await client.batch_evaluate(samples, config.graders, config.reward, view=pb.RESULT_VIEW_SCORES)
+        results = await client.batch_evaluate(
+            samples, config.graders, config.reward, view=pb.RESULT_VIEW_SCORES, **config.guards
+        )
         report(results, kwargs)
         return [reward_of(r) for r in results]
 
@@ -348,7 +367,9 @@ def reward_functions(
         if client is None:
             client = GradingClient(config.target, **config.client_options)
         samples = config.builder.samples(prompts, completions, kwargs)
-        results = client.batch_evaluate(samples, config.graders, config.reward, view=pb.RESULT_VIEW_SCORES)
+        results = client.batch_evaluate(
+            samples, config.graders, config.reward, view=pb.RESULT_VIEW_SCORES, **config.guards
+        )
         report(results, kwargs)
         last = (prompts, completions, results)
         return results

@@ -12,6 +12,9 @@ gives `score` as the reward and every key to `reward_extra_info`, one list per k
 has the same keys here: `score`, `grpcgrade/failed` (1.0 when the sample's graders failed: its `score` is
 then `failure_score`, not a grade) and `grpcgrade/<key>` per grader of the configured rewards (NaN where it
 failed). The per-sample calls of a step reach the server as a few BatchEvaluate calls: `Coalescer`.
+The reward guard's options (`budget_seconds`, `max_failure_ratio`, `cache`; docs/reward-guard.md) apply
+to each of those calls: a sample cut by the budget is a failed sample; a call past its failure ratio
+raises `grpcgrade.client.FailureBudgetExceeded` in every `compute_score` it answers, which fails the step.
 
 `compute_score` is the async form (veRL's reward loop); `compute_score_sync` the blocking one, for the
 legacy managers that call the function directly (`verl/workers/reward_manager/naive.py`, `prime.py`).
@@ -25,7 +28,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from grpcgrade.client import DEFAULT_LINGER, DEFAULT_MAX_BATCH, AsyncGradingClient, Coalescer
+from grpcgrade.client import DEFAULT_LINGER, DEFAULT_MAX_BATCH, AsyncGradingClient, Cache, Coalescer
 from grpcgrade.integrations.common import (  # absolute: veRL may load this file by path
     as_text,
     reward_of,
@@ -48,15 +51,17 @@ class _Connection:
     def __init__(self, target: str, token: str | None, timeout: float, linger: float, max_batch: int) -> None:
         self.client = AsyncGradingClient(target, token=token, timeout=timeout)
         self.linger, self.max_batch = linger, max_batch
-        self.coalescers: dict[str, Coalescer] = {}
+        self.coalescers: dict[tuple[Any, ...], Coalescer] = {}
         self.labels: dict[str, list[str]] | None = None
         self._catalog_lock = asyncio.Lock()
 
-    def coalescer(self, reward: str) -> Coalescer:
-        c = self.coalescers.get(reward)
+    def coalescer(self, reward: str, **guards: Any) -> Coalescer:
+        """The coalescer of one reward and one set of the reward guard's options."""
+        key = (reward, *sorted(guards.items()))
+        c = self.coalescers.get(key)
         if c is None:
-            c = self.coalescers[reward] = self.client.coalescer(
-                reward=reward, linger=self.linger, max_batch=self.max_batch, view=pb.RESULT_VIEW_SCORES
+            c = self.coalescers[key] = self.client.coalescer(
+                reward=reward, linger=self.linger, max_batch=self.max_batch, view=pb.RESULT_VIEW_SCORES, **guards
             )
         return c
 
@@ -125,16 +130,22 @@ async def compute_score(
     token: str | None = None,
     linger: float = DEFAULT_LINGER,
     max_batch: int = DEFAULT_MAX_BATCH,
+    budget_seconds: float = 0.0,
+    max_failure_ratio: float | None = None,
+    cache: Cache = None,
     **kwargs: Any,
 ) -> dict[str, float]:
     """veRL's reward-loop call for one sample (see the module docstring); `target`, `reward` or `rewards`,
-    `timeout`... come from `custom_reward_function.reward_kwargs`. Other keyword arguments veRL adds
-    (`reward_router_address`, ...) are ignored. A call that fails as a whole (server unreachable, unknown
-    reward) raises: a step must not train on rewards nobody computed."""
+    `timeout`, the reward guard's `budget_seconds`, `max_failure_ratio` and `cache`... come from
+    `custom_reward_function.reward_kwargs`. Other keyword arguments veRL adds (`reward_router_address`,
+    ...) are ignored. A call that fails as a whole (server unreachable, unknown reward, past its failure
+    budget) raises: a step must not train on rewards nobody computed."""
     chosen, every = _pick(data_source, reward, rewards)
     conn = _connection(str(target), token, float(timeout), float(linger), int(max_batch))
     keys = await conn.keys(every)
-    result = await conn.coalescer(chosen).evaluate(sample_of(solution_str, ground_truth, extra_info))
+    guards = {"budget_seconds": float(budget_seconds), "max_failure_ratio": max_failure_ratio, "cache": cache}
+    coalescer = conn.coalescer(chosen, **guards)
+    result = await coalescer.evaluate(sample_of(solution_str, ground_truth, extra_info))
     value = reward_of(result)
     out = {"score": float(failure_score) if value is None else value, FAILED_KEY: float(value is None)}
     for key in keys:

@@ -13,6 +13,11 @@ POSTs `{"query": [...], "prompts": [...], "labels": [...]}` with aiohttp and no 
   removed repeatedly (so `...<|im_end|><|endoftext|>` loses both); its reference is its label.
 - A sample whose graders failed gets `http.failure_reward` and `extra_logs.grpcgrade_failed` = 1 (else 0);
   OpenRLHF logs every extra_logs key, so the failure rate shows in its metrics.
+- The reward guard (docs/reward-guard.md): the body's `budget_seconds` and `max_failure_ratio`, else the
+  configuration's `http.budget_seconds` / `http.max_failure_ratio`. A sample cut by the budget is a failed
+  sample; a request past its failure ratio is answered 400 (gRPC's FAILED_PRECONDITION, as google.rpc.Code
+  maps it) whose text names the grader and its most frequent error code: OpenRLHF's client raises on any
+  error status, so the step does not train on a batch of masks.
 - Auth, when the server has tokens: `Authorization: Bearer TOKEN`, or Basic auth whose password is the
   token, which aiohttp sends for a URL like `http://trainer:TOKEN@host:port/get_reward` (OpenRLHF cannot
   set headers).
@@ -26,6 +31,7 @@ server mounts OpenAI's grader endpoints (`service.openai_http`, docs/openai-grad
 from __future__ import annotations
 
 import hmac
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -33,7 +39,8 @@ from aiohttp import BasicAuth, web
 
 from grpcgrade.core.config import HttpConfig
 from grpcgrade.core.engine import Batch, Engine, GradedChunk
-from grpcgrade.core.errors import InvalidParams, SampleProblem, UnknownGrader, UnknownReward
+from grpcgrade.core.errors import InvalidParams, SampleProblem, TooManyFailures, UnknownGrader, UnknownReward
+from grpcgrade.core.guard import call_guards
 from grpcgrade.core.samples import Limits, check_fields
 
 from .metrics import Metrics
@@ -89,13 +96,20 @@ class RewardHandler:
     """Grades one OpenRLHF request with the engine, as the gRPC servicer would."""
 
     def __init__(
-        self, engine: Engine, limits: Limits, http: HttpConfig, default_reward: str, tokens: Sequence[str]
+        self,
+        engine: Engine,
+        limits: Limits,
+        http: HttpConfig,
+        default_reward: str,
+        tokens: Sequence[str],
+        metrics: Metrics | None = None,
     ) -> None:
         self.engine = engine
         self.limits = limits
         self.http = http
         self.default_reward = default_reward
         self.secrets = [t.encode() for t in tokens if t]
+        self.metrics = metrics
 
     def _check_auth(self, request: web.Request) -> None:
         if self.secrets and not _authorized(request, self.secrets):
@@ -117,6 +131,7 @@ class RewardHandler:
         return await self.grade(request, request.match_info["name"])
 
     async def grade(self, request: web.Request, reward: str) -> web.Response:
+        started = time.monotonic()
         try:
             jobs = self.engine.resolve([], reward)
         except (UnknownReward, UnknownGrader) as exc:
@@ -141,6 +156,7 @@ class RewardHandler:
             )
         prompts = _strings(body, "prompts", n)
         labels = _strings(body, "labels", n) or [""] * n
+        deadline, failures = self._guards(body, n, started)
 
         def kwargs(i: int) -> dict[str, Any] | SampleProblem:
             try:
@@ -160,13 +176,34 @@ class RewardHandler:
 
         rewards: list[float | None] = [None] * n
         batch = Batch(n, lambda a, b: [(i, kwargs(i)) for i in range(a, b)])
-        async for graded in self.engine.grade_batch(jobs, batch, self.engine.chunk_size(jobs), reward=reward):
-            assert isinstance(graded, GradedChunk)  # no whole-chunk work offered: results come back as Python
-            for index, value in zip(graded.indices, graded.rewards, strict=True):
-                rewards[index] = value
+        try:
+            size = self.engine.chunk_size(jobs)
+            async for graded in self.engine.grade_batch(
+                jobs, batch, size, reward=reward, deadline=deadline, failures=failures
+            ):
+                assert isinstance(graded, GradedChunk)  # no whole-chunk work offered: results come back as Python
+                for index, value in zip(graded.indices, graded.rewards, strict=True):
+                    rewards[index] = value
+        except TooManyFailures as exc:
+            if self.metrics is not None:
+                self.metrics.failure_budget_calls.inc()
+            raise web.HTTPBadRequest(text=f"FAILED_PRECONDITION: {exc}") from None
         out = [self.http.failure_reward if r is None else r for r in rewards]
         failed = [float(r is None) for r in rewards]
         return web.json_response({"rewards": out, "scores": out, "extra_logs": {FAILED_LOG: failed}})
+
+    def _guards(self, body: dict[str, Any], n: int, started: float) -> tuple[Any, Any]:
+        """The request's reward guard (its body's keys, else the server's `http` defaults); 400 naming a
+        value out of range."""
+        budget = body.get("budget_seconds", self.http.budget_seconds)
+        ratio = body.get("max_failure_ratio", self.http.max_failure_ratio)
+        for name, value in (("budget_seconds", budget), ("max_failure_ratio", ratio)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+                raise web.HTTPBadRequest(text=f"`{name}` must be a number")
+        try:
+            return call_guards(float(budget or 0.0), None if ratio is None else float(ratio), n, started)
+        except InvalidParams as exc:
+            raise web.HTTPBadRequest(text=str(exc)) from None
 
 
 def build_http_app(
@@ -198,7 +235,7 @@ def build_http_app(
                 metrics.http_requests.labels(request.method, str(status)).inc()
 
     app = web.Application(middlewares=[counted], client_max_size=limits.max_message_bytes)
-    handler = RewardHandler(engine, limits, http, default_reward, tokens)
+    handler = RewardHandler(engine, limits, http, default_reward, tokens, metrics)
     app.router.add_post("/get_reward", handler.default)
     app.router.add_post("/rewards/{name}/get_reward", handler.named)
     for prefix, sub in (subapps or {}).items():

@@ -36,6 +36,7 @@ from prometheus_client.utils import floatToGoString
 
 from grpcgrade import __version__
 from grpcgrade.core import histograms
+from grpcgrade.core.errors import ErrorCode
 from grpcgrade.core.grading import Stats
 from grpcgrade.core.plugins import PluginInfo
 from grpcgrade.core.rewards import RewardStats
@@ -225,6 +226,11 @@ class Metrics:
             ["method", "code"],
             registry=r,
         )
+        self.failure_budget_calls = Counter(
+            "grpcgrade_failure_budget_exceeded_calls",
+            "Calls ended (FAILED_PRECONDITION, or HTTP 400) because their failures passed max_failure_ratio.",
+            registry=r,
+        )
         self.in_flight = Gauge("grpcgrade_samples_in_flight", "Samples accepted and not yet answered.", registry=r)
         self.workers = Gauge("grpcgrade_workers_alive", "Worker processes alive.", registry=r)
         self.worker_restarts = _RestartsCollector()
@@ -260,6 +266,8 @@ class Metrics:
             self.evaluations.labels(grader, "error").inc(errors)
             for code, n in stats.error_codes:
                 self.grader_errors.labels(grader, code).inc(n)
+                if code == ErrorCode.BUDGET_EXCEEDED:
+                    self.budget_exceeded.labels(grader).inc(n)
         if stats.scores.observed:
             self.distributions.add_scores(grader, stats.scores)
         self.grading_seconds.labels(grader).inc(seconds)

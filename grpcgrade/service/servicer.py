@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncGenerator
 from typing import Any
 
@@ -10,7 +11,8 @@ import grpc
 
 from grpcgrade.core.budget import OutputBudget
 from grpcgrade.core.engine import Batch, Chunk, Engine, Job, WholeChunk
-from grpcgrade.core.errors import InvalidParams, UnknownGrader, UnknownReward
+from grpcgrade.core.errors import InvalidParams, TooManyFailures, UnknownGrader, UnknownReward
+from grpcgrade.core.guard import FailureTally, call_guards
 from grpcgrade.core.samples import Limits
 from grpcgrade.core.workers import Work
 from grpcgrade.v1 import grading_pb2 as pb
@@ -114,7 +116,7 @@ class GradingServicer(pb_grpc.GradingServiceServicer):
         chunk = [(0, sample_kwargs(request.sample, self.limits))]
         self._in_flight(1)
         try:
-            graded = await self.engine.grade_chunk(jobs, chunk, timeout, request.reward, request.ByteSize())
+            graded = await self.engine.grade_chunk(jobs, chunk, timeout, request.reward, nbytes=request.ByteSize())
         finally:
             self._in_flight(-1)
         response = pb.EvaluateResponse()
@@ -125,7 +127,12 @@ class GradingServicer(pb_grpc.GradingServiceServicer):
     async def BatchEvaluate(self, request: ReceivedBatch, context: grpc.aio.ServicerContext) -> None:
         """Streams the answers with `context.write`, each write timed: a client that takes no message for
         `send_timeout_seconds` has its call ended (RESOURCE_EXHAUSTED), its running chunks cancelled and its
-        graded answers dropped, so a reader that never reads cannot hold the server's memory."""
+        graded answers dropped, so a reader that never reads cannot hold the server's memory.
+
+        The call's guards (`budget_seconds` from now, `max_failure_ratio`) are the engine's: past the budget
+        the rest comes back as BUDGET_EXCEEDED results and the stream ends OK; past the failure budget the
+        call ends FAILED_PRECONDITION."""
+        started = time.monotonic()
         n = len(request.samples)
         if n > self.limits.max_samples_per_batch:
             await context.abort(
@@ -134,16 +141,21 @@ class GradingServicer(pb_grpc.GradingServiceServicer):
                 f"{self.limits.max_samples_per_batch}; split the batch (the Python client does)",
             )
         jobs, timeout = await self._resolve(request, context)
+        ratio = request.max_failure_ratio if request.HasField("max_failure_ratio") else None
+        try:
+            deadline, failures = call_guards(request.budget_seconds, ratio, n, started)
+        except InvalidParams as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         size = self.engine.chunk_size(jobs, request.chunk_size, n)
         if self.metrics is not None:
             self.metrics.batch_samples.observe(n)
         wait = self.limits.send_timeout_seconds
-        unanswered, stalled = n, False
+        unanswered, stalled, failed = n, False, ""
         self._in_flight(n)
         # Headers first, on their own: grpc aio never sends the status of a stream whose first write (which
         # would carry them) was cancelled by the send timeout (grpcio 1.85, measured).
         await context.send_initial_metadata(())
-        messages = self._graded(request, jobs, size, timeout)
+        messages = self._graded(request, jobs, size, timeout, deadline, failures)
         try:
             async for message, count in messages:
                 try:
@@ -156,6 +168,8 @@ class GradingServicer(pb_grpc.GradingServiceServicer):
                     raise asyncio.CancelledError("the call ended before its answer was sent") from exc
                 unanswered -= count
                 self._in_flight(-count)
+        except TooManyFailures as exc:
+            failed = str(exc)
         finally:  # done, stalled, failed or cancelled: running chunks stop, graded ones are dropped
             await messages.aclose()
             self._in_flight(-unanswered)
@@ -167,9 +181,20 @@ class GradingServicer(pb_grpc.GradingServiceServicer):
                 f"the client stopped reading: no message taken for {wait:g} s (send_timeout_seconds); "
                 f"{unanswered} of {n} samples unanswered"
             )
+        elif failed:
+            if self.metrics is not None:
+                self.metrics.failure_budget_calls.inc()
+            context.set_code(grpc.StatusCode.FAILED_PRECONDITION)
+            context.set_details(failed)
 
     async def _graded(
-        self, request: ReceivedBatch, jobs: list[Job], size: int, timeout: float | None
+        self,
+        request: ReceivedBatch,
+        jobs: list[Job],
+        size: int,
+        timeout: float | None,
+        deadline: float | None = None,
+        failures: FailureTally | None = None,
     ) -> AsyncGenerator[tuple[bytes, int], None]:
         """Serialized response messages and how many samples each answers, in the order chunks finish."""
         samples, limits = request.samples, self.limits
@@ -181,12 +206,15 @@ class GradingServicer(pb_grpc.GradingServiceServicer):
         def chunk(a: int, b: int) -> Chunk:
             return [(i, sample_kwargs(samples[i], limits, small)) for i in range(a, b)]
 
-        def whole(a: int, b: int, timeout: float | None) -> Work:
-            return wire_work(specs, labels, request, a, b, full, limits, timeout, request.reward)
+        def whole(a: int, b: int, timeout: float | None, deadline: float | None) -> Work:
+            return wire_work(specs, labels, request, a, b, full, limits, timeout, request.reward, deadline)
 
         batch = Batch(len(samples), chunk, whole, len(request.data))
         limit = limits.max_message_bytes
-        async for graded in self.engine.grade_batch(jobs, batch, size, timeout, self.budget, request.reward):
+        graded_chunks = self.engine.grade_batch(
+            jobs, batch, size, timeout, self.budget, request.reward, deadline=deadline, failures=failures
+        )
+        async for graded in graded_chunks:
             if isinstance(graded, WholeChunk):
                 if len(graded.payload) <= limit:
                     yield graded.payload, graded.size

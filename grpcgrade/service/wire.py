@@ -128,9 +128,11 @@ def grade_serialized(
     limits: Limits,
     timeout: float | None,
     reward: str = "",
+    deadline: float | None = None,
 ) -> tuple[bytes, list[Stats]]:
     """A serialized BatchEvaluateRequest's samples in (the request's `offset`...), a serialized response out;
-    with the configured `reward`'s name, its values are counted here too."""
+    with the configured `reward`'s name, its values are counted here too. Past the call's `deadline`
+    (`time.monotonic()`) the samples left are answered BUDGET_EXCEEDED."""
     samples = pb.BatchEvaluateRequest.FromString(data).samples
     # No field of a sample holds more characters than the chunk has bytes: one comparison clears them all.
     small = len(data) <= limits.max_field_chars
@@ -139,13 +141,14 @@ def grade_serialized(
         return [sample_kwargs(s, limits, small) for s in samples]
 
     columns: list[list[Result]]
-    fields = _column_fields(graders) if not full and small else None
+    fields = _column_fields(graders) if not full and small and deadline is None else None
     if fields is not None and not any(s.HasField("extra") for s in samples):
         # The scores view of graders with a `score_column`: text columns in, scores out, no dict per sample.
+        # (A call with a step budget is graded sample by sample: the budget cuts between samples.)
         text = {name: [getattr(s, name) for s in samples] for name in fields}
         columns, graded = grade_columns(graders, text, len(samples), kwargs, timeout)
     else:
-        columns, graded = grade_chunk_sync(graders, kwargs(), timeout)  # type: ignore[assignment]
+        columns, graded = grade_chunk_sync(graders, kwargs(), timeout, deadline)  # type: ignore[assignment]
     stats: list[Stats] = list(graded)
     labels = [(spec.label, grader.name) for spec, grader in zip(specs, graders, strict=True)]
     out = pb.BatchEvaluateResponse()
@@ -176,11 +179,12 @@ def grade_wire(
     limits: Limits,
     timeout: float | None,
     reward: str = "",
+    deadline: float | None = None,
 ) -> tuple[bytes, list[Stats]]:
     """Runs in the worker: its own registry's graders over `grade_serialized`."""
     registry = get_registry()
     graders = [registry.build(spec.name, spec.params) for spec in specs]
-    return grade_serialized(graders, specs, data, offset, full, limits, timeout, reward)
+    return grade_serialized(graders, specs, data, offset, full, limits, timeout, reward, deadline)
 
 
 def wire_work(
@@ -193,25 +197,30 @@ def wire_work(
     limits: Limits,
     timeout: float | None,
     reward: str = "",
+    deadline: float | None = None,
 ) -> Work:
     """The request's samples `start`..`stop-1` as one unit of pool work; its result is `(bytes, [Stats])`:
-    each grader's, and the configured `reward`'s when the call names one."""
+    each grader's, and the configured `reward`'s when the call names one. Past the call's `deadline`
+    (`time.monotonic()`) the samples left are answered BUDGET_EXCEEDED."""
     data = request.samples_bytes(start, stop)
 
     def split() -> list[Work]:
-        return [wire_work(specs, labels, request, k, k + 1, full, limits, timeout, reward) for k in range(start, stop)]
+        return [
+            wire_work(specs, labels, request, k, k + 1, full, limits, timeout, reward, deadline)
+            for k in range(start, stop)
+        ]
 
     def failed(code: str, message: str) -> tuple[bytes, list[Stats]]:
         """Every grader's error for the one sample no worker could grade (which grader hung is unknown)."""
         out = pb.BatchEvaluateResponse()
         errors = [[GraderError(name, message, code=code)] for _, name in labels]
         fill_items(out.items, [start], [request.message.samples[start].id], labels, errors, [None], full)
-        stats: list[Stats] = [failed_stats(name, code) for _, name in labels]
+        stats: list[Stats] = [failed_stats(name, code, first=j == 0) for j, (_, name) in enumerate(labels)]
         if reward:
             stats.append(RewardStats(reward, EMPTY, 1))
         return out.SerializeToString(), stats
 
-    args = (specs, data, start, full, limits, timeout, reward)
+    args = (specs, data, start, full, limits, timeout, reward, deadline)
     return Work(grade_wire, args, stop - start, timeout, split, failed, _join)
 
 

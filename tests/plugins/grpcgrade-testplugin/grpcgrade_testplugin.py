@@ -33,6 +33,14 @@ async def attentive(response: str) -> float:
     return 1.0
 
 
+async def napper(response: str) -> float:
+    """1.0; for the response "hang", only after an hour: an async grader that stalls (a judge that never
+    answers), for the step budget's tests."""
+    if response == "hang":
+        await asyncio.sleep(3600)
+    return 1.0
+
+
 def tool_call_names(tool_calls: list | None = None, expected: str = "") -> float:
     """1.0 when the sample's `extra.tool_calls` name exactly the functions in `expected` (comma-separated)."""
     names = [call["function"]["name"] for call in tool_calls or []]
@@ -52,6 +60,7 @@ def register_graders(register):
     register(Sleepy, name="sleepy")
     register(Misbehave, name="misbehave")
     register(FunctionGrader.wrap(attentive), name="attentive")
+    register(FunctionGrader.wrap(napper), name="napper")
     register(FunctionGrader.wrap(tool_call_names), name="tool_call_names")
     register(FunctionGrader.wrap(id_number), name="id_number")
 
