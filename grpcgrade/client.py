@@ -28,7 +28,7 @@ from typing import Any, cast
 import grpc
 from google.protobuf.json_format import MessageToDict
 
-from grpcgrade.service.convert import sample_to_pb, specs_to_pb
+from grpcgrade.service.convert import SampleColumns, add_samples, sample_to_pb, specs_to_pb
 
 from .v1 import grading_pb2 as pb
 from .v1 import grading_pb2_grpc as pb_grpc
@@ -121,6 +121,8 @@ def set_guards(
     if max_failure_ratio is not None:
         request.max_failure_ratio = max_failure_ratio
     request.cache = cache_mode(cache)
+#: A batch: sample dicts (see `sample_to_pb`), Sample messages, or `SampleColumns` (the cheapest to send).
+Samples = Sequence[Mapping[str, Any] | pb.Sample] | SampleColumns
 
 
 def channel_target(target: Target) -> str:
@@ -290,13 +292,14 @@ class _Base:
     def _batch_request(
         self, samples: Sequence[Any], graders: Graders, reward: str, grader_timeout: float, view: pb.ResultView
     ) -> pb.BatchEvaluateRequest:
-        return pb.BatchEvaluateRequest(
+        request = pb.BatchEvaluateRequest(
             graders=specs_to_pb(graders),
-            samples=[sample_to_pb(s) for s in samples],
             reward=reward,
             grader_timeout_seconds=grader_timeout,
             view=view,
         )
+        add_samples(request.samples, samples)
+        return request
 
     @staticmethod
     def _place(out: list[pb.EvaluateResponse | None], start: int, messages: Iterable[pb.BatchEvaluateResponse]) -> int:
@@ -345,7 +348,7 @@ class GradingClient(_Base):
 
     def batch_evaluate(
         self,
-        samples: Sequence[Mapping[str, Any] | pb.Sample],
+        samples: Samples,
         graders: Graders = None,
         reward: str = "",
         *,
@@ -522,7 +525,7 @@ class AsyncGradingClient(_Base):
 
     async def batch_evaluate(
         self,
-        samples: Sequence[Mapping[str, Any] | pb.Sample],
+        samples: Samples,
         graders: Graders = None,
         reward: str = "",
         *,
