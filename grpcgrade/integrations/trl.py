@@ -164,9 +164,7 @@ class SampleBuilder:
         ids = kwargs.get("completion_ids")
         want_tokens = ids is not None and "completion_tokens" not in columns
         want_tokens = want_tokens and (self.extra_columns is None or "completion_tokens" in self.extra_columns)
-        texts: dict[str, Sequence[str]] = {
-            "query": prompts if all_text(prompts) else [prompt_text(p) for p in prompts]
-        }
+        texts: dict[str, Sequence[str]] = {"query": prompts if all_text(prompts) else [prompt_text(p) for p in prompts]}
         tool_calls: list[list[Any]] | None = None
         if all_text(completions):  # standard completions: the texts as they are
             texts["response"] = completions

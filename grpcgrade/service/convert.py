@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from itertools import repeat
 from typing import Any
 
 from grpcgrade.core.errors import SampleProblem
@@ -196,8 +197,7 @@ class SampleColumns(Sequence[dict[str, Any]]):
         self.n = lengths.pop() if lengths else 0
         # texts as str, None as no text, so the C call below takes every value as it is
         self.fields = {
-            name: col if all_text(col) else ["" if v is None else str(v) for v in col]
-            for name, col in fields.items()
+            name: col if all_text(col) else ["" if v is None else str(v) for v in col] for name, col in fields.items()
         }
         self.extra = extra if extra is not None and any(extra) else None
         self.responses = responses if responses is not None and any(responses) else None
@@ -215,9 +215,9 @@ class SampleColumns(Sequence[dict[str, Any]]):
             return out
         sample: dict[str, Any] = {k: v[index] for k, v in self.fields.items()}
         if self.extra is not None and self.extra[index]:
-            sample["extra"] = dict(self.extra[index])  # type: ignore[arg-type]
+            sample["extra"] = dict(self.extra[index])
         if self.responses is not None and self.responses[index]:
-            sample["responses"] = list(self.responses[index])  # type: ignore[arg-type]
+            sample["responses"] = list(self.responses[index])
         return sample
 
     def fill(self, container: Any) -> None:
@@ -234,10 +234,11 @@ class SampleColumns(Sequence[dict[str, Any]]):
                 add(**dict(zip(names, values, strict=True)))
             return
         none = [None] * self.n
+        rows: Iterable[tuple[Any, ...]] = zip(*columns, strict=True) if columns else repeat((), self.n)
         extras = self.extra if self.extra is not None else none
         listed = self.responses if self.responses is not None else none
-        for values, extra, responses in zip(zip(*columns, strict=True) if columns else none, extras, listed):
-            out = add(**dict(zip(names, values, strict=True))) if columns else add()
+        for values, extra, responses in zip(rows, extras, listed, strict=True):
+            out = add(**dict(zip(names, values, strict=True)))
             if responses:
                 out.responses.extend(responses)
             if extra:
