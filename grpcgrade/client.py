@@ -386,8 +386,13 @@ class GradingClient(_Base):
                 if on_progress:
                     on_progress(done, len(samples))
 
-        with ThreadPoolExecutor(self.max_in_flight) as executor:
-            for future in [executor.submit(run, s, p) for s, p in _chunks(samples, self.chunk_size)]:
+        chunks = _chunks(samples, self.chunk_size)
+        if len(chunks) <= 1:  # one call: made here, without starting a thread (a small step's fixed cost)
+            for start, part in chunks:
+                run(start, part)
+            return self._missing(out)
+        with ThreadPoolExecutor(min(self.max_in_flight, len(chunks))) as executor:
+            for future in [executor.submit(run, s, p) for s, p in chunks]:
                 future.result()
         return self._missing(out)
 

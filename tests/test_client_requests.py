@@ -85,6 +85,13 @@ def test_columns_of_any_field_set(fields: dict[str, list[str]]) -> None:
     assert filled(SampleColumns(**fields)) == [pb.Sample(**{k: v[0] for k, v in fields.items()})]
 
 
+def test_checked_columns_fill_as_the_constructor_does() -> None:
+    fields = {"query": ["q0", "q1"], "response": ["r0", "r1"], "reference": ["a0", "a1"]}
+    extra = [None, {"k": "v"}]
+    assert filled(SampleColumns.of_text(fields, extra)) == filled(SampleColumns(extra=extra, **fields))
+    assert len(SampleColumns.of_text(fields)) == 2
+
+
 def test_columns_refuse_unknown_fields_and_uneven_lengths() -> None:
     with pytest.raises(ValueError, match="no Sample field 'answer'"):
         SampleColumns(answer=["a"])

@@ -190,7 +190,7 @@ class SampleBuilder:
                         extra["tool_calls"] = json_value(calls)
                     except (TypeError, ValueError):
                         extra["tool_calls"] = json.loads(json.dumps(calls, default=str))
-        return SampleColumns(n, extra=extras, **texts)
+        return SampleColumns.of_text(texts, extras)  # every column is n texts by now
 
 
 def _scores(results: Sequence[pb.EvaluateResponse], key: str) -> list[float | None]:

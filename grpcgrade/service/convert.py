@@ -202,6 +202,19 @@ class SampleColumns(Sequence[dict[str, Any]]):
         self.extra = extra if extra is not None and any(extra) else None
         self.responses = responses if responses is not None and any(responses) else None
 
+    @classmethod
+    def of_text(
+        cls, fields: Mapping[str, Sequence[str]], extra: Sequence[Mapping[str, Any] | None] | None = None
+    ) -> SampleColumns:
+        """Columns a caller has already checked: every field a Sample text field, every value a str, and
+        every column (and `extra`) as long as the others. Skips the checks of the constructor."""
+        out = cls.__new__(cls)
+        out.fields = dict(fields)
+        out.n = len(next(iter(fields.values()))) if fields else len(extra or ())
+        out.extra = extra if extra is not None and any(extra) else None
+        out.responses = None
+        return out
+
     def __len__(self) -> int:
         return self.n
 
