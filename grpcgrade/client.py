@@ -29,7 +29,8 @@ import grpc
 import grpc.experimental
 from google.protobuf.json_format import MessageToDict
 
-from grpcgrade.service.convert import SampleColumns, add_samples, sample_to_pb, specs_to_pb
+from grpcgrade.service.convert import SampleColumns as SampleColumns  # a batch as columns: the cheapest to send
+from grpcgrade.service.convert import add_samples, sample_to_pb, specs_to_pb
 
 from .v1 import grading_pb2 as pb
 from .v1 import grading_pb2_grpc as pb_grpc
@@ -122,8 +123,6 @@ def set_guards(
     if max_failure_ratio is not None:
         request.max_failure_ratio = max_failure_ratio
     request.cache = cache_mode(cache)
-#: A batch: sample dicts (see `sample_to_pb`), Sample messages, or `SampleColumns` (the cheapest to send).
-Samples = Sequence[Mapping[str, Any] | pb.Sample] | SampleColumns
 
 
 def channel_target(target: Target) -> str:
@@ -352,7 +351,7 @@ class GradingClient(_Base):
 
     def batch_evaluate(
         self,
-        samples: Samples,
+        samples: Sequence[Mapping[str, Any] | pb.Sample],
         graders: Graders = None,
         reward: str = "",
         *,
@@ -534,7 +533,7 @@ class AsyncGradingClient(_Base):
 
     async def batch_evaluate(
         self,
-        samples: Samples,
+        samples: Sequence[Mapping[str, Any] | pb.Sample],
         graders: Graders = None,
         reward: str = "",
         *,
