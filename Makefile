@@ -15,7 +15,7 @@ PORT ?= 50051
 METRICS_PORT ?= 9090
 CONFIG ?=
 
-.PHONY: serve test proto lint typecheck proto-check bench docs cog clean system-deps
+.PHONY: serve test proto lint typecheck proto-check bench perf-peers docs cog clean system-deps
 
 # buf (lint and breaking-change checks of proto/) from the npm registry, pinned, into .tools/.
 BUF_VERSION := 1.75.0
@@ -64,7 +64,16 @@ proto-check: $(TOOLS)/.buf-$(BUF_VERSION)
 	$(BUF) breaking --against proto/baseline/grpcgrade-v1.json
 
 bench: $(STAMP)
-	$(BIN)/grpcgrade bench
+	$(BIN)/grpcgrade bench --goals
+
+# The peer comparison (issue 21) with the harness in PEERS (not part of the project; never run by the tests):
+# builds .venv-peers on first use, installs this working tree's client into it, writes WORK/report.md.
+PEERS ?= ../shared/perf-peers
+PEER_VENV ?= .venv-peers
+PEER_ARGS ?= --workloads json,chrf,math --sizes 512,8192 --reps 3 --profile-seconds 0
+WORK ?= $(shell mktemp -d)
+perf-peers: $(SERVER_STAMP)
+	bash scripts/perf_peers.sh $(PEERS) $(abspath $(PEER_VENV)) $(WORK) $(PEER_ARGS)
 
 # The manual as a site, strict: a broken link, anchor or nav entry fails the build.
 docs: $(STAMP)
@@ -79,4 +88,4 @@ system-deps:
 	apt-get update && apt-get install -y --no-install-recommends bubblewrap
 
 clean:
-	rm -rf $(VENV) $(OLDEST) $(TOOLS) build *.egg-info
+	rm -rf $(VENV) $(OLDEST) $(TOOLS) $(PEER_VENV) build *.egg-info

@@ -66,11 +66,57 @@ def _bare_rouge_l() -> Callable[[dict[str, Any]], object]:
     return lambda s: scorer.score(s["reference"], s["response"])["rougeL"].fmeasure
 
 
+def _bare_math_verify() -> Callable[[dict[str, Any]], object]:
+    """HF math-verify's `parse` of both sides and `verify`, with the extraction config Kolibrify's grader
+    uses (and the grpcgrade-math-verify plugin), on the text after `</think>`."""
+    from math_verify import (  # type: ignore[import-untyped]
+        LatexExtractionConfig,
+        LatexNormalizationConfig,
+        parse,
+        verify,
+    )
+
+    config = [
+        LatexExtractionConfig(
+            try_extract_without_anchor=True,
+            boxed_match_priority=0,
+            normalization_config=LatexNormalizationConfig(
+                basic_latex=True, units=True, malformed_operators=False, nits=False, boxed="all", equations=False
+            ),
+        )
+    ]
+
+    def call(s: dict[str, Any]) -> object:
+        gold = parse(s["reference"], extraction_config=config, parsing_timeout=2, raise_on_error=False)
+        pred = parse(s["response"].split("</think>", 1)[-1].strip(), extraction_config=config, parsing_timeout=2,
+                     raise_on_error=False)  # fmt: skip
+        return bool(gold and pred) and verify(gold, pred, strict=True, timeout_seconds=2, raise_on_error=False)
+
+    return call
+
+
 PRESETS = {
     "json_validator": Preset("json_validator", {}, 200_000, "json", _bare_json),
     "chrf": Preset("similarity", {"algorithm": "chrf"}, 3_000, "text", _bare_chrf),
     "rougeL": Preset("similarity", {"algorithm": "rougeL"}, 3_000, "text", _bare_rouge_l),
+    # needs the grpcgrade-math-verify plugin (plugins/grpcgrade-math-verify), which brings math-verify
+    "math_verify": Preset("math_verify", {}, 1_000, "math", _bare_math_verify),
 }
+
+
+def _math_pair(rng: random.Random, i: int) -> tuple[str, str]:
+    """(gold, final answer) in LaTeX, distinct for each i; about half the answers equal the gold written
+    another way (a reduced fraction scaled, a sum, a power), the rest differ."""
+    a, b = rng.randint(1, 60) + i, rng.randint(2, 40)
+    equal = rng.random() < 0.5
+    kind = i % 3
+    if kind == 0:
+        k = rng.randint(2, 6)
+        return f"$\\frac{{{a}}}{{{b}}}$", f"$\\boxed{{\\frac{{{a * k}}}{{{b * k + (0 if equal else 1)}}}}}$"
+    if kind == 1:
+        return f"${a + b}$", f"The answer is $\\boxed{{{a} + {b if equal else b + 1}}}$."
+    e = rng.randint(2, 5)
+    return f"${a}^{{{e}}}$", f"$\\boxed{{{a**e if equal else a**e + 1}}}$"
 
 
 def make_samples(kind: str, n: int, seed: int = 7) -> list[dict[str, Any]]:
@@ -84,6 +130,9 @@ def make_samples(kind: str, n: int, seed: int = 7) -> list[dict[str, Any]]:
         return [
             {"response": json.dumps({"answer": text()[:400], "n": i}) if i % 10 else text()[:400]} for i in range(n)
         ]
+    if kind == "math":  # Kolibrify's completion format: reasoning in <think>, then the final answer
+        pairs = [_math_pair(rng, i) for i in range(n)]
+        return [{"response": f"<think>\n{text()[:200]}\n</think>\n{ans}", "reference": gold} for gold, ans in pairs]
     return [{"response": text(), "reference": text()} for _ in range(n)]
 
 
@@ -151,7 +200,9 @@ def bench_in_process(preset: Preset, samples: list[dict[str, Any]]) -> dict[str,
 
 
 def bench_reference_runner(preset: Preset, samples: list[dict[str, Any]]) -> float | None:
-    """py-openjudge 0.2.4's GradingRunner on the same data, when it is installed."""
+    """py-openjudge 0.2.4's GradingRunner on the same data, when it is installed (it has no math_verify)."""
+    if preset.grader not in ("json_validator", "similarity"):
+        return None
     try:
         from openjudge.graders.format.json.json_validator import JsonValidatorGrader  # type: ignore[import-not-found]
         from openjudge.graders.text.similarity import SimilarityGrader  # type: ignore[import-not-found]
@@ -560,6 +611,8 @@ def run_bench(
     workers = os.cpu_count() or 1 if workers is None else workers
     data = make_samples(preset.data, n)
     report = Report(preset.grader, preset.params, n, workers)
+    report.notes["cores"] = os.cpu_count()
+    report.notes["load_average_start"] = [round(x, 2) for x in os.getloadavg()]
     report.figures.update(bench_in_process(preset, data))
     reference = bench_reference_runner(preset, data[: min(n, 20_000)])
     if reference is not None:
@@ -580,6 +633,7 @@ def run_bench(
             report.figures["batch_evaluate_grpc"] = max(on)
             report.figures["batch_evaluate_grpc_no_metrics"] = max(off)
             report.notes["metrics_cost"] = f"{1 - max(on) / max(off):+.1%}"
+    report.notes["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
     if "openjudge_grading_runner" in report.figures:
         report.notes["grpc_batch_vs_reference_runner"] = round(
             report.figures["batch_evaluate_grpc"] / report.figures["openjudge_grading_runner"], 2

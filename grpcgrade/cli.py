@@ -442,6 +442,19 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(json.dumps(result, indent=None if args.json else 2))
         return 0
 
+    if args.goals:
+        from .bench_goals import run_goals
+
+        goals = run_goals(
+            samples=args.samples or 100_000,
+            heavy_samples=args.heavy_samples,
+            workers=args.workers,
+            step_reps=args.step_reps,
+            unary_rate=args.unary_rate or 1_000.0,
+            unary_seconds=args.unary_calls / (args.unary_rate or 1_000.0),
+        )
+        print(json.dumps(goals.as_dict(), indent=2) if args.json else goals.text())
+        return 0
     report = run_bench(
         args.grader,
         samples=args.samples,
@@ -449,7 +462,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         unary_calls=args.unary_calls,
         concurrency=args.concurrency,
         compare_metrics=args.compare_metrics,
-        unary_rate=args.unary_rate,
+        unary_rate=2_500.0 if args.unary_rate is None else args.unary_rate,
     )
     print(json.dumps(report.as_dict(), indent=2) if args.json else report.text())
     return 0
@@ -579,7 +592,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", parents=[common], help="measure throughput against the bare library loop")
     p.add_argument(
-        "--grader", default="json_validator", choices=["json_validator", "chrf", "rougeL"], help="the grader to time"
+        "--grader",
+        default="json_validator",
+        choices=["json_validator", "chrf", "rougeL", "math_verify"],
+        help="the grader to time",
     )
     p.add_argument("--samples", type=int, help="samples per run (default: 200000 cheap, 3000 heavy)")
     p.add_argument("--workers", type=int, help="server worker processes (default: cores)")
@@ -588,9 +604,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--unary-rate",
         type=float,
-        default=2_500.0,
-        help="then offer this many unary calls/s, open loop, and report their latency (0: skip)",
+        help="then offer this many unary calls/s, open loop, and report their latency "
+        "(default 2500, with --goals 1000; 0: skip)",
     )
+    p.add_argument(
+        "--goals",
+        action="store_true",
+        help="instead: every figure of the performance goals in one run, each beside its goal "
+        "(cheap and heavy graders, a step's fixed cost, unary latency, the client's CPU per sample)",
+    )
+    p.add_argument("--heavy-samples", type=int, default=2_000, help="with --goals: samples per heavy grader")
+    p.add_argument("--step-reps", type=int, default=500, help="with --goals: timed 8-sample steps")
     p.add_argument("--compare-metrics", action="store_true", help="also run the batch with metrics off")
     p.add_argument("--per-call", action="store_true", help="instead: µs per call of every built-in grader")
     p.add_argument("--stream", type=int, metavar="N", help="instead: stream N samples and report the server's RSS")

@@ -26,9 +26,11 @@ from pathlib import Path
 from typing import Any, cast
 
 import grpc
+import grpc.experimental
 from google.protobuf.json_format import MessageToDict
 
-from grpcgrade.service.convert import sample_to_pb, specs_to_pb
+from grpcgrade.service.convert import SampleColumns as SampleColumns  # a batch as columns: the cheapest to send
+from grpcgrade.service.convert import add_samples, sample_to_pb, specs_to_pb
 
 from .v1 import grading_pb2 as pb
 from .v1 import grading_pb2_grpc as pb_grpc
@@ -290,13 +292,14 @@ class _Base:
     def _batch_request(
         self, samples: Sequence[Any], graders: Graders, reward: str, grader_timeout: float, view: pb.ResultView
     ) -> pb.BatchEvaluateRequest:
-        return pb.BatchEvaluateRequest(
+        request = pb.BatchEvaluateRequest(
             graders=specs_to_pb(graders),
-            samples=[sample_to_pb(s) for s in samples],
             reward=reward,
             grader_timeout_seconds=grader_timeout,
             view=view,
         )
+        add_samples(request.samples, samples)
+        return request
 
     @staticmethod
     def _place(out: list[pb.EvaluateResponse | None], start: int, messages: Iterable[pb.BatchEvaluateResponse]) -> int:
@@ -313,10 +316,13 @@ class GradingClient(_Base):
 
     def __init__(self, target: Target, **kwargs: Any) -> None:
         super().__init__(target, **kwargs)
+        # A BatchEvaluate stream is read by the thread that made the call, so it needs no thread of its own:
+        # without this option grpc starts one per call on an idle channel (most of a small step's cost).
+        options = [*self._options, (grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1)]
         if self._credentials is not None:
-            self.channel = grpc.secure_channel(self.target, self._credentials, options=self._options)
+            self.channel = grpc.secure_channel(self.target, self._credentials, options=options)
         else:
-            self.channel = grpc.insecure_channel(self.target, options=self._options)
+            self.channel = grpc.insecure_channel(self.target, options=options)
         self.stub = pb_grpc.GradingServiceStub(self.channel)
 
     def __enter__(self) -> GradingClient:
@@ -383,8 +389,13 @@ class GradingClient(_Base):
                 if on_progress:
                     on_progress(done, len(samples))
 
-        with ThreadPoolExecutor(self.max_in_flight) as executor:
-            for future in [executor.submit(run, s, p) for s, p in _chunks(samples, self.chunk_size)]:
+        chunks = _chunks(samples, self.chunk_size)
+        if len(chunks) <= 1:  # one call: made here, without starting a thread (a small step's fixed cost)
+            for start, part in chunks:
+                run(start, part)
+            return self._missing(out)
+        with ThreadPoolExecutor(min(self.max_in_flight, len(chunks))) as executor:
+            for future in [executor.submit(run, s, p) for s, p in chunks]:
                 future.result()
         return self._missing(out)
 

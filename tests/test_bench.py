@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
 import pytest
+
+from grpcgrade.bench_goals import GOALS
 
 
 @pytest.fixture(scope="module")
@@ -40,3 +43,45 @@ def test_unary_latency_is_reported_both_ways(report):
     assert report["unary_offered_per_second"] == 400
     assert 0 < report["unary_paced_p50_ms"] <= report["unary_paced_p99_ms"]
     assert report["unary_paced_per_second"] > 0
+    assert report["cores"] == os.cpu_count()
+    assert len(report["load_average_start"]) == len(report["load_average_end"]) == 3
+
+
+@pytest.fixture(scope="module")
+def goals(tmp_path_factory) -> dict:
+    cmd = [sys.executable, "-m", "grpcgrade.cli", "bench", "--goals", "--samples", "2000", "--heavy-samples", "12"]
+    cmd += ["--workers", "1", "--step-reps", "20", "--unary-calls", "100", "--unary-rate", "200", "--json"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path_factory.mktemp("goals"))
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_goals_report_every_figure_of_the_goals_beside_its_goal(goals):
+    figures, goals_met = goals["figures"], goals["goals"]
+    # math_verify is installed with the bundled plugins (make test)
+    assert set(goals_met) == set(GOALS)
+    for key, verdict in goals_met.items():
+        assert figures[key] > 0
+        assert verdict["goal"] == GOALS[key].text(1)  # one worker: the per-core goals for one core
+        assert verdict["met"] == GOALS[key].met(figures[key], 1)
+    for grader in ("chrf", "math_verify"):
+        ratio = figures[f"{grader}_batch"] / figures[f"{grader}_bare_loop"]
+        assert figures[f"{grader}_batch_x_bare"] == pytest.approx(ratio, rel=1e-2)
+    assert figures["cheap_batch_scores_x_bare"] == pytest.approx(
+        figures["cheap_batch_scores"] / figures["cheap_bare_loop"], rel=1e-2
+    )
+    assert 0 < figures["step_8_median_ms"] <= figures["step_8_p90_ms"]
+    assert 0 < figures["unary_paced_p50_ms"] <= figures["unary_paced_p99_ms"]
+    assert figures["client_cpu_per_sample_us"] > 0
+    assert goals["unary_offered_per_second"] == 200
+    assert (goals["cores"], goals["workers"]) == (os.cpu_count(), 1)
+    assert goals["samples"] == {"json_validator": 2000, "chrf": 12, "math_verify": 12}
+    assert len(goals["load_average"]["start"]) == len(goals["load_average"]["end"]) == 3
+
+
+def test_goal_bounds_read_as_the_issue_states_them():
+    # issue 21: >= 1.85x the bare single-core loop on 2 cores; a step <= 1 ms; unary p99 <= 5 ms
+    assert GOALS["chrf_batch_x_bare"].text(2) == ">= 1.85"
+    assert GOALS["step_8_median_ms"].met(0.9, 2) and not GOALS["step_8_median_ms"].met(1.1, 2)
+    assert GOALS["unary_paced_p99_ms"].text(2) == "<= 5"
+    assert GOALS["cheap_batch_full_x_bare"].met(0.5, 2) and not GOALS["cheap_batch_full_x_bare"].met(0.49, 2)

@@ -15,8 +15,14 @@ from grpcgrade.v1 import grading_pb2 as pb
 RESERVED = frozenset(INPUT_FIELDS) | frozenset(SAMPLE_FIELDS)
 
 
+#: Values that are their own JSON form (a float only when finite): no round trip through `json`.
+_PLAIN = frozenset({str, int, bool, type(None)})
+
+
 def json_value(value: Any) -> Any:
     """`value` as JSON data (tuples become lists), or TypeError/ValueError when it has no JSON form."""
+    if type(value) in _PLAIN or (type(value) is float and math.isfinite(value)):
+        return value
     return json.loads(json.dumps(value, allow_nan=False))
 
 

@@ -35,6 +35,7 @@ import grpc
 
 from grpcgrade.client import AsyncGradingClient, Cache, Graders, GradingClient, Target, cache_mode
 from grpcgrade.core.guard import failure_limit, step_deadline
+from grpcgrade.service.convert import SampleColumns, all_text
 from grpcgrade.v1 import grading_pb2 as pb
 
 from .common import RESERVED, as_text, json_value, reward_of, score_of, usable_extra
@@ -114,7 +115,7 @@ def completion_text(completion: Any) -> tuple[str, list[Any]]:
 
 
 class SampleBuilder:
-    """TRL's keyword arguments -> grpcgrade sample dicts, by the rules in the module docstring."""
+    """TRL's keyword arguments -> grpcgrade samples (as columns), by the rules in the module docstring."""
 
     def __init__(self, columns: Mapping[str, str | None] | None = None, extra_columns: Sequence[str] | None = None):
         mapping: dict[str, str | None] = dict(DEFAULT_COLUMNS)
@@ -148,7 +149,9 @@ class SampleBuilder:
         ]
         return fields, extra
 
-    def samples(self, prompts: Sequence[Any], completions: Sequence[Any], kwargs: Mapping[str, Any]) -> list[dict]:
+    def columns(self, prompts: Sequence[Any], completions: Sequence[Any], kwargs: Mapping[str, Any]) -> SampleColumns:
+        """The batch as columns (no dict per sample): `query` and `response` from the prompts and
+        completions, the mapped columns' texts, and `extra` only when some sample has any."""
         n = len(completions)
         if len(prompts) != n:
             raise ValueError(f"{len(prompts)} prompts but {n} completions")
@@ -161,24 +164,33 @@ class SampleBuilder:
         ids = kwargs.get("completion_ids")
         want_tokens = ids is not None and "completion_tokens" not in columns
         want_tokens = want_tokens and (self.extra_columns is None or "completion_tokens" in self.extra_columns)
-        out = []
-        for i in range(n):
-            response, tool_calls = completion_text(completions[i])
-            sample: dict[str, Any] = {"query": prompt_text(prompts[i]), "response": response}
-            for field, column in fields.items():
-                value = columns[column][i]
-                sample[field] = prompt_text(value) if field == "query" and value is not None else as_text(value)
-            extra = usable_extra((name, columns[name][i]) for name in extra_names)
+        texts: dict[str, Sequence[str]] = {"query": prompts if all_text(prompts) else [prompt_text(p) for p in prompts]}
+        tool_calls: list[list[Any]] | None = None
+        if all_text(completions):  # standard completions: the texts as they are
+            texts["response"] = completions
+        else:
+            parsed = [completion_text(c) for c in completions]
+            texts["response"] = [text for text, _ in parsed]
+            tool_calls = [calls for _, calls in parsed]
+        for field, column in fields.items():
+            values = columns[column]
+            if field == "query":
+                texts[field] = [as_text(v) if v is None else prompt_text(v) for v in values]
+            else:
+                texts[field] = values if all_text(values) else [as_text(v) for v in values]
+        extras: list[dict[str, Any]] | None = None
+        if extra_names or want_tokens or (tool_calls is not None and any(tool_calls)):
+            extras = [usable_extra((name, columns[name][i]) for name in extra_names) for i in range(n)]
             if want_tokens and ids is not None:
-                extra["completion_tokens"] = len(ids[i])
-            if tool_calls and "tool_calls" not in extra:
-                try:
-                    extra["tool_calls"] = json_value(tool_calls)
-                except (TypeError, ValueError):
-                    extra["tool_calls"] = json.loads(json.dumps(tool_calls, default=str))
-            sample["extra"] = extra
-            out.append(sample)
-        return out
+                for i, extra in enumerate(extras):
+                    extra["completion_tokens"] = len(ids[i])
+            for extra, calls in zip(extras, tool_calls or (), strict=False):
+                if calls and "tool_calls" not in extra:
+                    try:
+                        extra["tool_calls"] = json_value(calls)
+                    except (TypeError, ValueError):
+                        extra["tool_calls"] = json.loads(json.dumps(calls, default=str))
+        return SampleColumns.of_text(texts, extras)  # every column is n texts by now
 
 
 def _scores(results: Sequence[pb.EvaluateResponse], key: str) -> list[float | None]:
@@ -189,7 +201,7 @@ def report(results: Sequence[pb.EvaluateResponse], kwargs: Mapping[str, Any]) ->
     """Per-grader mean scores and the count of masked samples through TRL's `log_metric`, and each grader's
     score per completion through `log_extra` (columns of TRL's completions table)."""
     log_metric, log_extra = kwargs.get("log_metric"), kwargs.get("log_extra")
-    if not results:
+    if not results or not (callable(log_metric) or callable(log_extra)):
         return
     keys = [r.key for r in results[0].results]
     if callable(log_metric):
@@ -305,7 +317,7 @@ def reward_function(
         nonlocal client
         if client is None:  # made on first use: a trainer may copy the function to other processes first
             client = GradingClient(config.target, **config.client_options)
-        samples = config.builder.samples(prompts, completions, kwargs)
+        samples = config.builder.columns(prompts, completions, kwargs)
         results = client.batch_evaluate(
             samples, config.graders, config.reward, view=pb.RESULT_VIEW_SCORES, **config.guards
         )
@@ -332,7 +344,7 @@ def async_reward_function(
         client = clients.get(loop)
         if client is None:
             client = clients[loop] = AsyncGradingClient(config.target, **config.client_options)
-        samples = config.builder.samples(prompts, completions, kwargs)
+        samples = config.builder.columns(prompts, completions, kwargs)
         results = await client.batch_evaluate(
             samples, config.graders, config.reward, view=pb.RESULT_VIEW_SCORES, **config.guards
         )
@@ -366,7 +378,7 @@ def reward_functions(
             return last[2]
         if client is None:
             client = GradingClient(config.target, **config.client_options)
-        samples = config.builder.samples(prompts, completions, kwargs)
+        samples = config.builder.columns(prompts, completions, kwargs)
         results = client.batch_evaluate(
             samples, config.graders, config.reward, view=pb.RESULT_VIEW_SCORES, **config.guards
         )

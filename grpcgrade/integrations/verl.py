@@ -107,13 +107,11 @@ def sample_of(solution_str: str, ground_truth: Any, extra_info: Mapping[str, Any
     info = dict(extra_info or {})
     query = next((info[k] for k in ("question", "query", "prompt") if isinstance(info.get(k), str)), "")
     sample_id = next((info[k] for k in ID_KEYS if info.get(k) is not None), "")
-    return {
-        "id": str(sample_id),
-        "query": query,
-        "response": solution_str,
-        "reference": as_text(ground_truth),
-        "extra": usable_extra(info.items(), frozenset(("question", "prompt", *ID_KEYS))),
-    }
+    sample = {"id": str(sample_id), "query": query, "response": solution_str, "reference": as_text(ground_truth)}
+    extra = usable_extra(info.items(), frozenset(("question", "prompt", *ID_KEYS)))
+    if extra:  # without it, a sample of texts only: one keyword call fills its message (`add_samples`)
+        sample["extra"] = extra
+    return sample
 
 
 async def compute_score(
