@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import inspect
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import partial
@@ -78,6 +78,17 @@ class BaseGrader:
     #: as LLM judges and remote HTTP graders: the service's per-sample time limit would also count the time
     #: a sample queues for the grader's concurrency slots, so it is not applied to them.
     bounds_own_time: bool = False
+    #: True for graders whose work per sample is bounded by the sample's size (a parser, a count, patterns
+    #: the grader itself wrote): the server may grade a small batch of them inline, on its event loop,
+    #: instead of a hop to a worker (see docs/architecture.md). Never for graders that run what a request
+    #: supplies (its regular expressions, code, models) or that call out.
+    bounded_cost: bool = False
+    #: Optional fast path for the scores view: a method `score_column(self, response, ...)` whose parameters
+    #: name text fields of the sample (query, response, reference, context), each given as the list of a
+    #: chunk's values, returning one score per sample, each exactly `evaluate(...)`'s score. The service
+    #: uses it where no reason or metadata is asked for; results are checked as `evaluate`'s are, and if
+    #: it raises or runs past the time limit, the chunk is graded sample by sample instead.
+    score_column: Callable[..., Sequence[float]] | None = None
 
     def __init__(
         self,

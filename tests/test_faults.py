@@ -29,41 +29,51 @@ def scores(replies) -> list[object]:
 
 #: How a sync grader runs: whole chunks in workers (every grader of the call can), a chunk per grader in
 #: workers (beside an async grader, which runs in the server's loop), or inline in the server's loop.
+#: The scores view of a grader with a `score_column`: whole chunks graded as columns, sample by sample
+#: where the column call fails. A small batch of graders of bounded cost: whole chunks graded inline.
 PATHS = {
     "whole-chunks-in-workers": [{"name": "misbehave"}],
+    "score-column-in-workers": [{"name": "misbehave", "params": {"column": True}}],
     "per-grader-in-workers": [{"name": "misbehave"}, "attentive"],
     "inline": [{"name": "misbehave", "params": {"heavy": False}}, "attentive"],
+    "inline-small-bounded": [{"name": "misbehave", "params": {"bounded": True}}],
+    "inline-small-bounded-column": [{"name": "misbehave", "params": {"bounded": True, "column": True}}],
 }
+VIEWS = {"score-column-in-workers": pb.RESULT_VIEW_SCORES, "inline-small-bounded-column": pb.RESULT_VIEW_SCORES}
 
 
-@pytest.mark.parametrize("graders", PATHS.values(), ids=PATHS.keys())
-def test_a_hanging_grader_times_out_and_the_others_go_on(fault_server, graders):
+@pytest.mark.parametrize("path", PATHS)
+def test_a_hanging_grader_times_out_and_the_others_go_on(fault_server, path):
+    graders = PATHS[path]
     with fault_server.client(timeout=60) as c:
-        replies = c.batch_evaluate([{"response": r} for r in ("ok", "hang", "ok", "nan")], graders)
+        view = VIEWS.get(path, pb.RESULT_VIEW_FULL)
+        replies = c.batch_evaluate([{"response": r} for r in ("ok", "hang", "ok", "nan")], graders, view=view)
         assert scores(replies) == [1.0, "TIMEOUT", 1.0, "INVALID_RESULT"]
         assert "0.5 s" in replies[1].results[0].error.message
         assert not replies[1].HasField("reward") and replies[0].reward == 1.0
         assert scores([c.evaluate({"response": "ok"}, graders)]) == [1.0]  # the server is fine
 
 
-IN_WORKERS = {k: v for k, v in PATHS.items() if k != "inline"}
+IN_WORKERS = {k: v for k, v in PATHS.items() if not k.startswith("inline")}
 
 
-@pytest.mark.parametrize("graders", IN_WORKERS.values(), ids=IN_WORKERS.keys())
-def test_a_grader_stuck_in_c_gets_its_worker_killed_and_replaced(fault_server, graders):
+@pytest.mark.parametrize("path", IN_WORKERS)
+def test_a_grader_stuck_in_c_gets_its_worker_killed_and_replaced(fault_server, path):
+    graders, view = PATHS[path], VIEWS.get(path, pb.RESULT_VIEW_FULL)
     before = fault_server.metric("grpcgrade_worker_pool_restarts_total")
     with fault_server.client(timeout=60) as c:
-        replies = c.batch_evaluate([{"response": r} for r in ("ok", "hang_in_c", "ok")], graders)
+        replies = c.batch_evaluate([{"response": r} for r in ("ok", "hang_in_c", "ok")], graders, view=view)
         assert scores(replies) == [1.0, "TIMEOUT", 1.0]
         assert scores(c.batch_evaluate([{"response": "ok"}] * 40, graders)) == [1.0] * 40
     assert fault_server.metric("grpcgrade_worker_pool_restarts_total") > before
     assert fault_server.metric("grpcgrade_workers_alive") == 2
 
 
-@pytest.mark.parametrize("graders", IN_WORKERS.values(), ids=IN_WORKERS.keys())
-def test_a_sample_that_kills_its_worker_costs_no_other_sample(fault_server, graders):
+@pytest.mark.parametrize("path", IN_WORKERS)
+def test_a_sample_that_kills_its_worker_costs_no_other_sample(fault_server, path):
+    graders, view = PATHS[path], VIEWS.get(path, pb.RESULT_VIEW_FULL)
     with fault_server.client(timeout=60) as c:
-        replies = c.batch_evaluate([{"response": r} for r in ("ok", "die", "ok", "ok")], graders)
+        replies = c.batch_evaluate([{"response": r} for r in ("ok", "die", "ok", "ok")], graders, view=view)
         assert scores(replies) == [1.0, "WORKER_LOST", 1.0, 1.0]
         assert [r.HasField("reward") for r in replies] == [True, False, True, True]
         assert scores([c.evaluate({"response": "ok"}, ["misbehave"])]) == [1.0]

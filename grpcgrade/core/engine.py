@@ -10,6 +10,9 @@ Where work runs, in the words used throughout (code, tests, docs):
 - **whole chunks**: when every grader of a batch can run in a worker, whole chunks go there as the
   service's serialized samples and come back as its serialized response (see `service.wire`), so cheap
   graders use every core too.
+- **small bounded batches inline**: a batch (or unary call) of at most `INLINE_MAX_BYTES` whose graders
+  all declare `bounded_cost` (work bounded by the input's size, nothing the request supplies runs) is
+  graded where it arrives, the whole-chunk work run in the server process: a hop costs more than it.
 
 The engine chooses among them; the service only translates. Several chunks are in flight so every core
 works; they come back as they finish, and a new chunk starts only when a finished one has been handed on,
@@ -63,6 +66,10 @@ Chunk = Sequence[tuple[int, "dict[str, Any] | SampleProblem"]]
 CHEAP_CHUNK = 1024  # measured: gains level off at 256-1024 samples per message; a hop per chunk favours 1024
 HEAVY_CHUNK = 32  # smaller chunks spread a batch of heavy work over every worker
 MAX_CHUNKS_PER_CALL = 1024  # a request's tiny chunk_size is raised to keep within this
+#: The most request bytes graded inline, on the event loop, by graders of bounded cost: the longest any such
+#: request can hold the loop is a bounded-cost grader over this much input. json_validator's worst case, a
+#: 256 KiB JSON object or array of floats, takes ~5 ms of CPU (measured; 512 KiB would take 11-15 ms).
+INLINE_MAX_BYTES = 256 * 1024
 
 
 @dataclass(frozen=True)
@@ -92,12 +99,14 @@ class Batch:
 
     `chunk(a, b)` gives samples a..b-1 as keyword arguments; `whole(a, b, timeout, deadline)`, where the
     service can make one, the same samples as one unit of whole-chunk work, graded until the call's
-    `deadline` (see `guard`). Cutting is lazy: a chunk is made when it is graded.
+    `deadline` (see `guard`). Cutting is lazy: a chunk is made when it is graded. `nbytes` is the size of
+    the request's samples where the service knows it (else 0: not small).
     """
 
     size: int
     chunk: Callable[[int, int], Chunk]
     whole: Callable[[int, int, float | None, float | None], Work] | None = None
+    nbytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -179,6 +188,10 @@ class Engine:
         """Whole chunks go to the workers when every grader of the call can run there."""
         return all(job.worker_capable for job in jobs)
 
+    def inline_small(self, jobs: list[Job], nbytes: int) -> bool:
+        """A call this small, whose graders all declare a bounded cost, is graded inline (no hop)."""
+        return 0 < nbytes <= INLINE_MAX_BYTES and all(job.worker_capable and job.grader.bounded_cost for job in jobs)
+
     def window(self, jobs: list[Job]) -> int:
         """Chunks in flight per call: enough to keep every worker busy, few enough to bound memory."""
         if self.pool is not None and (self.whole_chunks(jobs) or any(job.in_worker for job in jobs)):
@@ -227,14 +240,19 @@ class Engine:
         timeout: float | None = None,
         reward: str = "",
         deadline: float | None = None,
+        nbytes: int = 0,
     ) -> GradedChunk:
-        """One chunk, each grader where it runs; inline synchronous graders one after the other. `reward`
-        names the configured reward the call asked for: its values are counted for the metrics. Past the
-        call's `deadline` (`time.monotonic()`) the samples left are answered BUDGET_EXCEEDED."""
+        """One chunk, each grader where it runs; inline synchronous graders one after the other (also every
+        grader of a chunk of `nbytes` that `inline_small` allows). `reward` names the configured reward the
+        call asked for: its values are counted for the metrics. Past the call's `deadline`
+        (`time.monotonic()`) the samples left are answered BUDGET_EXCEEDED."""
         timeout = self.timeout(timeout)
         indices = [index for index, _ in chunk]
         kwargs = [kw for _, kw in chunk]
-        if self.pool is not None and self.whole_chunks(jobs):
+        if self.inline_small(jobs, nbytes):
+            columns, stats = grade_chunk_sync([job.grader for job in jobs], kwargs, timeout, deadline)
+            self._observe(stats)
+        elif self.pool is not None and self.whole_chunks(jobs):
             specs = [(self.registry.entry(job.spec.name).name, job.spec.params) for job in jobs]
             columns, stats = await self.pool.run(chunk_work(specs, kwargs, timeout, deadline))
             self._observe(stats)
@@ -278,7 +296,10 @@ class Engine:
         timeout = self.timeout(timeout)
         starts = range(0, batch.size, size)
         steps: Iterator[Awaitable[GradedChunk | WholeChunk]]
-        if batch.whole is not None and self.pool is not None and self.whole_chunks(jobs):
+        if batch.whole is not None and self.inline_small(jobs, batch.nbytes):
+            whole = batch.whole
+            steps = (self._run_inline(whole(a, min(a + size, batch.size), timeout, deadline), a) for a in starts)
+        elif batch.whole is not None and self.pool is not None and self.whole_chunks(jobs):
             whole = batch.whole
             steps = (self._run_whole(whole(a, min(a + size, batch.size), timeout, deadline), a) for a in starts)
         else:
@@ -312,6 +333,12 @@ class Engine:
                 failures.add_stats(stats)
                 failures.check()
             yield GradedChunk(cut, [[budget_error(name)] * len(cut) for name in names], [None] * len(cut))
+
+    async def _run_inline(self, work: Work, start: int) -> WholeChunk:
+        """Whole-chunk work run here, as a worker would run it (`inline_small` said it is small and bounded)."""
+        payload, stats = work.fn(*work.args)
+        self._observe(stats)
+        return WholeChunk(payload, work.size, start, stats)
 
     async def _run_whole(self, work: Work, start: int) -> WholeChunk:
         assert self.pool is not None

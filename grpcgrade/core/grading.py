@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import signal
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from grpcgrade.grader import (
@@ -25,13 +26,14 @@ from grpcgrade.grader import (
     GraderResult,
     GraderScore,
     Inputs,
+    declared_names,
     is_finite_score,
 )
 
 from .errors import ErrorCode, GraderCancelled, GraderOverBudget, GraderTimeout, SampleProblem
 from .histograms import EMPTY, Histogram, count_pairs, histogram
-from .rewards import RewardStats
-from .samples import select_all
+from .rewards import NUMBER_TYPES, Result, RewardStats
+from .samples import TEXT_FIELDS, select_all
 
 
 class GraderStats(NamedTuple):
@@ -110,6 +112,22 @@ def inputs_of(grader: BaseGrader) -> Inputs:
     if inputs is None:
         inputs = _inputs[grader] = grader.input_names()
     return inputs
+
+
+_column_inputs: weakref.WeakKeyDictionary[BaseGrader, tuple[str, ...]] = weakref.WeakKeyDictionary()
+
+
+def column_inputs(grader: BaseGrader) -> tuple[str, ...]:
+    """The text fields `grader.score_column` takes; empty when it has none it can be called with."""
+    fields = _column_inputs.get(grader)
+    if fields is None:
+        fields = ()
+        if grader.score_column is not None:
+            inputs = declared_names(grader.score_column)
+            if not inputs.open and inputs.names and inputs.names <= set(TEXT_FIELDS):
+                fields = tuple(sorted(inputs.names))
+        _column_inputs[grader] = fields
+    return fields
 
 
 def usable(chunk: list[Any]) -> list[dict[str, Any]]:
@@ -366,3 +384,49 @@ def _first_failures(column: list[GraderResult], failed: set[int]) -> int:
             failed.add(k)
             first += 1
     return first
+
+
+def grade_column(
+    grader: BaseGrader, columns: Mapping[str, Sequence[str]], n: int, timeout: float | None
+) -> list[float] | None:
+    """The grader's scores for a chunk in one `score_column` call, or None when the chunk must be graded
+    sample by sample: the call raised, ran past `timeout` (the whole column has one sample's limit), or gave
+    anything but n finite numbers (`grade_sync` then gives each sample the result or error it would get)."""
+    _check_cancelled()
+    with _alarm(timeout):
+        try:
+            _Watch.start, _Watch.fired = time.perf_counter(), False
+            _Watch.active = True
+            try:
+                scores = grader.score_column(**{name: columns[name] for name in column_inputs(grader)})  # type: ignore[misc]
+            finally:
+                _Watch.active = False
+        except (GraderTimeout, Exception):
+            return None
+    try:  # C loops for the common case; a sum is finite only when every term is
+        fine = len(scores) == n and {*map(type, scores)} <= NUMBER_TYPES and math.isfinite(sum(scores))
+    except (TypeError, OverflowError):
+        fine = False
+    return list(scores) if fine else None
+
+
+def grade_columns(
+    graders: Sequence[BaseGrader],
+    columns: Mapping[str, Sequence[str]],
+    n: int,
+    kwargs: Callable[[], list[Any]],
+    timeout: float | None,
+) -> tuple[list[list[Result]], list[GraderStats]]:
+    """Every grader over a chunk given as text columns (the scores view, every grader with a
+    `score_column`): `columns[j][k]` grader j's score for sample k; where a column call cannot answer, the
+    chunk's `kwargs()` graded sample by sample by every grader instead (`grade_chunk_sync`)."""
+    out: list[list[Result]] = []
+    stats: list[GraderStats] = []
+    for grader in graders:
+        start = time.perf_counter()
+        scores = grade_column(grader, columns, n, timeout)
+        if scores is None:
+            return grade_chunk_sync(graders, kwargs(), timeout)  # type: ignore[return-value]
+        out.append(list(scores))
+        stats.append(GraderStats(grader.name, n, 0, time.perf_counter() - start, histogram(scores)))
+    return out, stats

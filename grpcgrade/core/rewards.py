@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -17,6 +18,9 @@ from grpcgrade.grader import GraderError, GraderRank, GraderResult
 
 from .errors import InvalidParams
 from .histograms import Histogram, histogram
+
+#: The types of a bare score (see `Result`).
+NUMBER_TYPES = frozenset((float, int))
 
 
 @dataclass(frozen=True)
@@ -76,7 +80,11 @@ def check_weights(specs: list[SpecData]) -> None:
         raise InvalidParams("weight", f"the weights of the non-gate graders sum to {total:g}; the sum must be > 0")
 
 
-def combine(specs: list[SpecData], results: list[GraderResult]) -> float | None:
+#: A grader's result for one sample: its object, or (the scores view's column path) the score alone.
+Result = GraderResult | float
+
+
+def combine(specs: list[SpecData], results: Sequence[Result]) -> float | None:
     """The sample's reward, or None when a grader failed or no grader scores pointwise."""
     total = weights = 0.0
     gate = 1.0
@@ -87,11 +95,12 @@ def combine(specs: list[SpecData], results: list[GraderResult]) -> float | None:
         if isinstance(result, GraderRank):
             continue
         scored = True
+        score = result if isinstance(result, (int, float)) else result.score
         if spec.gate:
-            gate *= result.score
+            gate *= score
         else:
             w = 1.0 if spec.weight is None else spec.weight
-            total += w * result.score
+            total += w * score
             weights += w
     if not scored:
         return None
@@ -102,10 +111,16 @@ def combine(specs: list[SpecData], results: list[GraderResult]) -> float | None:
     return reward if math.isfinite(reward) else None
 
 
-def rewards(specs: list[SpecData], columns: list[list[GraderResult]]) -> list[float | None]:
+def rewards(specs: list[SpecData], columns: Sequence[Sequence[Result]]) -> list[float | None]:
     """`combine` for a chunk graded column by column (`columns[j][k]`: grader j, sample k)."""
     if len(columns) == 1:  # the common case: a single grader's score is the reward, gate or not
-        return [None if isinstance(r, (GraderError, GraderRank)) else r.score for r in columns[0]]
+        column = columns[0]
+        if {*map(type, column)} <= NUMBER_TYPES:  # a column of scores (the scores view's column path)
+            return list(column)  # type: ignore[arg-type]
+        return [
+            r if isinstance(r, (int, float)) else None if isinstance(r, (GraderError, GraderRank)) else r.score
+            for r in column
+        ]
     return [combine(specs, list(row)) for row in zip(*columns, strict=True)]
 
 

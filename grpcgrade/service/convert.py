@@ -7,9 +7,9 @@ from itertools import repeat
 from typing import Any
 
 from grpcgrade.core.errors import SampleProblem
-from grpcgrade.core.rewards import SpecData
+from grpcgrade.core.rewards import Result, SpecData
 from grpcgrade.core.samples import SAMPLE_FIELDS, Limits, add_extra, check_fields
-from grpcgrade.grader import GraderError, GraderResult, GraderScore
+from grpcgrade.grader import GraderError, GraderScore
 from grpcgrade.v1 import grading_pb2 as pb
 
 from .structs import fill_struct, struct_to_dict
@@ -27,9 +27,10 @@ def spec_from_pb(spec: pb.GraderSpec) -> SpecData:
     )
 
 
-def sample_kwargs(sample: pb.Sample, limits: Limits) -> dict[str, Any] | SampleProblem:
+def sample_kwargs(sample: pb.Sample, limits: Limits, small: bool = False) -> dict[str, Any] | SampleProblem:
     """All the keyword arguments a grader could ask for (`select` keeps what each grader declares), or
-    the problem that makes the sample ungradable (reported per sample)."""
+    the problem that makes the sample ungradable (reported per sample). `small`: the caller knows the
+    sample's encoding is within `max_field_chars` (its whole request or chunk is), so no field is over it."""
     # `sample_id` (an `extra.sample_id` wins) lets Kolibrify-style batch graders match results by id.
     fields = {
         "sample_id": sample.id,
@@ -41,10 +42,10 @@ def sample_kwargs(sample: pb.Sample, limits: Limits) -> dict[str, Any] | SampleP
     }
     try:
         # No text holds more characters than the sample's encoding has bytes: one C call clears most samples.
-        if sample.ByteSize() > limits.max_field_chars:
+        if not small and sample.ByteSize() > limits.max_field_chars:
             check_fields(fields, limits)
         if sample.HasField("extra"):
-            size = sample.extra.ByteSize()  # `extra` is grader input too: one more field under the same limit
+            size = 0 if small else sample.extra.ByteSize()  # `extra` is grader input too: the same limit
             if size > limits.max_field_chars:
                 raise SampleProblem(
                     f"field 'extra' takes {size} bytes, over the limit max_field_chars={limits.max_field_chars}"
@@ -58,12 +59,16 @@ def sample_kwargs(sample: pb.Sample, limits: Limits) -> dict[str, Any] | SampleP
 # -- Python -> responses -----------------------------------------------------------------------------
 
 
-def add_result(results: Any, key: str, grader: str, result: GraderResult, full: bool) -> None:
+def add_result(results: Any, key: str, grader: str, result: Result, full: bool) -> None:
     """Append one grader's result to an EvaluateResponse's `results`; `full` adds reason and metadata.
+    A bare number is a score from the scores view's column path (no reason, no metadata).
 
     Fields go in through `add(...)` keywords: one call into protobuf's C code instead of one per field,
     which is most of the cost of a cheap grader's response.
     """
+    if isinstance(result, (float, int)):
+        results.add(key=key, grader=grader, score=result)
+        return
     if isinstance(result, GraderScore):
         out = results.add(key=key, grader=grader, score=result.score, reason=result.reason if full else "")
     elif isinstance(result, GraderError):
@@ -80,7 +85,7 @@ def fill_response(
     out: pb.EvaluateResponse,
     sample_id: str,
     labels: list[tuple[str, str]],
-    results: Sequence[GraderResult],
+    results: Sequence[Result],
     reward: float | None,
     full: bool = True,
 ) -> None:
@@ -99,7 +104,7 @@ def fill_items(
     indices: Sequence[int],
     ids: Sequence[str],
     labels: list[tuple[str, str]],
-    columns: Sequence[Sequence[GraderResult]],
+    columns: Sequence[Sequence[Result]],
     rewards: Sequence[float | None],
     full: bool,
 ) -> None:

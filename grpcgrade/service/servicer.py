@@ -21,10 +21,12 @@ from grpcgrade.v1 import grading_pb2_grpc as pb_grpc
 from .catalog import list_graders
 from .convert import fill_items, fill_response, sample_kwargs, spec_from_pb
 from .metrics import Metrics
-from .wire import wire_work
+from .wire import ReceivedBatch, wire_work
+
+Request = pb.EvaluateRequest | ReceivedBatch
 
 
-def _full(request: pb.EvaluateRequest | pb.BatchEvaluateRequest) -> bool:
+def _full(request: Request) -> bool:
     return request.view != pb.RESULT_VIEW_SCORES
 
 
@@ -61,7 +63,7 @@ def add_to_server(servicer: GradingServicer, server: grpc.aio.Server) -> None:
         ),
         "BatchEvaluate": grpc.unary_stream_rpc_method_handler(
             servicer.BatchEvaluate,
-            request_deserializer=pb.BatchEvaluateRequest.FromString,
+            request_deserializer=ReceivedBatch,
             response_serializer=_serialize,
         ),
         "ListGraders": grpc.unary_unary_rpc_method_handler(
@@ -87,9 +89,7 @@ class GradingServicer(pb_grpc.GradingServiceServicer):
         if self.metrics is not None:
             self.metrics.in_flight.inc(delta)
 
-    async def _resolve(
-        self, request: pb.EvaluateRequest | pb.BatchEvaluateRequest, context: grpc.aio.ServicerContext
-    ) -> tuple[list[Job], float | None]:
+    async def _resolve(self, request: Request, context: grpc.aio.ServicerContext) -> tuple[list[Job], float | None]:
         """The call's graders and per-sample time limit; aborts the call for a bad request."""
         specs = list(request.graders)
         if len(specs) > self.limits.max_graders_per_request:
@@ -116,7 +116,7 @@ class GradingServicer(pb_grpc.GradingServiceServicer):
         chunk = [(0, sample_kwargs(request.sample, self.limits))]
         self._in_flight(1)
         try:
-            graded = await self.engine.grade_chunk(jobs, chunk, timeout, request.reward)
+            graded = await self.engine.grade_chunk(jobs, chunk, timeout, request.reward, nbytes=request.ByteSize())
         finally:
             self._in_flight(-1)
         response = pb.EvaluateResponse()
@@ -124,7 +124,7 @@ class GradingServicer(pb_grpc.GradingServiceServicer):
         fill_response(response, request.sample.id, self._labels(jobs), results, graded.rewards[0], _full(request))
         return response
 
-    async def BatchEvaluate(self, request: pb.BatchEvaluateRequest, context: grpc.aio.ServicerContext) -> None:
+    async def BatchEvaluate(self, request: ReceivedBatch, context: grpc.aio.ServicerContext) -> None:
         """Streams the answers with `context.write`, each write timed: a client that takes no message for
         `send_timeout_seconds` has its call ended (RESOURCE_EXHAUSTED), its running chunks cancelled and its
         graded answers dropped, so a reader that never reads cannot hold the server's memory.
@@ -189,7 +189,7 @@ class GradingServicer(pb_grpc.GradingServiceServicer):
 
     async def _graded(
         self,
-        request: pb.BatchEvaluateRequest,
+        request: ReceivedBatch,
         jobs: list[Job],
         size: int,
         timeout: float | None,
@@ -201,14 +201,15 @@ class GradingServicer(pb_grpc.GradingServiceServicer):
         labels = self._labels(jobs)
         full = _full(request)
         specs = [job.spec for job in jobs]
+        small = len(request.data) <= limits.max_field_chars  # then no sample has a field over the limit
 
         def chunk(a: int, b: int) -> Chunk:
-            return [(i, sample_kwargs(samples[i], limits)) for i in range(a, b)]
+            return [(i, sample_kwargs(samples[i], limits, small)) for i in range(a, b)]
 
         def whole(a: int, b: int, timeout: float | None, deadline: float | None) -> Work:
-            return wire_work(specs, labels, samples[a:b], a, full, limits, timeout, request.reward, deadline)
+            return wire_work(specs, labels, request, a, b, full, limits, timeout, request.reward, deadline)
 
-        batch = Batch(len(samples), chunk, whole)
+        batch = Batch(len(samples), chunk, whole, len(request.data))
         limit = limits.max_message_bytes
         graded_chunks = self.engine.grade_batch(
             jobs, batch, size, timeout, self.budget, request.reward, deadline=deadline, failures=failures

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from grpcgrade.grader import BaseGrader, GraderScore
@@ -16,11 +17,27 @@ class LengthPenaltyGrader(BaseGrader):
     given, like the reference: a min above the max simply makes every length a violation.
     """
 
+    bounded_cost = True  # a length and a product
+
     def __init__(self, min_length: int = 10, max_length: int = 1000, penalty_rate: float = 0.01) -> None:
         super().__init__()
         self.min_length = min_length
         self.max_length = max_length
         self.penalty_rate = penalty_rate
+
+    def score_column(self, response: Sequence[str]) -> list[float]:
+        """`evaluate`'s scores for a chunk's responses, without a result object per sample."""
+        low, high, rate = self.min_length, self.max_length, self.penalty_rate
+        out: list[float] = []
+        for text in response:
+            length = len(text)
+            if length < low:
+                out.append(-(low - length) * rate)
+            elif length > high:
+                out.append(-(length - high) * rate)
+            else:
+                out.append(0.0)
+        return out
 
     def evaluate(self, response: str = "", **kwargs: Any) -> GraderScore:
         length = len(response)

@@ -98,12 +98,21 @@ class Misbehave(BaseGrader):
     """Misbehaves when the response says so: "hang" (a Python loop), "hang_in_c" (a sleep that the
     time-limit signal cannot interrupt), "die" (the process is killed), "nan", "slow_error" (raises at
     once an error whose message takes 0.5 s to build), "swallow" (runs 2 s, catching every `Exception`
-    on the way, as a grader with a fallback score does), "long:N" (a reason of N characters);
-    else scores 1.0."""
+    on the way, as a grader with a fallback score does), "long:N" (a reason of N characters), "pid..."
+    (scores the grading process's id: shows where it ran); else scores 1.0. `column=True` also offers the
+    scores view's `score_column`, misbehaving the same way; it scores "which" 2.0 (breaking its contract on
+    purpose), so a test sees which of the two answered.
+    `bounded=True` claims a bounded cost (falsely, on purpose): small batches are then graded inline."""
 
-    def __init__(self, heavy: bool = True) -> None:
+    def __init__(self, heavy: bool = True, column: bool = False, bounded: bool = False) -> None:
         super().__init__()
         self.heavy = heavy
+        self.bounded_cost = bounded
+        if column:
+            self.score_column = self._scores
+
+    def _scores(self, response: list) -> list:
+        return [2.0 if text == "which" else self.evaluate(text).score for text in response]
 
     def evaluate(self, response: str) -> GraderScore:
         if response == "hang":
@@ -126,6 +135,8 @@ class Misbehave(BaseGrader):
                 except Exception:  # noqa: S112 - the point: a grader that swallows what it should not
                     continue
             return GraderScore(self.name, 0.0, "fallback score")
+        if response.startswith("pid"):
+            return GraderScore(self.name, float(os.getpid()))
         if response.startswith("long:"):
             return GraderScore(self.name, 1.0, "long:" + "r" * int(response[5:]))
         return GraderScore(self.name, 1.0)
