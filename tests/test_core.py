@@ -15,7 +15,16 @@ from typing import Any
 
 import pytest
 
-from grpcgrade.core.engine import Batch, Engine, GradedChunk
+from grpcgrade.core.engine import (
+    INLINE_MAX_BYTES,
+    INLINE_MAX_SHARE,
+    INLINE_WINDOW_SECONDS,
+    Batch,
+    Engine,
+    GradedChunk,
+    InlineShare,
+    Job,
+)
 from grpcgrade.core.errors import ErrorCode, InvalidParams, SampleProblem, UnknownGrader, UnknownReward
 from grpcgrade.core.params import ParamInfo, coerce_value, describe_params
 from grpcgrade.core.plugins import PluginInfo, make_manager
@@ -327,3 +336,38 @@ def test_a_batch_comes_back_in_chunks_covering_every_sample_once(registry: Regis
     # mean of short (len <= 2) and nonempty (len > 0), each of weight 1
     expected = {n: ((n <= 2) + (n > 0)) / 2 for n in range(7)}
     assert by_index == pytest.approx(expected)
+
+
+# -- the inline share: small bounded calls give the event loop back ----------------------------------------
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_inline_share_refuses_once_a_window_s_share_is_spent_and_allows_again_in_the_next() -> None:
+    clock = _Clock()
+    share = InlineShare(share=0.25, window=1.0, clock=clock)
+    assert share.allows()
+    share.spent(0.1)
+    clock.now += 0.5
+    assert share.allows()  # 0.1 s of 0.25 s spent
+    share.spent(0.2)
+    assert not share.allows()  # 0.3 s spent within the window: small calls now hop to the workers
+    clock.now += 0.5  # a new window
+    assert share.allows()
+
+
+def test_a_spent_inline_share_sends_small_bounded_calls_to_the_workers(registry: Registry) -> None:
+    engine = Engine(registry)
+    grader = FunctionGrader.wrap(short)(limit=3)
+    grader.bounded_cost = True  # a length: bounded by the input's size
+    job = Job(SpecData(name="short"), grader, ("response",), worker_capable=True)
+    assert engine.inline_small([job], 1000)
+    assert not engine.inline_small([job], INLINE_MAX_BYTES + 1)
+    engine.inline_share.spent(INLINE_MAX_SHARE * INLINE_WINDOW_SECONDS)
+    assert not engine.inline_small([job], 1000)

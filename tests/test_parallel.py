@@ -229,7 +229,7 @@ def test_a_sample_with_extra_takes_the_sample_by_sample_path(server):
 
 # -- small batches of graders of bounded cost: inline ---------------------------------------------------------
 
-INLINE_MAX_BYTES = 256 * 1024  # grpcgrade.core.engine's bound, as docs/architecture.md states it
+INLINE_MAX_BYTES = 512 * 1024  # grpcgrade.core.engine's bound, as docs/architecture.md states it
 
 
 @pytest.mark.parametrize(

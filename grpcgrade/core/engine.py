@@ -68,8 +68,44 @@ HEAVY_CHUNK = 32  # smaller chunks spread a batch of heavy work over every worke
 MAX_CHUNKS_PER_CALL = 1024  # a request's tiny chunk_size is raised to keep within this
 #: The most request bytes graded inline, on the event loop, by graders of bounded cost: the longest any such
 #: request can hold the loop is a bounded-cost grader over this much input. json_validator's worst case, a
-#: 256 KiB JSON object or array of floats, takes ~5 ms of CPU (measured; 512 KiB would take 11-15 ms).
-INLINE_MAX_BYTES = 256 * 1024
+#: 512 KiB JSON object or array of floats, takes 11-15 ms of CPU (measured; 256 KiB: ~5 ms). 512 KiB holds
+#: a trainer's small step (512 short samples, ~300 KB), which one process grades faster than a hop.
+INLINE_MAX_BYTES = 512 * 1024
+#: Inline grading takes at most this share of the event loop's time, per window: past it, small calls hop to
+#: the workers like any other, so many concurrent callers still use every core and the loop stays free.
+INLINE_MAX_SHARE = 0.25
+INLINE_WINDOW_SECONDS = 1.0
+
+
+class InlineShare:
+    """The event loop's time spent grading inline in the current window, against `INLINE_MAX_SHARE`.
+
+    A fixed window (reset when it has passed) rather than a moving average: two numbers, no per-call list,
+    and the bound it gives is the one that matters: at most `share x window` (plus one call) per window.
+    """
+
+    def __init__(
+        self,
+        share: float = INLINE_MAX_SHARE,
+        window: float = INLINE_WINDOW_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.limit, self.window, self.clock = share * window, window, clock
+        self.start, self.busy = clock(), 0.0
+
+    def _roll(self) -> None:
+        now = self.clock()
+        if now - self.start >= self.window:
+            self.start, self.busy = now, 0.0
+
+    def allows(self) -> bool:
+        """Whether one more small call may be graded inline now."""
+        self._roll()
+        return self.busy < self.limit
+
+    def spent(self, seconds: float) -> None:
+        self._roll()
+        self.busy += seconds
 
 
 @dataclass(frozen=True)
@@ -141,6 +177,7 @@ class Engine:
         self.grader_timeout = grader_timeout
         self.observer = observer
         self._server_only = set(server_only_graders)  # defined by this process's configuration only
+        self.inline_share = InlineShare()
 
     # -- resolution ---------------------------------------------------------------------------------
 
@@ -189,8 +226,13 @@ class Engine:
         return all(job.worker_capable for job in jobs)
 
     def inline_small(self, jobs: list[Job], nbytes: int) -> bool:
-        """A call this small, whose graders all declare a bounded cost, is graded inline (no hop)."""
-        return 0 < nbytes <= INLINE_MAX_BYTES and all(job.worker_capable and job.grader.bounded_cost for job in jobs)
+        """A call this small, whose graders all declare a bounded cost, is graded inline (no hop), while
+        inline grading has taken less than its share of the event loop lately."""
+        return (
+            0 < nbytes <= INLINE_MAX_BYTES
+            and all(job.worker_capable and job.grader.bounded_cost for job in jobs)
+            and self.inline_share.allows()
+        )
 
     def window(self, jobs: list[Job]) -> int:
         """Chunks in flight per call: enough to keep every worker busy, few enough to bound memory."""
@@ -250,7 +292,9 @@ class Engine:
         indices = [index for index, _ in chunk]
         kwargs = [kw for _, kw in chunk]
         if self.inline_small(jobs, nbytes):
+            start = time.perf_counter()
             columns, stats = grade_chunk_sync([job.grader for job in jobs], kwargs, timeout, deadline)
+            self.inline_share.spent(time.perf_counter() - start)
             self._observe(stats)
         elif self.pool is not None and self.whole_chunks(jobs):
             specs = [(self.registry.entry(job.spec.name).name, job.spec.params) for job in jobs]
@@ -336,7 +380,9 @@ class Engine:
 
     async def _run_inline(self, work: Work, start: int) -> WholeChunk:
         """Whole-chunk work run here, as a worker would run it (`inline_small` said it is small and bounded)."""
+        began = time.perf_counter()
         payload, stats = work.fn(*work.args)
+        self.inline_share.spent(time.perf_counter() - began)
         self._observe(stats)
         return WholeChunk(payload, work.size, start, stats)
 
