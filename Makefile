@@ -46,7 +46,7 @@ $(OLDEST_STAMP): Makefile
 	touch $(OLDEST_STAMP)
 
 proto: $(OLDEST_STAMP)
-	$(OLDEST)/bin/python -m grpc_tools.protoc -I proto --python_out=. --pyi_out=. --grpc_python_out=. proto/grpcgrade/v1/grading.proto
+	$(OLDEST)/bin/python -m grpc_tools.protoc -I proto --python_out=. --pyi_out=. --grpc_python_out=. proto/grpcgrade/v1/grading.proto proto/grpcgrade/v1/admin.proto
 
 lint: $(STAMP)
 	$(BIN)/ruff check grpcgrade tests plugins scripts

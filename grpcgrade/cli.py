@@ -1,8 +1,8 @@
-"""The `grpcgrade` command: serve, graders, eval, health, bench, new-plugin, version.
+"""The `grpcgrade` command: serve, graders, eval, health, quarantine, bench, new-plugin, version.
 
 Every user error is a message of a line or two and an exit status: 2 when the command line (or a file it
 names) is wrong, 1 when the run failed. `--debug` (or GRPCGRADE_DEBUG=1) shows the traceback instead.
-The client commands (health, graders --target, eval) take the Python client's connection options; each
+The client commands (health, graders --target, eval, quarantine) take the Python client's connection options; each
 also reads an environment variable, so a container's HEALTHCHECK can reach a TLS server.
 """
 
@@ -413,6 +413,49 @@ def cmd_health(args: argparse.Namespace) -> int:
     return 0 if reply.status == health_pb2.HealthCheckResponse.SERVING else 1
 
 
+# -- quarantine ----------------------------------------------------------------------------------------
+
+
+def _when(seconds: float) -> str:
+    import time
+
+    return time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(seconds))
+
+
+def cmd_quarantine(args: argparse.Namespace) -> int:
+    """List or clear the inputs a server holds in quarantine (AdminService)."""
+    import grpc
+
+    from .client import GradingClient
+
+    with GradingClient(args.target, **client_options(args)) as client:
+        try:
+            if args.action == "clear":
+                cleared = client.clear_quarantine(args.grader)
+                print(f"cleared {cleared} quarantined input{'s' * (cleared != 1)} at {args.target}")
+                return 0
+            listing = client.list_quarantine(args.grader)
+        except grpc.RpcError as exc:
+            raise RunFailed(rpc_message(exc, args.target)) from exc
+    if args.json:
+        from google.protobuf.json_format import MessageToDict
+
+        print(json.dumps(MessageToDict(listing, preserving_proto_field_name=True), indent=2))
+        return 0
+    if not listing.enabled:
+        print(f"the server at {args.target} has the quarantine turned off (quarantine: {{enabled: false}})")
+        return 0
+    print(
+        f"{len(listing.entries)} quarantined input{'s' * (len(listing.entries) != 1)} at {args.target} "
+        f"({listing.bytes:,} of {listing.max_bytes:,} bytes)"
+    )
+    for e in listing.entries:
+        since, until = _when(e.since_unix_seconds), _when(e.expires_unix_seconds)
+        print(f"  {e.grader} {e.params} {e.code} since {since}, until {until}, answered {e.hits}x")
+        print(f"    {e.preview}")
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from .bench import bench_stream_memory, run_bench
 
@@ -589,6 +632,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--service", default="", help="the service to ask about (default '': the whole server)")
     add_connection(p, DEFAULT_TARGET, 3.0)
     p.set_defaults(func=cmd_health)
+
+    p = sub.add_parser(
+        "quarantine", parents=[common], help="list or clear the inputs a server answers from its quarantine"
+    )
+    p.add_argument("action", choices=["list", "clear"], help="list the quarantined inputs, or clear them")
+    p.add_argument("--grader", default="", help="only this grader's entries (default: every grader's)")
+    p.add_argument("--json", action="store_true", help="list: print the ListQuarantine answer as JSON")
+    add_connection(p, DEFAULT_TARGET, 10.0)
+    p.set_defaults(func=cmd_quarantine)
 
     p = sub.add_parser("bench", parents=[common], help="measure throughput against the bare library loop")
     p.add_argument(

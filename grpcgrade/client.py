@@ -281,6 +281,15 @@ class _Base:
             view=view,
         )
 
+    def _admin(self, method: str, grader: str, timeout: float | None) -> Any:
+        """An AdminService call (`ListQuarantine`, `ClearQuarantine`, `ClearCache`) on this client's channel:
+        its answer, or with the async client an awaitable of it."""
+        from .v1 import admin_pb2, admin_pb2_grpc
+
+        request = getattr(admin_pb2, f"{method}Request")(grader=grader)
+        stub = admin_pb2_grpc.AdminServiceStub(self.channel)  # type: ignore[attr-defined]  # each client has one
+        return getattr(stub, method)(request, timeout=timeout or self.timeout, metadata=self._metadata)
+
     @staticmethod
     def _missing(out: list[pb.EvaluateResponse | None]) -> list[pb.EvaluateResponse]:
         """Every sample must have come back; a gap is the server's bug, never silently a None."""
@@ -481,6 +490,20 @@ class GradingClient(_Base):
         for _ in self.stub.BatchEvaluate(request, timeout=timeout or self.timeout, metadata=self._metadata):
             pass
 
+    # -- administration (AdminService, on the same channel and token) --------------------------------
+
+    def list_quarantine(self, grader: str = "", *, timeout: float | None = None) -> Any:
+        """The server's quarantined inputs (an `admin_pb2.ListQuarantineResponse`), or only `grader`'s."""
+        return self._admin("ListQuarantine", grader, timeout)
+
+    def clear_quarantine(self, grader: str = "", *, timeout: float | None = None) -> int:
+        """Forget the quarantined inputs (or only `grader`'s) so they are graded again; how many there were."""
+        return int(self._admin("ClearQuarantine", grader, timeout).cleared)
+
+    def clear_cache(self, grader: str = "", *, timeout: float | None = None) -> int:
+        """Forget the cached results (or only `grader`'s) so their inputs are graded again; how many there were."""
+        return int(self._admin("ClearCache", grader, timeout).cleared)
+
 
 class AsyncGradingClient(_Base):
     """An asyncio client; create it inside the running event loop."""
@@ -573,6 +596,18 @@ class AsyncGradingClient(_Base):
         return await self.stub.ListGraders(
             pb.ListGradersRequest(), timeout=timeout or self.timeout, metadata=self._metadata
         )
+
+    async def list_quarantine(self, grader: str = "", *, timeout: float | None = None) -> Any:
+        """The server's quarantined inputs (an `admin_pb2.ListQuarantineResponse`), or only `grader`'s."""
+        return await self._admin("ListQuarantine", grader, timeout)
+
+    async def clear_quarantine(self, grader: str = "", *, timeout: float | None = None) -> int:
+        """Forget the quarantined inputs (or only `grader`'s) so they are graded again; how many there were."""
+        return int((await self._admin("ClearQuarantine", grader, timeout)).cleared)
+
+    async def clear_cache(self, grader: str = "", *, timeout: float | None = None) -> int:
+        """Forget the cached results (or only `grader`'s) so their inputs are graded again; how many there were."""
+        return int((await self._admin("ClearCache", grader, timeout)).cleared)
 
     def coalescer(
         self,

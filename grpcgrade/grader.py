@@ -37,6 +37,8 @@ class GraderScore:
     score: float
     reason: str = ""
     metadata: dict[str, Any] = field(default_factory=dict)
+    #: Set by the service on a result answered from its result cache, not graded now.
+    cached: bool = field(default=False, kw_only=True, compare=False, repr=False)
 
 
 @dataclass
@@ -47,6 +49,8 @@ class GraderRank:
     rank: list[int]
     reason: str = ""
     metadata: dict[str, Any] = field(default_factory=dict)
+    #: Set by the service on a result answered from its result cache, not graded now.
+    cached: bool = field(default=False, kw_only=True, compare=False, repr=False)
 
 
 @dataclass
@@ -89,6 +93,10 @@ class BaseGrader:
     #: uses it where no reason or metadata is asked for; results are checked as `evaluate`'s are, and if
     #: it raises or runs past the time limit, the chunk is graded sample by sample instead.
     score_column: Callable[..., Sequence[float]] | None = None
+    #: True for graders worth the result cache by default: expensive (a judge model, a sandbox, a remote
+    #: service, a symbolic verifier) and giving the same result for the same inputs and params. A call may
+    #: still turn the cache off (CACHE_MODE_OFF), or on for any grader (CACHE_MODE_ON).
+    cache_by_default: bool = False
 
     def __init__(
         self,

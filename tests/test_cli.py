@@ -165,8 +165,12 @@ def test_debug_brings_the_traceback_back():
         (
             "rewardz: {}",
             "unknown key 'rewardz' (allowed: rewards, limits, grader_timeout_seconds, models, default_reward, http, "
-            "canary)",
+            "canary, cache, quarantine)",
         ),
+        ("cache: {max_bytes: 0}", "cache.max_bytes: must be at least 1, got 0"),
+        ("cache: {enabled: 'no'}", "cache.enabled: must be true or false, got 'no'"),
+        ("quarantine: {ttl: 60}", "quarantine: unknown key 'ttl' (allowed: enabled, max_bytes, ttl_seconds)"),
+        ("quarantine: 60", "quarantine: must be a mapping (keys: enabled, max_bytes, ttl_seconds)"),
         ("rewards: {r: [json_validatr]}", "reward 'r': unknown grader 'json_validatr'; did you mean 'json_validator'"),
         (
             "rewards: {r: [{name: similarity, params: {algorithm: nope}}]}",

@@ -18,7 +18,10 @@ from grpcgrade.v1 import grading_pb2_grpc as pb_grpc
 
 @pytest.fixture(scope="module")
 def fault_server(tmp_path_factory, plugin_env):
-    srv = start_server(tmp_path_factory.mktemp("faults"), "--workers", "2", "--grader-timeout", "0.5", env=plugin_env)
+    tmp = tmp_path_factory.mktemp("faults")
+    config = tmp / "grpcgrade.yaml"  # each test here goes through the fault again: no quarantine (test_quarantine)
+    config.write_text("quarantine: {enabled: false}\n")
+    srv = start_server(tmp, "--workers", "2", "--grader-timeout", "0.5", "--config", str(config), env=plugin_env)
     yield srv
     srv.stop()
 

@@ -21,10 +21,12 @@ def test_generated_stubs_match_the_proto(tmp_path: Path, oldest_python: Path):
             f"--pyi_out={tmp_path}",
             f"--grpc_python_out={tmp_path}",
             "grpcgrade/v1/grading.proto",
+            "grpcgrade/v1/admin.proto",
         ],
         check=True,
     )
-    for name in ("grading_pb2.py", "grading_pb2.pyi", "grading_pb2_grpc.py"):
+    names = [f"{proto}{suffix}" for proto in ("grading", "admin") for suffix in ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")]
+    for name in names:
         fresh = (tmp_path / "grpcgrade" / "v1" / name).read_text()
         committed = (ROOT / "grpcgrade" / "v1" / name).read_text()
         assert fresh == committed, f"grpcgrade/v1/{name} is stale: run `make proto`"

@@ -64,6 +64,7 @@ async def run_canaries(engine: Engine, canaries: list[Canary]) -> list[CanaryRes
     The engine's time limits bound the run, as they bound a call."""
     quiet = copy.copy(engine)
     quiet.observer = None  # canaries are not training traffic: the grading metrics leave them out
+    quiet.cached = None  # and they are graded for real: a drifting judge must not be answered from the cache
     by_reward: dict[str, list[Canary]] = {}
     for canary in canaries:
         by_reward.setdefault(canary.reward, []).append(canary)

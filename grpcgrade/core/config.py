@@ -7,6 +7,8 @@ http: {failure_reward: 0.0, strip_suffixes: ["<|im_end|>", "<|endoftext|>"]}
 limits: {max_samples_per_batch: 100000, max_field_chars: 1000000, max_message_bytes: 67108864,
          send_timeout_seconds: 30, max_buffered_output_bytes: 268435456}
 canary: {interval_seconds: 300, fail_health: false}   # see grpcgrade.core.canaries
+cache: {enabled: true, max_bytes: 67108864, ttl_seconds: 3600}       # the result cache
+quarantine: {enabled: true, max_bytes: 8388608, ttl_seconds: 3600}  # inputs that timed out or killed a worker
 rewards:
   gsm8k:
     description: exact answer, terse output, under 200 tokens
@@ -25,7 +27,7 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
@@ -42,6 +44,7 @@ from .canaries import (
 )
 from .errors import ConfigError, InvalidParams, SampleProblem
 from .guard import call_guards
+from .result_cache import CacheConfig, QuarantineConfig
 from .rewards import Reward, SpecData
 from .samples import SAMPLE_FIELDS, TEXT_FIELDS, Limits, add_extra
 
@@ -89,9 +92,16 @@ class ServerConfig:
     #: Every reward's canaries (`rewards.NAME.canaries`), and how they run (`canary:`).
     canaries: list[Canary] = field(default_factory=list)
     canary: CanarySettings = field(default_factory=CanarySettings)
+    #: The result cache: identical (grader, params, inputs) answered from memory (see docs/reward-guard.md).
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    #: Inputs that timed out or killed a worker, answered at once with the same error.
+    quarantine: QuarantineConfig = field(default_factory=QuarantineConfig)
 
 
-TOP_KEYS = ("rewards", "limits", "grader_timeout_seconds", "models", "default_reward", "http", "canary")
+TOP_KEYS = (
+    *("rewards", "limits", "grader_timeout_seconds", "models", "default_reward", "http", "canary"),
+    *("cache", "quarantine"),
+)
 SPEC_KEYS = ("name", "params", "key", "weight", "gate")
 REWARD_KEYS = ("graders", "description", "canaries")
 #: A canary's keys (`rewards.NAME.canaries[i]`), and the `canary:` section's.
@@ -265,6 +275,8 @@ def parse_config(data: dict[str, Any], source: str = "config") -> ServerConfig:
         models=models,
         canaries=canaries,
         canary=parse_canary_settings(data.get("canary"), f"{source}: canary"),
+        cache=parse_store(data.get("cache"), CacheConfig, f"{source}: cache"),
+        quarantine=parse_store(data.get("quarantine"), QuarantineConfig, f"{source}: quarantine"),
     )
 
 
@@ -310,3 +322,25 @@ def load_config(path: str | Path) -> ServerConfig:
     except (OSError, yaml.YAMLError) as exc:
         raise ConfigError(f"{path}: {exc}") from exc
     return parse_config(data, str(path))
+
+
+StoreConfig = TypeVar("StoreConfig", CacheConfig, QuarantineConfig)
+
+
+def parse_store(raw: Any, kind: type[StoreConfig], where: str) -> StoreConfig:
+    """`cache:` or `quarantine:`: `enabled` (true/false), `max_bytes` (a whole number), `ttl_seconds`."""
+    if raw is None:
+        return kind()
+    names = tuple(f.name for f in dataclasses.fields(kind))
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: must be a mapping (keys: {', '.join(names)})")
+    _unknown(raw, names, where)
+    enabled = raw.get("enabled", True)
+    if not isinstance(enabled, bool):
+        raise ConfigError(f"{where}.enabled: must be true or false, got {enabled!r}")
+    default = kind()
+    return kind(
+        enabled=enabled,
+        max_bytes=_number(raw.get("max_bytes", default.max_bytes), f"{where}.max_bytes", int, 1),
+        ttl_seconds=_number(raw.get("ttl_seconds", default.ttl_seconds), f"{where}.ttl_seconds", float, 0.001),
+    )

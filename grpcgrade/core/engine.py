@@ -32,9 +32,10 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, 
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from grpcgrade.grader import BaseGrader, GraderResult, Inputs
+from grpcgrade.grader import BaseGrader, GraderError, GraderResult, Inputs
 
 from .budget import OutputBudget
+from .cached_grading import CachedGrading, quarantinable
 from .errors import ErrorCode, InvalidParams, SampleProblem, UnknownReward
 from .grading import (
     Stats,
@@ -52,6 +53,7 @@ from .grading import (
 )
 from .guard import CUT_GRACE_SECONDS, FailureTally
 from .registry import Registry
+from .result_cache import CacheMode
 from .rewards import Reward, SpecData, check_weights, number_repeats, reward_stats, rewards
 from .samples import select_all
 from .workers import Work, WorkerPool, chunk_work, grader_work
@@ -143,6 +145,9 @@ class Batch:
     chunk: Callable[[int, int], Chunk]
     whole: Callable[[int, int, float | None, float | None], Work] | None = None
     nbytes: int = 0
+    #: In a whole chunk's answer, the (sample index, grader position, error) of each result that timed out
+    #: or lost its worker: what the quarantine keeps. Asked only of answers whose stats count one.
+    failures: Callable[[Any], list[tuple[int, int, GraderError]]] | None = None
 
 
 @dataclass(frozen=True)
@@ -153,6 +158,7 @@ class Job:
     grader: BaseGrader
     inputs: Inputs
     worker_capable: bool  # synchronous, and every worker's registry has it (not a server-only grader)
+    use_cache: bool = False  # the result cache answers this call's samples for this grader
 
     @property
     def in_worker(self) -> bool:
@@ -170,6 +176,7 @@ class Engine:
         grader_timeout: float | None = 30.0,
         observer: Observer | None = None,
         server_only_graders: Iterable[str] = (),
+        cached: CachedGrading | None = None,
     ) -> None:
         self.registry = registry
         self.pool = pool
@@ -178,11 +185,13 @@ class Engine:
         self.observer = observer
         self._server_only = set(server_only_graders)  # defined by this process's configuration only
         self.inline_share = InlineShare()
+        self.cached = cached  # the result cache and the quarantine; None: neither
 
     # -- resolution ---------------------------------------------------------------------------------
 
-    def resolve(self, specs: list[SpecData], reward: str = "") -> list[Job]:
-        """Graders for a call, built (or taken from the cache) once. Raises for a bad request."""
+    def resolve(self, specs: list[SpecData], reward: str = "", cache: CacheMode = CacheMode.DEFAULT) -> list[Job]:
+        """Graders for a call, built (or taken from the cache) once, and whether the result cache serves
+        each (`cache`: the call's choice). Raises for a bad request."""
         if reward and specs:
             raise InvalidParams("reward", "give either `reward` or `graders`, not both")
         if reward:
@@ -201,7 +210,8 @@ class Engine:
                 raise exc.of_grader(spec.name) from exc
             canonical = self.registry.entry(spec.name).name
             capable = self.pool is not None and grader.is_sync and canonical not in self._server_only
-            jobs.append(Job(spec, grader, inputs_of(grader), capable))
+            use_cache = self.cached is not None and self.cached.uses_cache(grader, cache)
+            jobs.append(Job(spec, grader, inputs_of(grader), capable, use_cache))
         return jobs
 
     def timeout(self, requested: float | None) -> float | None:
@@ -222,15 +232,21 @@ class Engine:
         return max(size, -(-samples // MAX_CHUNKS_PER_CALL))
 
     def whole_chunks(self, jobs: list[Job]) -> bool:
-        """Whole chunks go to the workers when every grader of the call can run there."""
-        return all(job.worker_capable for job in jobs)
+        """Whole chunks go to the workers when every grader of the call can run there (and none needs the
+        result cache or has samples in quarantine: those are looked up per grader)."""
+        return all(job.worker_capable for job in jobs) and not self._per_grader(jobs)
+
+    def _per_grader(self, jobs: list[Job]) -> bool:
+        return self.cached is not None and self.cached.per_grader(jobs)
 
     def inline_small(self, jobs: list[Job], nbytes: int) -> bool:
         """A call this small, whose graders all declare a bounded cost, is graded inline (no hop), while
-        inline grading has taken less than its share of the event loop lately."""
+        inline grading has taken less than its share of the event loop lately, and unless the result cache
+        or the quarantine has a say (then it is graded per grader)."""
         return (
             0 < nbytes <= INLINE_MAX_BYTES
             and all(job.worker_capable and job.grader.bounded_cost for job in jobs)
+            and not self._per_grader(jobs)
             and self.inline_share.allows()
         )
 
@@ -275,6 +291,32 @@ class Engine:
         self._observe(join_stats([[stats], [problem_stats(job.grader.name, unusable)]]) if unusable else [stats])
         return results
 
+    async def _run_cached(
+        self,
+        job: Job,
+        batch: list[dict[str, Any]],
+        timeout: float | None,
+        unusable: int = 0,
+        deadline: float | None = None,
+    ) -> list[GraderResult]:
+        """`_run_job`, with the result cache and the quarantine in front of it (`CachedGrading.run`)."""
+        if self.cached is None:
+            return await self._run_job(job, batch, timeout, unusable, deadline)
+        run = self.cached.run
+        return await run(job, batch, lambda part: self._run_job(job, part, timeout, unusable, deadline), timeout)
+
+    def _note(
+        self,
+        jobs: list[Job],
+        chunk: list[Any],
+        columns: list[list[GraderResult]],
+        stats: Sequence[Stats],
+        timeout: float | None,
+    ) -> None:
+        """The quarantine learns the samples of a chunk graded as a whole that timed out or lost a worker."""
+        if self.cached is not None and quarantinable(stats):
+            self.cached.note_columns(jobs, chunk, columns, timeout)
+
     async def grade_chunk(
         self,
         jobs: list[Job],
@@ -296,17 +338,20 @@ class Engine:
             columns, stats = grade_chunk_sync([job.grader for job in jobs], kwargs, timeout, deadline)
             self.inline_share.spent(time.perf_counter() - start)
             self._observe(stats)
+            self._note(jobs, kwargs, columns, stats, timeout)
         elif self.pool is not None and self.whole_chunks(jobs):
             specs = [(self.registry.entry(job.spec.name).name, job.spec.params) for job in jobs]
             columns, stats = await self.pool.run(chunk_work(specs, kwargs, timeout, deadline))
             self._observe(stats)
-        elif all(job.grader.is_sync and not job.in_worker for job in jobs):
+            self._note(jobs, kwargs, columns, stats, timeout)
+        elif all(job.grader.is_sync and not job.in_worker for job in jobs) and not self._per_grader(jobs):
             columns, stats = grade_chunk_sync([job.grader for job in jobs], kwargs, timeout, deadline)
             self._observe(stats)
+            self._note(jobs, kwargs, columns, stats, timeout)
         else:
             good = usable(kwargs)
             unusable = len(kwargs) - len(good)
-            runs = (self._run_job(job, select_all(good, job.inputs), timeout, unusable, deadline) for job in jobs)
+            runs = (self._run_cached(job, select_all(good, job.inputs), timeout, unusable, deadline) for job in jobs)
             columns = list(await asyncio.gather(*runs))
             if good is not kwargs:
                 columns = [with_problems(j.grader.name, kwargs, c) for j, c in zip(jobs, columns, strict=True)]
@@ -345,7 +390,9 @@ class Engine:
             steps = (self._run_inline(whole(a, min(a + size, batch.size), timeout, deadline), a) for a in starts)
         elif batch.whole is not None and self.pool is not None and self.whole_chunks(jobs):
             whole = batch.whole
-            steps = (self._run_whole(whole(a, min(a + size, batch.size), timeout, deadline), a) for a in starts)
+            steps = (
+                self._run_whole(whole(a, min(a + size, batch.size), timeout, deadline), a, jobs, batch) for a in starts
+            )
         else:
             chunk = batch.chunk
             steps = (
@@ -386,10 +433,15 @@ class Engine:
         self._observe(stats)
         return WholeChunk(payload, work.size, start, stats)
 
-    async def _run_whole(self, work: Work, start: int) -> WholeChunk:
+    async def _run_whole(self, work: Work, start: int, jobs: list[Job], batch: Batch) -> WholeChunk:
         assert self.pool is not None
         payload, stats = await self.pool.run(work)
         self._observe(stats)
+        if self.cached is not None and batch.failures is not None and quarantinable(stats):
+            for index, position, error in batch.failures(payload):
+                kwargs = batch.chunk(index, index + 1)[0][1]
+                if isinstance(kwargs, dict):
+                    self.cached.note_sample(jobs[position], kwargs, error, work.timeout)
         return WholeChunk(payload, work.size, start, stats)
 
 

@@ -70,6 +70,7 @@ class LLMGrader(BaseGrader):
     """
 
     bounds_own_time = True  # each attempt has the model's timeout_seconds, and retries are bounded
+    cache_by_default = True  # a judge call costs money and seconds; a failed one is never cached
 
     def __init__(
         self,

@@ -6,7 +6,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from itertools import repeat
 from typing import Any
 
-from grpcgrade.core.errors import SampleProblem
+from grpcgrade.core.errors import InvalidParams, SampleProblem
+from grpcgrade.core.result_cache import CacheMode
 from grpcgrade.core.rewards import Result, SpecData
 from grpcgrade.core.samples import SAMPLE_FIELDS, Limits, add_extra, check_fields
 from grpcgrade.grader import GraderError, GraderScore
@@ -25,6 +26,23 @@ def spec_from_pb(spec: pb.GraderSpec) -> SpecData:
         weight=spec.weight if spec.HasField("weight") else None,
         gate=spec.gate,
     )
+
+
+#: The request's `cache` field as the engine takes it.
+CACHE_MODES: dict[int, CacheMode] = {
+    pb.CACHE_MODE_UNSPECIFIED: CacheMode.DEFAULT,
+    pb.CACHE_MODE_OFF: CacheMode.OFF,
+    pb.CACHE_MODE_ON: CacheMode.ON,
+}
+
+
+def cache_mode(value: int) -> CacheMode:
+    """A request's CacheMode; a number this server does not know is refused (INVALID_ARGUMENT)."""
+    mode = CACHE_MODES.get(value)
+    if mode is None:
+        allowed = ", ".join(f"{pb.CacheMode.Name(k)} ({k})" for k in CACHE_MODES)
+        raise InvalidParams("cache", f"unknown CacheMode {value}; allowed: {allowed}")
+    return mode
 
 
 def sample_kwargs(sample: pb.Sample, limits: Limits, small: bool = False) -> dict[str, Any] | SampleProblem:
@@ -71,12 +89,16 @@ def add_result(results: Any, key: str, grader: str, result: Result, full: bool) 
         return
     if isinstance(result, GraderScore):
         out = results.add(key=key, grader=grader, score=result.score, reason=result.reason if full else "")
+        if result.cached:
+            out.cached = True
     elif isinstance(result, GraderError):
         out = results.add(key=key, grader=grader, reason=(result.reason or result.error) if full else "")
         out.error.code = result.code
         out.error.message = result.error
     else:
         out = results.add(key=key, grader=grader, rank=result.rank, reason=result.reason if full else "")
+        if result.cached:
+            out.cached = True
     if full and result.metadata:
         fill_struct(out.metadata, result.metadata)
 

@@ -28,7 +28,7 @@ from prometheus_client import (
     disable_created_metrics,
     make_wsgi_app,
 )
-from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
@@ -36,6 +36,7 @@ from prometheus_client.utils import floatToGoString
 
 from grpcgrade import __version__
 from grpcgrade.core import histograms
+from grpcgrade.core.cached_grading import CachedGrading
 from grpcgrade.core.errors import ErrorCode
 from grpcgrade.core.grading import Stats
 from grpcgrade.core.plugins import PluginInfo
@@ -139,6 +140,42 @@ class _Distributions(Collector):
             ),
             squares,
             missing,
+        ]
+
+
+class _CacheCollector(Collector):
+    """The result cache's and the quarantine's counts, read from `CachedGrading` when scraped: nothing is
+    updated per sample or per chunk for them."""
+
+    def __init__(self, cached: CachedGrading) -> None:
+        self.cached = cached
+
+    @staticmethod
+    def _per_grader(name: str, text: str, counts: dict[str, int]) -> CounterMetricFamily:
+        family = CounterMetricFamily(name, text, labels=["grader"])
+        for grader, value in list(counts.items()):  # a copy made in one step: the event loop may add graders
+            family.add_metric([grader], value)
+        return family
+
+    def collect(self) -> list[Metric]:
+        c = self.cached
+        return [
+            self._per_grader("grpcgrade_cache_hits", "Results answered from the result cache, per grader.", c.hits),
+            self._per_grader("grpcgrade_cache_misses", "Results graded and offered to the result cache.", c.misses),
+            GaugeMetricFamily(
+                "grpcgrade_cache_bytes",
+                "The result cache's size (estimated bytes).",
+                value=c.cache.bytes if c.cache else 0,
+            ),
+            GaugeMetricFamily("grpcgrade_cache_entries", "Results in the result cache.", value=len(c.cache or ())),
+            self._per_grader(
+                "grpcgrade_quarantine_hits", "Samples answered from the quarantine, per grader.", c.quarantine_hits
+            ),
+            GaugeMetricFamily(
+                "grpcgrade_quarantined_entries",
+                "Inputs in quarantine (timed out or killed a worker; expired ones until they are next looked at).",
+                value=len(c.quarantine or ()),
+            ),
         ]
 
 
@@ -253,6 +290,9 @@ class Metrics:
     def watch_workers(self, alive: Callable[[], int], restarts: Callable[[], int]) -> None:
         self.workers.set_function(alive)
         self.worker_restarts.read = restarts
+
+    def watch_cache(self, cached: CachedGrading) -> None:
+        self.registry.register(_CacheCollector(cached))
 
     def observe_grading(self, stats: Stats) -> None:
         """The engine's observer: called once per grader per chunk, and once per chunk of a configured reward."""

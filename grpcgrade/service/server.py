@@ -20,6 +20,7 @@ from aiohttp import web
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from grpcgrade.core.cached_grading import CachedGrading
 from grpcgrade.core.canaries import CanaryResult, run_canaries, watch
 from grpcgrade.core.config import ServerConfig, load_config
 from grpcgrade.core.engine import Engine
@@ -27,8 +28,11 @@ from grpcgrade.core.errors import ConfigError, InvalidParams, PortUnavailable, U
 from grpcgrade.core.registry import Registry, get_registry
 from grpcgrade.core.workers import WorkerPool
 from grpcgrade.llm.models import configure as configure_models
+from grpcgrade.v1 import admin_pb2_grpc
 from grpcgrade.v1 import grading_pb2 as pb
 
+from .admin import SERVICE_NAME as ADMIN_SERVICE_NAME
+from .admin import AdminServicer
 from .http import build_http_app
 from .interceptors import AuthInterceptor, DecodeGuardInterceptor, ObservingInterceptor
 from .metrics import Metrics
@@ -245,6 +249,9 @@ def build_server(opts: ServeOptions) -> Service:
     metrics = Metrics() if opts.metrics_port else None
     workers = os.cpu_count() or 1 if opts.workers is None else opts.workers
     pool = WorkerPool(workers) if workers > 0 else None
+    cached = CachedGrading.from_config(config.cache, config.quarantine)
+    if metrics is not None:
+        metrics.watch_cache(cached)
     engine = Engine(
         registry,
         pool,
@@ -252,6 +259,7 @@ def build_server(opts: ServeOptions) -> Service:
         grader_timeout=config.grader_timeout_seconds,
         observer=metrics.observe_grading if metrics else None,
         server_only_graders=config.server_only_graders,
+        cached=cached,
     )
     try:
         for name, reward in config.rewards.items():
@@ -286,9 +294,11 @@ def build_server(opts: ServeOptions) -> Service:
         ],
     )
     add_to_server(GradingServicer(engine, config.limits, metrics), server)
+    admin_pb2_grpc.add_AdminServiceServicer_to_server(AdminServicer(cached, registry), server)
     health_servicer = DrainingHealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+    services = (SERVICE_NAME, ADMIN_SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME)
+    reflection.enable_server_reflection(services, server)
 
     address = f"{opts.host}:{opts.port}"
     try:

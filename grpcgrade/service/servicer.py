@@ -19,9 +19,9 @@ from grpcgrade.v1 import grading_pb2 as pb
 from grpcgrade.v1 import grading_pb2_grpc as pb_grpc
 
 from .catalog import list_graders
-from .convert import fill_items, fill_response, sample_kwargs, spec_from_pb
+from .convert import cache_mode, fill_items, fill_response, sample_kwargs, spec_from_pb
 from .metrics import Metrics
-from .wire import ReceivedBatch, wire_work
+from .wire import ReceivedBatch, quarantine_failures, wire_work
 
 Request = pb.EvaluateRequest | ReceivedBatch
 
@@ -99,7 +99,7 @@ class GradingServicer(pb_grpc.GradingServiceServicer):
                 f"max_graders_per_request={self.limits.max_graders_per_request}",
             )
         try:
-            jobs = self.engine.resolve([spec_from_pb(s) for s in specs], request.reward)
+            jobs = self.engine.resolve([spec_from_pb(s) for s in specs], request.reward, cache_mode(request.cache))
             return jobs, self.engine.timeout(request.grader_timeout_seconds)
         except (UnknownGrader, UnknownReward) as exc:
             await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
@@ -209,7 +209,7 @@ class GradingServicer(pb_grpc.GradingServiceServicer):
         def whole(a: int, b: int, timeout: float | None, deadline: float | None) -> Work:
             return wire_work(specs, labels, request, a, b, full, limits, timeout, request.reward, deadline)
 
-        batch = Batch(len(samples), chunk, whole, len(request.data))
+        batch = Batch(len(samples), chunk, whole, len(request.data), failures=quarantine_failures)
         limit = limits.max_message_bytes
         graded_chunks = self.engine.grade_batch(
             jobs, batch, size, timeout, self.budget, request.reward, deadline=deadline, failures=failures

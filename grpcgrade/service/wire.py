@@ -20,6 +20,7 @@ from typing import Any
 from grpcgrade.core.grading import Stats, column_inputs, failed_stats, grade_chunk_sync, grade_columns, join_stats
 from grpcgrade.core.histograms import EMPTY
 from grpcgrade.core.registry import get_registry
+from grpcgrade.core.result_cache import QUARANTINE_CODES
 from grpcgrade.core.rewards import Result, RewardStats, SpecData, reward_stats, rewards
 from grpcgrade.core.samples import Limits
 from grpcgrade.core.workers import Work
@@ -222,6 +223,18 @@ def wire_work(
 
     args = (specs, data, start, full, limits, timeout, reward, deadline)
     return Work(grade_wire, args, stop - start, timeout, split, failed, _join)
+
+
+def quarantine_failures(payload: bytes) -> list[tuple[int, int, GraderError]]:
+    """(sample index, grader position, error) of each TIMEOUT or WORKER_LOST result in a whole chunk's
+    answer: asked only of an answer whose stats count one, so the parse is rare."""
+    items = pb.BatchEvaluateResponse.FromString(payload).items
+    return [
+        (item.index, j, GraderError(r.grader, r.error.message, code=r.error.code))
+        for item in items
+        for j, r in enumerate(item.result.results)
+        if r.error.code in QUARANTINE_CODES
+    ]
 
 
 def _join(parts: list[tuple[bytes, list[Stats]]]) -> tuple[bytes, list[Stats]]:

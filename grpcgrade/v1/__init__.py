@@ -1,1 +1,2 @@
-"""Generated protobuf and gRPC stubs for proto/grpcgrade/v1/grading.proto (`make proto` regenerates)."""
+"""Generated protobuf and gRPC stubs for proto/grpcgrade/v1/grading.proto and admin.proto (`make proto`
+regenerates)."""

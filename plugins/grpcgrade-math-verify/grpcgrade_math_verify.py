@@ -78,6 +78,7 @@ class MathVerifyGrader(BaseGrader):
     """
 
     heavy = True
+    cache_by_default = True  # symbolic parsing and verification: milliseconds per sample, deterministic
 
     def __init__(self, parsing_timeout: float = 2, verification_timeout: float = 2) -> None:
         self.parsing_timeout = _whole_seconds("parsing_timeout", parsing_timeout)

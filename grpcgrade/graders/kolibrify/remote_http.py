@@ -158,6 +158,7 @@ class RemoteHttpGrader(KolibrifyGraderAdapter):
     """
 
     bounds_own_time = True  # `timeout_s` per attempt, `max_retries` retries
+    cache_by_default = True  # a round trip to another service per chunk
 
     def __init__(
         self,

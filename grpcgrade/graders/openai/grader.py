@@ -145,6 +145,7 @@ class AsyncOpenAIGrader(OpenAIGraderBase):
     """A config with a model grader (or cosine similarity): computed in the event loop."""
 
     bounds_own_time = True  # as the LLM judges: each model call has its own timeout and bounded retries
+    cache_by_default = True  # a model call costs money and seconds, as the LLM judges' do
 
     async def aevaluate(self, **kwargs: Any) -> GraderResult:
         return self.result(await self.node.arun(namespaces(kwargs)))

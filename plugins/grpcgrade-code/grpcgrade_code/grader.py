@@ -77,6 +77,7 @@ class CodeTestsGrader(BaseGrader):
     """
 
     bounds_own_time = True  # each run is bounded; the wait for a sandbox slot must not count as its time
+    cache_by_default = True  # a sandbox run per test case; SANDBOX_UNAVAILABLE (an error) is never cached
 
     def __init__(
         self,
