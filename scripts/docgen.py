@@ -31,6 +31,16 @@ CONFIG_KEYS = {
     "(see [Trainers](trainers.md#openrlhf)); one of `rewards`",
     "http": "the HTTP face (`--http-port`) (below)",
     "canary": "how the rewards' canaries run (below; see [Reward guard](reward-guard.md#canaries))",
+    "cache": "the result cache (below; see [Reward guard](reward-guard.md#result-cache))",
+    "quarantine": "inputs that timed out or killed a worker, answered at once (below; see "
+    "[Reward guard](reward-guard.md#quarantine))",
+}
+
+#: What each setting of `cache:` and `quarantine:` means. A setting missing here fails generation.
+STORE_DOCS = {
+    "enabled": "false: never used, whatever a call asks",
+    "max_bytes": "the bound on all entries together (an estimate per entry); past it the least recently used go",
+    "ttl_seconds": "how long an entry is used after it was stored",
 }
 
 #: What each `canary:` setting means. A setting missing here fails generation.
@@ -147,6 +157,7 @@ def graders_table() -> str:
 def config_reference() -> str:
     from grpcgrade.core.canaries import CanarySettings
     from grpcgrade.core.config import CANARY_KEYS, HttpConfig, ServerConfig
+    from grpcgrade.core.result_cache import CacheConfig, QuarantineConfig
     from grpcgrade.core.samples import Limits
     from grpcgrade.llm.models import ModelConfig
 
@@ -178,6 +189,20 @@ def config_reference() -> str:
     _check_documented("canary", list(CANARY_KEYS), CANARY_DOCS)
     out += ["", "`rewards.<name>.canaries:` (each canary)", "", "| key | meaning |", "|---|---|"]
     out += [f"| `{n}` | {_cell(CANARY_DOCS[n])} |" for n in CANARY_KEYS]
+    for key, store in (("cache", CacheConfig()), ("quarantine", QuarantineConfig())):
+        names = [f.name for f in dataclasses.fields(store)]
+        _check_documented(key, names, STORE_DOCS)
+        out += ["", f"`{key}:`", "", "| setting | default | meaning |", "|---|---:|---|"]
+        for n in names:
+            value = getattr(store, n)
+            default = (
+                json.dumps(value)
+                if isinstance(value, bool)
+                else f"{value:,}"
+                if isinstance(value, int)
+                else f"{value:g}"
+            )
+            out.append(f"| `{n}` | {default} | {_cell(STORE_DOCS[n])} |")
 
     settings = [f for f in dataclasses.fields(ModelConfig) if f.name not in ("name", "api_key")]
     _check_documented("ModelConfig", [f.name for f in settings], MODEL_DOCS)
