@@ -41,6 +41,14 @@ class Preset:
     bare: Callable[[], Callable[[dict[str, Any]], object]]
 
 
+def uncached_server_args(workdir: Path) -> list[str]:
+    """`serve` arguments for a bench server with its result cache off: the figures time grading, and a run
+    repeating the samples of the run before would otherwise be answered from the cache (math_verify, say)."""
+    config = workdir / "bench-config.yaml"
+    config.write_text("cache: {enabled: false}\n")
+    return ["--config", str(config)]
+
+
 def _bare_json() -> Callable[[dict[str, Any]], object]:
     def call(s: dict[str, Any]) -> object:
         try:
@@ -360,7 +368,9 @@ def bench_service(
     figures: dict[str, float] = {}
     notes: dict[str, Any] = {}
     started = time.perf_counter()
-    server = start_server(workdir, "--workers", str(workers), "--log-level", "warning", metrics=metrics)
+    server = start_server(
+        workdir, "--workers", str(workers), "--log-level", "warning", *uncached_server_args(workdir), metrics=metrics
+    )
     # SERVING means every worker is up, has loaded the plugins and warmed the graders (`workers.warm`)
     notes["start_to_serving_s"] = round(time.perf_counter() - started, 2)
     try:
@@ -504,7 +514,8 @@ def bench_stream_memory(total: int, workers: int, chunk: int = 10_000) -> dict[s
     template = [sample_to_pb(s) for s in make_samples("json", chunk)]
     peak, stop = 0.0, threading.Event()
     with tempfile.TemporaryDirectory() as tmp:
-        server = start_server(Path(tmp), "--workers", str(workers), "--log-level", "warning", metrics=False)
+        args = uncached_server_args(Path(tmp))
+        server = start_server(Path(tmp), "--workers", str(workers), "--log-level", "warning", *args, metrics=False)
         try:
             start_rss = rss_mib(server.proc.pid)
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .bench import PRESETS, _paced, _rate, bench_in_process, make_samples
+from .bench import PRESETS, _paced, _rate, bench_in_process, make_samples, uncached_server_args
 
 #: The cheap grader and the heavy ones of the goals; math_verify only when its plugin is installed.
 CHEAP = "json_validator"
@@ -179,7 +179,8 @@ def run_goals(
         heavy_calls[h](heavy_data[h][0])  # lazy imports and tables outside the timing
 
     with tempfile.TemporaryDirectory() as tmp:
-        server = start_server(Path(tmp), "--workers", str(workers), "--log-level", "warning", metrics=False)
+        args = uncached_server_args(Path(tmp))
+        server = start_server(Path(tmp), "--workers", str(workers), "--log-level", "warning", *args, metrics=False)
         try:
             spec = [{"name": cheap.grader, "params": cheap.params}]
             with server.client(timeout=600) as client:

@@ -85,3 +85,20 @@ def test_goal_bounds_read_as_the_issue_states_them():
     assert GOALS["step_8_median_ms"].met(0.9, 2) and not GOALS["step_8_median_ms"].met(1.1, 2)
     assert GOALS["unary_paced_p99_ms"].text(2) == "<= 5"
     assert GOALS["cheap_batch_full_x_bare"].met(0.5, 2) and not GOALS["cheap_batch_full_x_bare"].met(0.49, 2)
+
+
+def test_the_bench_server_grades_every_run_and_never_answers_from_the_cache(tmp_path):
+    """math_verify is cached by default; a bench run repeating the samples of the run before must still
+    time grading (before this, a second run of the same samples came back from the cache at 65x)."""
+    from grpcgrade.bench import uncached_server_args
+    from grpcgrade.testing import start_server
+
+    server = start_server(tmp_path, "--workers", "1", *uncached_server_args(tmp_path), metrics=False)
+    try:
+        sample = {"response": "The answer is $\\frac{1}{2}$.", "reference": "$0.5$"}
+        with server.client(timeout=120) as client:
+            first, second = (client.evaluate(sample, ["math_verify"]) for _ in range(2))
+        assert not first.results[0].HasField("error") and first.results[0].score == second.results[0].score
+        assert not first.results[0].cached and not second.results[0].cached
+    finally:
+        server.stop()
