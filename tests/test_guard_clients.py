@@ -281,3 +281,22 @@ def test_http_defaults_in_the_configuration_are_checked():
     with pytest.raises(ConfigError, match="max_failure_ratio"):
         parse_http({"max_failure_ratio": 1.01}, "grpcgrade.yaml")
     assert parse_http({"budget_seconds": 5, "max_failure_ratio": 0.2}, "x").max_failure_ratio == 0.2
+
+
+def test_http_face_takes_the_cache_choice_from_the_body(http_server):
+    """misbehave is not cached by default: "on" in the body makes a repeat a hit, "off" never is one."""
+
+    def hits() -> float:
+        return http_server.metric("grpcgrade_cache_hits_total", grader="misbehave") or 0.0
+
+    before = hits()
+    for _ in range(2):
+        status, data = post(http_server.http, {"query": ["cache-me"], "cache": "off"})
+        assert status == 200 and data["rewards"] == [1.0]
+    assert hits() == before
+    for _ in range(2):
+        status, data = post(http_server.http, {"query": ["cache-me"], "cache": "on"})
+        assert status == 200 and data["rewards"] == [1.0]
+    assert hits() == before + 1
+    status, text = post(http_server.http, {"query": ["x"], "cache": "sometimes"})
+    assert status == 400 and "`cache`" in text

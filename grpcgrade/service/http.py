@@ -18,6 +18,8 @@ POSTs `{"query": [...], "prompts": [...], "labels": [...]}` with aiohttp and no 
   sample; a request past its failure ratio is answered 400 (gRPC's FAILED_PRECONDITION, as google.rpc.Code
   maps it) whose text names the grader and its most frequent error code: OpenRLHF's client raises on any
   error status, so the step does not train on a batch of masks.
+- The result cache (docs/reward-guard.md): the body's `cache`, "on", "off" or "default" (the server's
+  default per grader, when absent).
 - Auth, when the server has tokens: `Authorization: Bearer TOKEN`, or Basic auth whose password is the
   token, which aiohttp sends for a URL like `http://trainer:TOKEN@host:port/get_reward` (OpenRLHF cannot
   set headers).
@@ -41,6 +43,7 @@ from grpcgrade.core.config import HttpConfig
 from grpcgrade.core.engine import Batch, Engine, GradedChunk
 from grpcgrade.core.errors import InvalidParams, SampleProblem, TooManyFailures, UnknownGrader, UnknownReward
 from grpcgrade.core.guard import call_guards
+from grpcgrade.core.result_cache import CacheMode
 from grpcgrade.core.samples import Limits, check_fields
 
 from .metrics import Metrics
@@ -133,17 +136,21 @@ class RewardHandler:
     async def grade(self, request: web.Request, reward: str) -> web.Response:
         started = time.monotonic()
         try:
-            jobs = self.engine.resolve([], reward)
-        except (UnknownReward, UnknownGrader) as exc:
-            raise web.HTTPNotFound(text=str(exc)) from None
-        except InvalidParams as exc:
-            raise web.HTTPBadRequest(text=str(exc)) from None
-        try:
             body = await request.json()
         except ValueError:
             raise web.HTTPBadRequest(text="the body is not JSON") from None
         if not isinstance(body, dict):
             raise web.HTTPBadRequest(text='the body must be a JSON object with "query", "prompts", "labels"')
+        cache = body.get("cache", CacheMode.DEFAULT.value)
+        if cache not in set(CacheMode):
+            allowed = ", ".join(f'"{mode.value}"' for mode in CacheMode)
+            raise web.HTTPBadRequest(text=f"`cache` must be one of {allowed}, got {str(cache)[:40]!r}")
+        try:
+            jobs = self.engine.resolve([], reward, CacheMode(cache))
+        except (UnknownReward, UnknownGrader) as exc:
+            raise web.HTTPNotFound(text=str(exc)) from None
+        except InvalidParams as exc:
+            raise web.HTTPBadRequest(text=str(exc)) from None
         queries = _strings(body, "query", None)
         if queries is None:
             raise web.HTTPBadRequest(text="`query` is required: a list of strings")
