@@ -18,6 +18,7 @@ class ResultView(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     RESULT_VIEW_UNSPECIFIED: _ClassVar[ResultView]
     RESULT_VIEW_FULL: _ClassVar[ResultView]
     RESULT_VIEW_SCORES: _ClassVar[ResultView]
+    RESULT_VIEW_COLUMNS: _ClassVar[ResultView]
 
 class GraderMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -30,6 +31,7 @@ CACHE_MODE_ON: CacheMode
 RESULT_VIEW_UNSPECIFIED: ResultView
 RESULT_VIEW_FULL: ResultView
 RESULT_VIEW_SCORES: ResultView
+RESULT_VIEW_COLUMNS: ResultView
 GRADER_MODE_UNSPECIFIED: GraderMode
 GRADER_MODE_POINTWISE: GraderMode
 GRADER_MODE_LISTWISE: GraderMode
@@ -82,6 +84,22 @@ class EvaluateRequest(_message.Message):
     cache: CacheMode
     def __init__(self, graders: _Optional[_Iterable[_Union[GraderSpec, _Mapping]]] = ..., sample: _Optional[_Union[Sample, _Mapping]] = ..., reward: _Optional[str] = ..., grader_timeout_seconds: _Optional[float] = ..., view: _Optional[_Union[ResultView, str]] = ..., cache: _Optional[_Union[CacheMode, str]] = ...) -> None: ...
 
+class SampleColumns(_message.Message):
+    __slots__ = ("id", "query", "response", "reference", "context", "extra")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    QUERY_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    REFERENCE_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    EXTRA_FIELD_NUMBER: _ClassVar[int]
+    id: _containers.RepeatedScalarFieldContainer[str]
+    query: _containers.RepeatedScalarFieldContainer[str]
+    response: _containers.RepeatedScalarFieldContainer[str]
+    reference: _containers.RepeatedScalarFieldContainer[str]
+    context: _containers.RepeatedScalarFieldContainer[str]
+    extra: _containers.RepeatedCompositeFieldContainer[_struct_pb2.Struct]
+    def __init__(self, id: _Optional[_Iterable[str]] = ..., query: _Optional[_Iterable[str]] = ..., response: _Optional[_Iterable[str]] = ..., reference: _Optional[_Iterable[str]] = ..., context: _Optional[_Iterable[str]] = ..., extra: _Optional[_Iterable[_Union[_struct_pb2.Struct, _Mapping]]] = ...) -> None: ...
+
 class GraderError(_message.Message):
     __slots__ = ("code", "message")
     CODE_FIELD_NUMBER: _ClassVar[int]
@@ -121,7 +139,7 @@ class EvaluateResponse(_message.Message):
     def __init__(self, id: _Optional[str] = ..., results: _Optional[_Iterable[_Union[GraderResult, _Mapping]]] = ..., reward: _Optional[float] = ...) -> None: ...
 
 class BatchEvaluateRequest(_message.Message):
-    __slots__ = ("graders", "samples", "reward", "grader_timeout_seconds", "chunk_size", "view", "budget_seconds", "max_failure_ratio", "cache")
+    __slots__ = ("graders", "samples", "reward", "grader_timeout_seconds", "chunk_size", "view", "budget_seconds", "max_failure_ratio", "cache", "columns")
     GRADERS_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
     REWARD_FIELD_NUMBER: _ClassVar[int]
@@ -131,6 +149,7 @@ class BatchEvaluateRequest(_message.Message):
     BUDGET_SECONDS_FIELD_NUMBER: _ClassVar[int]
     MAX_FAILURE_RATIO_FIELD_NUMBER: _ClassVar[int]
     CACHE_FIELD_NUMBER: _ClassVar[int]
+    COLUMNS_FIELD_NUMBER: _ClassVar[int]
     graders: _containers.RepeatedCompositeFieldContainer[GraderSpec]
     samples: _containers.RepeatedCompositeFieldContainer[Sample]
     reward: str
@@ -140,7 +159,8 @@ class BatchEvaluateRequest(_message.Message):
     budget_seconds: float
     max_failure_ratio: float
     cache: CacheMode
-    def __init__(self, graders: _Optional[_Iterable[_Union[GraderSpec, _Mapping]]] = ..., samples: _Optional[_Iterable[_Union[Sample, _Mapping]]] = ..., reward: _Optional[str] = ..., grader_timeout_seconds: _Optional[float] = ..., chunk_size: _Optional[int] = ..., view: _Optional[_Union[ResultView, str]] = ..., budget_seconds: _Optional[float] = ..., max_failure_ratio: _Optional[float] = ..., cache: _Optional[_Union[CacheMode, str]] = ...) -> None: ...
+    columns: SampleColumns
+    def __init__(self, graders: _Optional[_Iterable[_Union[GraderSpec, _Mapping]]] = ..., samples: _Optional[_Iterable[_Union[Sample, _Mapping]]] = ..., reward: _Optional[str] = ..., grader_timeout_seconds: _Optional[float] = ..., chunk_size: _Optional[int] = ..., view: _Optional[_Union[ResultView, str]] = ..., budget_seconds: _Optional[float] = ..., max_failure_ratio: _Optional[float] = ..., cache: _Optional[_Union[CacheMode, str]] = ..., columns: _Optional[_Union[SampleColumns, _Mapping]] = ...) -> None: ...
 
 class BatchItem(_message.Message):
     __slots__ = ("index", "result")
@@ -150,11 +170,41 @@ class BatchItem(_message.Message):
     result: EvaluateResponse
     def __init__(self, index: _Optional[int] = ..., result: _Optional[_Union[EvaluateResponse, _Mapping]] = ...) -> None: ...
 
+class ScoreColumn(_message.Message):
+    __slots__ = ("key", "grader", "scores", "error_rows", "errors", "cached_rows")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    GRADER_FIELD_NUMBER: _ClassVar[int]
+    SCORES_FIELD_NUMBER: _ClassVar[int]
+    ERROR_ROWS_FIELD_NUMBER: _ClassVar[int]
+    ERRORS_FIELD_NUMBER: _ClassVar[int]
+    CACHED_ROWS_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    grader: str
+    scores: _containers.RepeatedScalarFieldContainer[float]
+    error_rows: _containers.RepeatedScalarFieldContainer[int]
+    errors: _containers.RepeatedCompositeFieldContainer[GraderError]
+    cached_rows: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, key: _Optional[str] = ..., grader: _Optional[str] = ..., scores: _Optional[_Iterable[float]] = ..., error_rows: _Optional[_Iterable[int]] = ..., errors: _Optional[_Iterable[_Union[GraderError, _Mapping]]] = ..., cached_rows: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class ResultColumns(_message.Message):
+    __slots__ = ("indices", "scores", "rewards", "reward_absent_rows")
+    INDICES_FIELD_NUMBER: _ClassVar[int]
+    SCORES_FIELD_NUMBER: _ClassVar[int]
+    REWARDS_FIELD_NUMBER: _ClassVar[int]
+    REWARD_ABSENT_ROWS_FIELD_NUMBER: _ClassVar[int]
+    indices: _containers.RepeatedScalarFieldContainer[int]
+    scores: _containers.RepeatedCompositeFieldContainer[ScoreColumn]
+    rewards: _containers.RepeatedScalarFieldContainer[float]
+    reward_absent_rows: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, indices: _Optional[_Iterable[int]] = ..., scores: _Optional[_Iterable[_Union[ScoreColumn, _Mapping]]] = ..., rewards: _Optional[_Iterable[float]] = ..., reward_absent_rows: _Optional[_Iterable[int]] = ...) -> None: ...
+
 class BatchEvaluateResponse(_message.Message):
-    __slots__ = ("items",)
+    __slots__ = ("items", "columns")
     ITEMS_FIELD_NUMBER: _ClassVar[int]
+    COLUMNS_FIELD_NUMBER: _ClassVar[int]
     items: _containers.RepeatedCompositeFieldContainer[BatchItem]
-    def __init__(self, items: _Optional[_Iterable[_Union[BatchItem, _Mapping]]] = ...) -> None: ...
+    columns: ResultColumns
+    def __init__(self, items: _Optional[_Iterable[_Union[BatchItem, _Mapping]]] = ..., columns: _Optional[_Union[ResultColumns, _Mapping]] = ...) -> None: ...
 
 class ListGradersRequest(_message.Message):
     __slots__ = ()
