@@ -30,8 +30,9 @@ import grpc.experimental
 from google.protobuf.json_format import MessageToDict
 
 from grpcgrade.service.convert import SampleColumns as SampleColumns  # a batch as columns: the cheapest to send
-from grpcgrade.service.convert import add_samples, sample_to_pb, specs_to_pb
+from grpcgrade.service.convert import add_samples, as_columns, sample_to_pb, specs_to_pb
 
+from .batch_scores import BatchScores as BatchScores  # what batch_scores returns
 from .v1 import grading_pb2 as pb
 from .v1 import grading_pb2_grpc as pb_grpc
 
@@ -268,6 +269,7 @@ class _Base:
         self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
         self._credentials = credentials
         self._options = channel_options(max_message_bytes, server_name)
+        self._columns_ok = True  # False once a server showed it does not read SampleColumns
 
     @staticmethod
     def _evaluate_request(
@@ -299,16 +301,42 @@ class _Base:
         return out  # type: ignore[return-value]
 
     def _batch_request(
-        self, samples: Sequence[Any], graders: Graders, reward: str, grader_timeout: float, view: pb.ResultView
+        self,
+        samples: Sequence[Any],
+        graders: Graders,
+        reward: str,
+        grader_timeout: float,
+        view: pb.ResultView,
+        columns: bool = True,
     ) -> pb.BatchEvaluateRequest:
+        """A BatchEvaluate request, its samples as SampleColumns where they fit (and `columns`), else one
+        Sample message each."""
         request = pb.BatchEvaluateRequest(
             graders=specs_to_pb(graders),
             reward=reward,
             grader_timeout_seconds=grader_timeout,
             view=view,
         )
-        add_samples(request.samples, samples)
+        as_cols = as_columns(samples) if columns and self._columns_ok else None
+        if as_cols is not None:
+            as_cols.fill_columns(request.columns)
+        else:
+            add_samples(request.samples, samples)
         return request
+
+    @staticmethod
+    def _one_per_sample(view: pb.ResultView) -> pb.ResultView:
+        if view == pb.RESULT_VIEW_COLUMNS:
+            raise ValueError("RESULT_VIEW_COLUMNS answers columns, not one result per sample: call batch_scores")
+        return view
+
+    def _no_columns(self, request: pb.BatchEvaluateRequest, answered: int, n: int) -> bool:
+        """A server older than SampleColumns ignores them and answers no sample: then this client sends
+        `samples` from now on, and the caller sends this chunk again."""
+        if answered or not n or not request.HasField("columns"):
+            return False
+        self._columns_ok = False
+        return True
 
     @staticmethod
     def _place(out: list[pb.EvaluateResponse | None], start: int, messages: Iterable[pb.BatchEvaluateResponse]) -> int:
@@ -379,20 +407,24 @@ class GradingClient(_Base):
         the samples not yet graded come back BUDGET_EXCEEDED; `max_failure_ratio` for each chunk's call
         (`chunk_size` samples), past which it raises `FailureBudgetExceeded`; `cache` "on"/"off"/None."""
         graders = list(graders or [])
+        view = self._one_per_sample(view)
         out: list[pb.EvaluateResponse | None] = [None] * len(samples)
         done = 0
         lock = threading.Lock()
         started = time.monotonic()
 
-        def run(start: int, part: Sequence[Any]) -> None:
+        def run(start: int, part: Sequence[Any], columns: bool = True) -> None:
             nonlocal done
-            request = self._batch_request(part, graders, reward, grader_timeout, view)
+            request = self._batch_request(part, graders, reward, grader_timeout, view, columns)
             set_guards(request, started, budget_seconds, max_failure_ratio, cache)
             stream = self.stub.BatchEvaluate(request, timeout=timeout or self.timeout, metadata=self._metadata)
             try:
                 got = self._place(out, start, stream)
             except grpc.RpcError as exc:
                 raise _surfaced(exc) from None
+            if self._no_columns(request, got, len(part)):
+                run(start, part, columns=False)
+                return
             with lock:
                 done += got
                 if on_progress:
@@ -407,6 +439,56 @@ class GradingClient(_Base):
             for future in [executor.submit(run, s, p) for s, p in chunks]:
                 future.result()
         return self._missing(out)
+
+    def batch_scores(
+        self,
+        samples: Sequence[Mapping[str, Any] | pb.Sample] | SampleColumns,
+        graders: Graders = None,
+        reward: str = "",
+        *,
+        timeout: float | None = None,
+        grader_timeout: float = 0.0,
+        on_progress: Progress | None = None,
+        budget_seconds: float = 0.0,
+        max_failure_ratio: float | None = None,
+        cache: Cache = None,
+    ) -> BatchScores:
+        """The batch's rewards and scores as columns (`BatchScores`: None where a grader failed): a trainer's
+        call, the least work on both ends. Samples travel as SampleColumns where they can (columns, or dicts
+        of text fields) and results as RESULT_VIEW_COLUMNS; pointwise graders only (INVALID_ARGUMENT for a
+        listwise one). Options as for `batch_evaluate`."""
+        graders = list(graders or [])
+        table = BatchScores(len(samples))
+        done = 0
+        lock = threading.Lock()
+        started = time.monotonic()
+
+        def run(start: int, part: Sequence[Any], columns: bool = True) -> None:
+            nonlocal done
+            request = self._batch_request(part, graders, reward, grader_timeout, pb.RESULT_VIEW_COLUMNS, columns)
+            set_guards(request, started, budget_seconds, max_failure_ratio, cache)
+            stream = self.stub.BatchEvaluate(request, timeout=timeout or self.timeout, metadata=self._metadata)
+            try:
+                got = table.add(start, stream)
+            except grpc.RpcError as exc:
+                raise _surfaced(exc) from None
+            if self._no_columns(request, got, len(part)):
+                run(start, part, columns=False)
+                return
+            with lock:
+                done += got
+                if on_progress:
+                    on_progress(done, len(samples))
+
+        chunks = _chunks(samples, self.chunk_size)
+        if len(chunks) <= 1:
+            for start, part in chunks:
+                run(start, part)
+            return table.check()
+        with ThreadPoolExecutor(min(self.max_in_flight, len(chunks))) as executor:
+            for future in [executor.submit(run, s, p) for s, p in chunks]:
+                future.result()
+        return table.check()
 
     def evaluate_stream(
         self,
@@ -428,13 +510,14 @@ class GradingClient(_Base):
         a worker thread) as each streamed message of n results arrives. Raises grpc.RpcError if a call fails,
         and whatever iterating `samples` raises."""
         graders = list(graders or [])
+        view = self._one_per_sample(view)
         lock = threading.Lock()
         calls: set[Any] = set()  # the streams in flight, cancelled if the caller stops early or one fails
         stopped = threading.Event()
 
         def run(part: list[Any]) -> list[pb.EvaluateResponse]:
             out: list[pb.EvaluateResponse | None] = [None] * len(part)
-            request = self._batch_request(part, graders, reward, grader_timeout, view)
+            request = self._batch_request(part, graders, reward, grader_timeout, view, columns=False)
             stream = self.stub.BatchEvaluate(request, timeout=timeout or self.timeout, metadata=self._metadata)
             with lock:
                 calls.add(stream)
@@ -570,27 +653,75 @@ class AsyncGradingClient(_Base):
     ) -> list[pb.EvaluateResponse]:
         """`GradingClient.batch_evaluate`, awaited (the reward guard's options as there)."""
         graders = list(graders or [])
+        view = self._one_per_sample(view)
         out: list[pb.EvaluateResponse | None] = [None] * len(samples)
         gate = asyncio.Semaphore(self.max_in_flight)
         done = 0
         started = time.monotonic()
 
-        async def run(start: int, part: Sequence[Any]) -> None:
+        async def run(start: int, part: Sequence[Any], columns: bool = True) -> None:
             nonlocal done
             async with gate:
-                request = self._batch_request(part, graders, reward, grader_timeout, view)
+                request = self._batch_request(part, graders, reward, grader_timeout, view, columns)
                 set_guards(request, started, budget_seconds, max_failure_ratio, cache)
                 call = self.stub.BatchEvaluate(request, timeout=timeout or self.timeout, metadata=self._metadata)
+                got = 0
                 try:
                     async for message in call:
-                        done += self._place(out, start, [message])
+                        placed = self._place(out, start, [message])
+                        got += placed
+                        done += placed
                         if on_progress:
                             on_progress(done, len(samples))
                 except grpc.RpcError as exc:
                     raise _surfaced(exc) from None
+            if self._no_columns(request, got, len(part)):
+                await run(start, part, columns=False)
 
         await asyncio.gather(*(run(s, p) for s, p in _chunks(samples, self.chunk_size)))
         return self._missing(out)
+
+    async def batch_scores(
+        self,
+        samples: Sequence[Mapping[str, Any] | pb.Sample] | SampleColumns,
+        graders: Graders = None,
+        reward: str = "",
+        *,
+        timeout: float | None = None,
+        grader_timeout: float = 0.0,
+        on_progress: Progress | None = None,
+        budget_seconds: float = 0.0,
+        max_failure_ratio: float | None = None,
+        cache: Cache = None,
+    ) -> BatchScores:
+        """`GradingClient.batch_scores`, awaited."""
+        graders = list(graders or [])
+        table = BatchScores(len(samples))
+        gate = asyncio.Semaphore(self.max_in_flight)
+        done = 0
+        started = time.monotonic()
+
+        async def run(start: int, part: Sequence[Any], columns: bool = True) -> None:
+            nonlocal done
+            async with gate:
+                request = self._batch_request(part, graders, reward, grader_timeout, pb.RESULT_VIEW_COLUMNS, columns)
+                set_guards(request, started, budget_seconds, max_failure_ratio, cache)
+                call = self.stub.BatchEvaluate(request, timeout=timeout or self.timeout, metadata=self._metadata)
+                got = 0
+                try:
+                    async for message in call:
+                        placed = table.add(start, [message])
+                        got += placed
+                        done += placed
+                        if on_progress:
+                            on_progress(done, len(samples))
+                except grpc.RpcError as exc:
+                    raise _surfaced(exc) from None
+            if self._no_columns(request, got, len(part)):
+                await run(start, part, columns=False)
+
+        await asyncio.gather(*(run(s, p) for s, p in _chunks(samples, self.chunk_size)))
+        return table.check()
 
     async def list_graders(self, *, timeout: float | None = None) -> pb.ListGradersResponse:
         return await self.stub.ListGraders(

@@ -33,12 +33,13 @@ from typing import Any
 
 import grpc
 
+from grpcgrade.batch_scores import BatchScores
 from grpcgrade.client import AsyncGradingClient, Cache, Graders, GradingClient, Target, cache_mode
 from grpcgrade.core.guard import failure_limit, step_deadline
 from grpcgrade.service.convert import SampleColumns, all_text
 from grpcgrade.v1 import grading_pb2 as pb
 
-from .common import RESERVED, as_text, json_value, reward_of, score_of, usable_extra
+from .common import RESERVED, as_text, json_value, usable_extra
 
 #: Keyword arguments TRL passes for the reward function's own use; never sample data.
 TRL_KWARGS = frozenset({"trainer_state", "log_extra", "log_metric", "environments", "completion_ids"})
@@ -193,21 +194,15 @@ class SampleBuilder:
         return SampleColumns.of_text(texts, extras)  # every column is n texts by now
 
 
-def _scores(results: Sequence[pb.EvaluateResponse], key: str) -> list[float | None]:
-    return [score_of(r, key) for r in results]
-
-
-def report(results: Sequence[pb.EvaluateResponse], kwargs: Mapping[str, Any]) -> None:
+def report(table: BatchScores, kwargs: Mapping[str, Any]) -> None:
     """Per-grader mean scores and the count of masked samples through TRL's `log_metric`, and each grader's
     score per completion through `log_extra` (columns of TRL's completions table)."""
     log_metric, log_extra = kwargs.get("log_metric"), kwargs.get("log_extra")
-    if not results or not (callable(log_metric) or callable(log_extra)):
+    if not len(table) or not (callable(log_metric) or callable(log_extra)):
         return
-    keys = [r.key for r in results[0].results]
     if callable(log_metric):
-        log_metric(f"{LOG_PREFIX}/masked", float(sum(reward_of(r) is None for r in results)))
-    for key in keys:
-        scores = _scores(results, key)
+        log_metric(f"{LOG_PREFIX}/masked", float(table.masked))
+    for key, scores in table.scores.items():
         ok = [s for s in scores if s is not None]
         if callable(log_metric) and ok:
             log_metric(f"{LOG_PREFIX}/{key}", sum(ok) / len(ok))
@@ -318,11 +313,9 @@ def reward_function(
         if client is None:  # made on first use: a trainer may copy the function to other processes first
             client = GradingClient(config.target, **config.client_options)
         samples = config.builder.columns(prompts, completions, kwargs)
-        results = client.batch_evaluate(
-            samples, config.graders, config.reward, view=pb.RESULT_VIEW_SCORES, **config.guards
-        )
-        report(results, kwargs)
-        return [reward_of(r) for r in results]
+        table = client.batch_scores(samples, config.graders, config.reward, **config.guards)
+        report(table, kwargs)
+        return table.rewards
 
     score.__name__ = _name(config.graders, reward)
     return score
@@ -345,11 +338,9 @@ def async_reward_function(
         if client is None:
             client = clients[loop] = AsyncGradingClient(config.target, **config.client_options)
         samples = config.builder.columns(prompts, completions, kwargs)
-        results = await client.batch_evaluate(
-            samples, config.graders, config.reward, view=pb.RESULT_VIEW_SCORES, **config.guards
-        )
-        report(results, kwargs)
-        return [reward_of(r) for r in results]
+        table = await client.batch_scores(samples, config.graders, config.reward, **config.guards)
+        report(table, kwargs)
+        return table.rewards
 
     score.__name__ = _name(config.graders, reward)
     return score
@@ -370,25 +361,24 @@ def reward_functions(
     config = _Config(target, graders, reward, **options)
     keys = config.keys()
     client: GradingClient | None = None
-    last: tuple[Any, Any, list[pb.EvaluateResponse]] | None = None  # holds the lists: their ids stay unique
+    last: tuple[Any, Any, BatchScores] | None = None  # holds the lists: their ids stay unique
 
-    def results_for(prompts: Sequence[Any], completions: Sequence[Any], kwargs: dict[str, Any]) -> list:
+    def results_for(prompts: Sequence[Any], completions: Sequence[Any], kwargs: dict[str, Any]) -> BatchScores:
         nonlocal client, last
         if last is not None and last[0] is prompts and last[1] is completions:
             return last[2]
         if client is None:
             client = GradingClient(config.target, **config.client_options)
         samples = config.builder.columns(prompts, completions, kwargs)
-        results = client.batch_evaluate(
-            samples, config.graders, config.reward, view=pb.RESULT_VIEW_SCORES, **config.guards
-        )
-        report(results, kwargs)
-        last = (prompts, completions, results)
-        return results
+        table = client.batch_scores(samples, config.graders, config.reward, **config.guards)
+        report(table, kwargs)
+        last = (prompts, completions, table)
+        return table
 
     def make(key: str) -> Callable[..., list[float | None]]:
         def score(prompts: Sequence[Any], completions: Sequence[Any], **kwargs: Any) -> list[float | None]:
-            return _scores(results_for(prompts, completions, kwargs), key)
+            table = results_for(prompts, completions, kwargs)
+            return list(table.scores.get(key) or [None] * len(table))
 
         score.__name__ = f"grpcgrade_{key}"
         return score

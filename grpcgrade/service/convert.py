@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from itertools import repeat
-from typing import Any
+from typing import Any, cast
 
-from grpcgrade.core.errors import InvalidParams, SampleProblem
+from grpcgrade.core.errors import ErrorCode, InvalidParams, SampleProblem
 from grpcgrade.core.result_cache import CacheMode
 from grpcgrade.core.rewards import Result, SpecData
 from grpcgrade.core.samples import SAMPLE_FIELDS, Limits, add_extra, check_fields
@@ -74,7 +74,60 @@ def sample_kwargs(sample: pb.Sample, limits: Limits, small: bool = False) -> dic
     return fields
 
 
+#: SampleColumns' text columns: one per Sample text field, under the same name.
+TEXT_COLUMNS = ("id", "query", "response", "reference", "context")
+
+
+def column_count(columns: pb.SampleColumns) -> int:
+    """The number of samples in a request's SampleColumns; InvalidParams when two non-empty columns differ
+    in length (a column is empty or holds one entry per sample)."""
+    lengths = {name: len(getattr(columns, name)) for name in (*TEXT_COLUMNS, "extra")}
+    given = {name: n for name, n in lengths.items() if n}
+    if len(set(given.values())) > 1:
+        detail = ", ".join(f"{name} has {n}" for name, n in given.items())
+        raise InvalidParams("columns", f"every non-empty column needs one entry per sample; {detail}")
+    return max(given.values(), default=0)
+
+
+def column_kwargs(
+    columns: pb.SampleColumns, texts: Mapping[str, Sequence[str]], i: int, limits: Limits, small: bool = False
+) -> dict[str, Any] | SampleProblem:
+    """`sample_kwargs` for row i of a request's SampleColumns; `texts` holds its non-empty text columns."""
+    fields: dict[str, Any] = {
+        "sample_id": texts["id"][i] if "id" in texts else "",
+        "query": texts["query"][i] if "query" in texts else "",
+        "response": texts["response"][i] if "response" in texts else "",
+        "reference": texts["reference"][i] if "reference" in texts else "",
+        "context": texts["context"][i] if "context" in texts else "",
+        "responses": [],
+    }
+    try:
+        if not small:
+            check_fields(fields, limits)
+        if columns.extra:
+            extra = columns.extra[i]
+            size = 0 if small else extra.ByteSize()
+            if size > limits.max_field_chars:
+                raise SampleProblem(
+                    f"field 'extra' takes {size} bytes, over the limit max_field_chars={limits.max_field_chars}"
+                )
+            if extra.fields:
+                add_extra(fields, struct_to_dict(extra))
+    except SampleProblem as exc:
+        return exc
+    return fields
+
+
 # -- Python -> responses -----------------------------------------------------------------------------
+
+#: The views that carry no reasons and no metadata.
+SCORE_VIEWS = frozenset((pb.RESULT_VIEW_SCORES, pb.RESULT_VIEW_COLUMNS))
+
+
+def is_full(view: int) -> bool:
+    """Whether a request's ResultView asks for reasons and metadata (any view this server does not know
+    is answered in full)."""
+    return view not in SCORE_VIEWS
 
 
 def add_result(results: Any, key: str, grader: str, result: Result, full: bool) -> None:
@@ -144,6 +197,90 @@ def fill_items(
         return
     for k, (index, sample_id, reward) in enumerate(zip(indices, ids, rewards, strict=True)):
         fill_response(items.add(index=index).result, sample_id, labels, [c[k] for c in columns], reward, full)
+
+
+def fill_columns(
+    out: pb.ResultColumns,
+    indices: Sequence[int],
+    labels: list[tuple[str, str]],
+    columns: Sequence[Sequence[Result]],
+    rewards: Sequence[float | None],
+) -> None:
+    """A graded chunk as RESULT_VIEW_COLUMNS: packed indices, a packed score column per grader with its failed
+    and cached rows, and the rewards. A column of bare numbers (the column path) goes in with one C call."""
+    out.indices.extend(indices)
+    for (key, name), column in zip(labels, columns, strict=True):
+        col = out.scores.add(key=key, grader=name)
+        if {*map(type, column)} <= _NUMBERS:
+            col.scores.extend(column)  # type: ignore[arg-type]
+            continue
+        scores: list[float] = []
+        add = scores.append
+        for row, result in enumerate(column):
+            if isinstance(result, (float, int)):
+                add(result)
+            elif isinstance(result, GraderScore):
+                add(result.score)
+                if result.cached:
+                    col.cached_rows.append(row)
+            else:
+                add(0.0)
+                col.error_rows.append(row)
+                if isinstance(result, GraderError):
+                    col.errors.add(code=result.code, message=result.error)
+                else:  # a rank: refused before grading for this view, so only a grader's wrong answer
+                    col.errors.add(code=ErrorCode.INVALID_RESULT, message=f"{name} ranked instead of scoring")
+        col.scores.extend(scores)
+    if None in rewards:
+        out.rewards.extend([0.0 if v is None else v for v in rewards])
+        out.reward_absent_rows.extend([row for row, v in enumerate(rewards) if v is None])
+    else:
+        out.rewards.extend(rewards)  # type: ignore[arg-type]
+
+
+_NUMBERS = frozenset((float, int))
+
+
+def _rows_in(rows: Iterable[int], a: int, b: int) -> list[int]:
+    return [r - a for r in rows if a <= r < b]
+
+
+def slice_columns(columns: pb.ResultColumns, a: int, b: int) -> pb.ResultColumns:
+    """Rows a..b-1 of a ResultColumns, renumbered from 0 (to fit a chunk's answer in the message limit)."""
+    out = pb.ResultColumns(
+        indices=columns.indices[a:b],
+        rewards=columns.rewards[a:b],
+        reward_absent_rows=_rows_in(columns.reward_absent_rows, a, b),
+    )
+    for col in columns.scores:
+        part = out.scores.add(
+            key=col.key, grader=col.grader, scores=col.scores[a:b], cached_rows=_rows_in(col.cached_rows, a, b)
+        )
+        for row, error in zip(col.error_rows, col.errors, strict=True):
+            if a <= row < b:
+                part.error_rows.append(row - a)
+                part.errors.append(error)
+    return out
+
+
+def join_columns(parts: Sequence[pb.ResultColumns]) -> pb.ResultColumns:
+    """The rows of `parts`, one after the other, as one ResultColumns (the inverse of `slice_columns`)."""
+    out = pb.ResultColumns()
+    offset = 0
+    for part in parts:
+        if not out.scores:
+            for col in part.scores:
+                out.scores.add(key=col.key, grader=col.grader)
+        out.indices.extend(part.indices)
+        out.rewards.extend(part.rewards)
+        out.reward_absent_rows.extend(r + offset for r in part.reward_absent_rows)
+        for into, col in zip(out.scores, part.scores, strict=True):
+            into.scores.extend(col.scores)
+            into.error_rows.extend(r + offset for r in col.error_rows)
+            into.errors.extend(col.errors)
+            into.cached_rows.extend(r + offset for r in col.cached_rows)
+        offset += len(part.indices)
+    return out
 
 
 # -- the client's side -------------------------------------------------------------------------------
@@ -260,6 +397,23 @@ class SampleColumns(Sequence[dict[str, Any]]):
             sample["responses"] = list(self.responses[index])
         return sample
 
+    @property
+    def columnar(self) -> bool:
+        """Whether the samples fit a request's SampleColumns: no listwise `responses`, and some column to
+        count them by (n samples of no field at all have no column)."""
+        return self.responses is None and bool(self.fields or self.extra)
+
+    def fill_columns(self, out: pb.SampleColumns) -> None:
+        """Every sample into a request's SampleColumns: a C call per column, and a Struct per row only
+        when some sample has an `extra`."""
+        for name, column in self.fields.items():
+            getattr(out, name).extend(column)
+        if self.extra is not None:
+            for extra in self.extra:
+                row = out.extra.add()
+                if extra:
+                    row.update(extra)
+
     def fill(self, container: Any) -> None:
         """Append every sample to a repeated Sample field (`request.samples`)."""
         add = container.add
@@ -283,6 +437,27 @@ class SampleColumns(Sequence[dict[str, Any]]):
                 out.responses.extend(responses)
             if extra:
                 out.extra.update(extra)
+
+
+def as_columns(samples: Sequence[Mapping[str, Any] | pb.Sample] | SampleColumns) -> SampleColumns | None:
+    """`samples` as columns when they can travel as a request's SampleColumns: columns already, or dicts
+    with the same text fields each (a dataset's rows); None for anything else (messages, `extra`,
+    `responses`, dicts of different keys), which travel as `samples`. C-level passes, none per sample."""
+    if isinstance(samples, SampleColumns):
+        return samples if samples.columnar else None
+    if not samples or {*map(type, samples)} != {dict}:
+        return None
+    rows = cast("Sequence[dict[str, Any]]", samples)
+    keys = tuple(rows[0])
+    if not keys or not _TEXT_KEYS.issuperset(keys):
+        return None
+    try:
+        fields = {k: [row[k] for row in rows] for k in keys}
+    except KeyError:
+        return None
+    if sum(map(len, rows)) != len(keys) * len(rows) or not all(all_text(c) for c in fields.values()):
+        return None  # a row with another key, or a value that is not text
+    return SampleColumns.of_text(fields)
 
 
 def add_samples(container: Any, samples: Sequence[Mapping[str, Any] | pb.Sample] | SampleColumns) -> None:

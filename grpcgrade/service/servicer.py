@@ -15,11 +15,21 @@ from grpcgrade.core.errors import InvalidParams, TooManyFailures, UnknownGrader,
 from grpcgrade.core.guard import FailureTally, call_guards
 from grpcgrade.core.samples import Limits
 from grpcgrade.core.workers import Work
+from grpcgrade.grader import GraderMode
 from grpcgrade.v1 import grading_pb2 as pb
 from grpcgrade.v1 import grading_pb2_grpc as pb_grpc
 
 from .catalog import list_graders
-from .convert import cache_mode, fill_items, fill_response, sample_kwargs, spec_from_pb
+from .convert import (
+    cache_mode,
+    fill_columns,
+    fill_items,
+    fill_response,
+    is_full,
+    sample_kwargs,
+    slice_columns,
+    spec_from_pb,
+)
 from .metrics import Metrics
 from .wire import ReceivedBatch, quarantine_failures, wire_work
 
@@ -27,7 +37,8 @@ Request = pb.EvaluateRequest | ReceivedBatch
 
 
 def _full(request: Request) -> bool:
-    return request.view != pb.RESULT_VIEW_SCORES
+    """Evaluate answers RESULT_VIEW_COLUMNS as the scores view: one sample has no columns to pack."""
+    return is_full(request.view)
 
 
 Message = pb.BatchEvaluateResponse | bytes
@@ -39,18 +50,27 @@ def _serialize(message: Message) -> bytes:
 
 
 def _fitted(message: pb.BatchEvaluateResponse, limit: int) -> list[pb.BatchEvaluateResponse]:
-    """The message, or its items over several messages, each within the message size limit: long
-    reasons make a chunk's answer large, and a stream must not fail for it. A single item over the limit
-    goes as it is (gRPC then refuses the call: no smaller answer exists)."""
-    if message.ByteSize() <= limit or len(message.items) < 2:
+    """The message, or its items (or rows) over several messages, each within the message size limit: long
+    reasons or error messages make a chunk's answer large, and a stream must not fail for it. A single item
+    over the limit goes as it is (gRPC then refuses the call: no smaller answer exists)."""
+    rows = len(message.columns.indices) if message.HasField("columns") else len(message.items)
+    if message.ByteSize() <= limit or rows < 2:
         return [message]
-    half = len(message.items) // 2
+    half = rows // 2
     parts = []
+    if message.HasField("columns"):
+        for a, b in ((0, half), (half, rows)):
+            parts.extend(_fitted(pb.BatchEvaluateResponse(columns=slice_columns(message.columns, a, b)), limit))
+        return parts
     for items in (message.items[:half], message.items[half:]):
         part = pb.BatchEvaluateResponse()
         part.items.extend(items)
         parts.extend(_fitted(part, limit))
     return parts
+
+
+def _answered(message: pb.BatchEvaluateResponse) -> int:
+    return len(message.columns.indices) if message.HasField("columns") else len(message.items)
 
 
 def add_to_server(servicer: GradingServicer, server: grpc.aio.Server) -> None:
@@ -133,7 +153,10 @@ class GradingServicer(pb_grpc.GradingServiceServicer):
         the rest comes back as BUDGET_EXCEEDED results and the stream ends OK; past the failure budget the
         call ends FAILED_PRECONDITION."""
         started = time.monotonic()
-        n = len(request.samples)
+        try:
+            n = request.rows.n
+        except InvalidParams as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, exc.reason)
         if n > self.limits.max_samples_per_batch:
             await context.abort(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -141,6 +164,14 @@ class GradingServicer(pb_grpc.GradingServiceServicer):
                 f"{self.limits.max_samples_per_batch}; split the batch (the Python client does)",
             )
         jobs, timeout = await self._resolve(request, context)
+        if request.view == pb.RESULT_VIEW_COLUMNS:
+            listwise = next((job for job in jobs if job.grader.mode is GraderMode.LISTWISE), None)
+            if listwise is not None:
+                await context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"RESULT_VIEW_COLUMNS carries scores, and grader {listwise.grader.name!r} (key "
+                    f"{listwise.spec.label!r}) is listwise: it ranks; ask for RESULT_VIEW_SCORES instead",
+                )
         ratio = request.max_failure_ratio if request.HasField("max_failure_ratio") else None
         try:
             deadline, failures = call_guards(request.budget_seconds, ratio, n, started)
@@ -197,19 +228,20 @@ class GradingServicer(pb_grpc.GradingServiceServicer):
         failures: FailureTally | None = None,
     ) -> AsyncGenerator[tuple[bytes, int], None]:
         """Serialized response messages and how many samples each answers, in the order chunks finish."""
-        samples, limits = request.samples, self.limits
+        rows, limits = request.rows, self.limits
         labels = self._labels(jobs)
-        full = _full(request)
+        view = request.view
+        full, columnar = _full(request), view == pb.RESULT_VIEW_COLUMNS
         specs = [job.spec for job in jobs]
         small = len(request.data) <= limits.max_field_chars  # then no sample has a field over the limit
 
         def chunk(a: int, b: int) -> Chunk:
-            return [(i, sample_kwargs(samples[i], limits, small)) for i in range(a, b)]
+            return [(i, rows.kwargs(i, limits, small)) for i in range(a, b)]
 
         def whole(a: int, b: int, timeout: float | None, deadline: float | None) -> Work:
-            return wire_work(specs, labels, request, a, b, full, limits, timeout, request.reward, deadline)
+            return wire_work(specs, labels, request, a, b, view, limits, timeout, request.reward, deadline)
 
-        batch = Batch(len(samples), chunk, whole, len(request.data), failures=quarantine_failures)
+        batch = Batch(rows.n, chunk, whole, len(request.data), failures=quarantine_failures)
         limit = limits.max_message_bytes
         graded_chunks = self.engine.grade_batch(
             jobs, batch, size, timeout, self.budget, request.reward, deadline=deadline, failures=failures
@@ -222,10 +254,13 @@ class GradingServicer(pb_grpc.GradingServiceServicer):
                 message = pb.BatchEvaluateResponse.FromString(graded.payload)
             else:
                 message = pb.BatchEvaluateResponse()
-                ids = [samples[i].id for i in graded.indices]
-                fill_items(message.items, graded.indices, ids, labels, graded.columns, graded.rewards, full)
+                if columnar:
+                    fill_columns(message.columns, graded.indices, labels, graded.columns, graded.rewards)
+                else:
+                    ids = [rows.id(i) for i in graded.indices]
+                    fill_items(message.items, graded.indices, ids, labels, graded.columns, graded.rewards, full)
             for part in _fitted(message, limit):
-                yield part.SerializeToString(), len(part.items)
+                yield part.SerializeToString(), _answered(part)
 
     async def ListGraders(
         self, request: pb.ListGradersRequest, context: grpc.aio.ServicerContext

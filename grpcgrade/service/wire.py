@@ -9,7 +9,11 @@ Cutting: a serialized BatchEvaluateRequest holds each sample as one record (tag 
 sample's bytes), and records concatenate into a valid message, so samples a..b-1 are one slice of the bytes
 that arrived (`ReceivedBatch`). A request that is one chunk goes to the worker as it arrived. The bytes are
 kept for the call beside the parsed message (the request is held twice, within `max_message_bytes` each),
-the price of never parsing and writing a sample again to send it.
+the price of never parsing and writing a sample again to send it. A request whose samples come as
+`columns` (SampleColumns) is one chunk as it arrived too; several chunks are re-cut from its columns.
+
+Either way of sending samples is read through `Rows`, and either shape of answer (`items`, or `columns` for
+RESULT_VIEW_COLUMNS) is written where the chunk is graded: the worker's answer is the response message.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from grpcgrade.core.errors import InvalidParams, SampleProblem
 from grpcgrade.core.grading import Stats, column_inputs, failed_stats, grade_chunk_sync, grade_columns, join_stats
 from grpcgrade.core.histograms import EMPTY
 from grpcgrade.core.registry import get_registry
@@ -27,7 +32,16 @@ from grpcgrade.core.workers import Work
 from grpcgrade.grader import BaseGrader, GraderError
 from grpcgrade.v1 import grading_pb2 as pb
 
-from .convert import fill_items, sample_kwargs
+from .convert import (
+    TEXT_COLUMNS,
+    column_count,
+    column_kwargs,
+    fill_columns,
+    fill_items,
+    is_full,
+    join_columns,
+    sample_kwargs,
+)
 
 Labels = list[tuple[str, str]]
 
@@ -87,6 +101,62 @@ def sample_offsets(data: bytes) -> list[int] | None:
     return starts
 
 
+class Rows:
+    """A BatchEvaluateRequest's samples, however they came: one `Sample` message each, or `columns`.
+
+    Raises InvalidParams for a request with both, or with columns of different lengths."""
+
+    __slots__ = ("samples", "columns", "texts", "n")
+
+    def __init__(self, message: pb.BatchEvaluateRequest) -> None:
+        self.samples = message.samples
+        self.columns = message.columns if message.HasField("columns") else None
+        self.texts: dict[str, Any] = {}
+        if self.columns is None:
+            self.n = len(self.samples)
+            return
+        if len(self.samples):
+            raise InvalidParams("columns", "a request sends its samples in `samples` or in `columns`, not both")
+        self.n = column_count(self.columns)
+        self.texts = {name: getattr(self.columns, name) for name in TEXT_COLUMNS if len(getattr(self.columns, name))}
+
+    def kwargs(self, i: int, limits: Limits, small: bool = False) -> dict[str, Any] | SampleProblem:
+        """Sample i's keyword arguments, or why it cannot be graded (see `convert.sample_kwargs`)."""
+        if self.columns is None:
+            return sample_kwargs(self.samples[i], limits, small)
+        return column_kwargs(self.columns, self.texts, i, limits, small)
+
+    def id(self, i: int) -> str:
+        if self.columns is None:
+            return self.samples[i].id
+        ids = self.texts.get("id")
+        return ids[i] if ids is not None else ""
+
+    def ids(self) -> list[str]:
+        if self.columns is None:
+            return [s.id for s in self.samples]
+        ids = self.texts.get("id")
+        return list(ids) if ids is not None else [""] * self.n
+
+    def text(self, names: set[str]) -> dict[str, list[str]] | None:
+        """Every sample's `names` as text columns, or None when a sample has an `extra` (graded by kwargs)."""
+        if self.columns is None:
+            if any(s.HasField("extra") for s in self.samples):
+                return None
+            return {name: [getattr(s, name) for s in self.samples] for name in names}
+        if len(self.columns.extra) and any(e.fields for e in self.columns.extra):
+            return None
+        return {name: list(self.texts[name]) if name in self.texts else [""] * self.n for name in names}
+
+    def cut(self, start: int, stop: int) -> bytes:
+        """Samples start..stop-1 of a `columns` request, as a serialized request of their columns."""
+        assert self.columns is not None
+        part = pb.SampleColumns(**{name: column[start:stop] for name, column in self.texts.items()})
+        if len(self.columns.extra):
+            part.extra.extend(self.columns.extra[start:stop])
+        return pb.BatchEvaluateRequest(columns=part).SerializeToString()
+
+
 class ReceivedBatch:
     """A BatchEvaluateRequest as it arrived: the parsed message, whose fields read through (`request.samples`,
     `request.view`...), and its bytes, from which whole chunks are cut without re-serializing a sample.
@@ -94,22 +164,34 @@ class ReceivedBatch:
     It is the request deserializer of BatchEvaluate: bytes protobuf refuses raise its DecodeError as before.
     """
 
-    __slots__ = ("message", "data", "_offsets", "_scanned")
+    __slots__ = ("message", "data", "_offsets", "_scanned", "_rows")
 
     def __init__(self, data: bytes) -> None:
         self.message = pb.BatchEvaluateRequest.FromString(data)
         self.data = data
         self._offsets: list[int] | None = None
         self._scanned = False
+        self._rows: Rows | None = None
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.message, name)
 
+    @property
+    def rows(self) -> Rows:
+        """The samples as `Rows` (made on first use: InvalidParams for a bad `columns`, which the servicer
+        turns into INVALID_ARGUMENT)."""
+        if self._rows is None:
+            self._rows = Rows(self.message)
+        return self._rows
+
     def samples_bytes(self, start: int, stop: int) -> bytes:
         """A serialized BatchEvaluateRequest whose samples are the request's `start`..`stop-1`."""
-        n = len(self.message.samples)
-        if start == 0 and stop == n:
-            return self.data  # the graders and the other fields travel too: the worker reads only `samples`
+        rows = self.rows
+        if start == 0 and stop == rows.n:
+            return self.data  # the graders and the other fields travel too: the worker reads only the samples
+        if rows.columns is not None:
+            return rows.cut(start, stop)
+        n = rows.n
         if not self._scanned:  # once per request, when it is cut into several chunks
             offsets = sample_offsets(self.data)
             self._offsets = offsets if offsets is not None and len(offsets) == n + 1 else None
@@ -125,39 +207,43 @@ def grade_serialized(
     specs: list[SpecData],
     data: bytes,
     offset: int,
-    full: bool,
+    view: int,
     limits: Limits,
     timeout: float | None,
     reward: str = "",
     deadline: float | None = None,
 ) -> tuple[bytes, list[Stats]]:
-    """A serialized BatchEvaluateRequest's samples in (the request's `offset`...), a serialized response out;
-    with the configured `reward`'s name, its values are counted here too. Past the call's `deadline`
-    (`time.monotonic()`) the samples left are answered BUDGET_EXCEEDED."""
-    samples = pb.BatchEvaluateRequest.FromString(data).samples
+    """A serialized BatchEvaluateRequest's samples in (the request's `offset`...), a serialized response out,
+    in the request's `view` (a ResultView); with the configured `reward`'s name, its values are counted here
+    too. Past the call's `deadline` (`time.monotonic()`) the samples left are answered BUDGET_EXCEEDED."""
+    rows = Rows(pb.BatchEvaluateRequest.FromString(data))
+    n = rows.n
+    full = is_full(view)
     # No field of a sample holds more characters than the chunk has bytes: one comparison clears them all.
     small = len(data) <= limits.max_field_chars
 
     def kwargs() -> list[Any]:
-        return [sample_kwargs(s, limits, small) for s in samples]
+        return [rows.kwargs(i, limits, small) for i in range(n)]
 
     columns: list[list[Result]]
     fields = _column_fields(graders) if not full and small and deadline is None else None
-    if fields is not None and not any(s.HasField("extra") for s in samples):
+    text = rows.text(fields) if fields is not None else None
+    if text is not None:
         # The scores view of graders with a `score_column`: text columns in, scores out, no dict per sample.
         # (A call with a step budget is graded sample by sample: the budget cuts between samples.)
-        text = {name: [getattr(s, name) for s in samples] for name in fields}
-        columns, graded = grade_columns(graders, text, len(samples), kwargs, timeout)
+        columns, graded = grade_columns(graders, text, n, kwargs, timeout)
     else:
         columns, graded = grade_chunk_sync(graders, kwargs(), timeout, deadline)  # type: ignore[assignment]
     stats: list[Stats] = list(graded)
     labels = [(spec.label, grader.name) for spec, grader in zip(specs, graders, strict=True)]
     out = pb.BatchEvaluateResponse()
-    ids = [s.id for s in samples]
     values = rewards(specs, columns)
     if reward:
         stats.append(reward_stats(reward, values))
-    fill_items(out.items, range(offset, offset + len(ids)), ids, labels, columns, values, full)
+    if view == pb.RESULT_VIEW_COLUMNS:
+        fill_columns(out.columns, range(offset, offset + n), labels, columns, values)
+    else:
+        fill_items(out.items, range(offset, offset + n), rows.ids(), labels, columns, values, full)
     return out.SerializeToString(), stats
 
 
@@ -176,7 +262,7 @@ def grade_wire(
     specs: list[SpecData],
     data: bytes,
     offset: int,
-    full: bool,
+    view: int,
     limits: Limits,
     timeout: float | None,
     reward: str = "",
@@ -185,7 +271,7 @@ def grade_wire(
     """Runs in the worker: its own registry's graders over `grade_serialized`."""
     registry = get_registry()
     graders = [registry.build(spec.name, spec.params) for spec in specs]
-    return grade_serialized(graders, specs, data, offset, full, limits, timeout, reward, deadline)
+    return grade_serialized(graders, specs, data, offset, view, limits, timeout, reward, deadline)
 
 
 def wire_work(
@@ -194,7 +280,7 @@ def wire_work(
     request: ReceivedBatch,
     start: int,
     stop: int,
-    full: bool,
+    view: int,
     limits: Limits,
     timeout: float | None,
     reward: str = "",
@@ -207,7 +293,7 @@ def wire_work(
 
     def split() -> list[Work]:
         return [
-            wire_work(specs, labels, request, k, k + 1, full, limits, timeout, reward, deadline)
+            wire_work(specs, labels, request, k, k + 1, view, limits, timeout, reward, deadline)
             for k in range(start, stop)
         ]
 
@@ -215,28 +301,43 @@ def wire_work(
         """Every grader's error for the one sample no worker could grade (which grader hung is unknown)."""
         out = pb.BatchEvaluateResponse()
         errors = [[GraderError(name, message, code=code)] for _, name in labels]
-        fill_items(out.items, [start], [request.message.samples[start].id], labels, errors, [None], full)
+        if view == pb.RESULT_VIEW_COLUMNS:
+            fill_columns(out.columns, [start], labels, errors, [None])
+        else:
+            fill_items(out.items, [start], [request.rows.id(start)], labels, errors, [None], is_full(view))
         stats: list[Stats] = [failed_stats(name, code, first=j == 0) for j, (_, name) in enumerate(labels)]
         if reward:
             stats.append(RewardStats(reward, EMPTY, 1))
         return out.SerializeToString(), stats
 
-    args = (specs, data, start, full, limits, timeout, reward, deadline)
+    args = (specs, data, start, view, limits, timeout, reward, deadline)
     return Work(grade_wire, args, stop - start, timeout, split, failed, _join)
 
 
 def quarantine_failures(payload: bytes) -> list[tuple[int, int, GraderError]]:
     """(sample index, grader position, error) of each TIMEOUT or WORKER_LOST result in a whole chunk's
     answer: asked only of an answer whose stats count one, so the parse is rare."""
-    items = pb.BatchEvaluateResponse.FromString(payload).items
+    message = pb.BatchEvaluateResponse.FromString(payload)
+    columns = message.columns
     return [
         (item.index, j, GraderError(r.grader, r.error.message, code=r.error.code))
-        for item in items
+        for item in message.items
         for j, r in enumerate(item.result.results)
         if r.error.code in QUARANTINE_CODES
+    ] + [
+        (columns.indices[row], j, GraderError(col.grader, error.message, code=error.code))
+        for j, col in enumerate(columns.scores)
+        for row, error in zip(col.error_rows, col.errors, strict=True)
+        if error.code in QUARANTINE_CODES
     ]
 
 
 def _join(parts: list[tuple[bytes, list[Stats]]]) -> tuple[bytes, list[Stats]]:
-    """Serialized messages concatenate into their merge: the items of all parts, in order."""
-    return b"".join(data for data, _ in parts), join_stats([stats for _, stats in parts])
+    """Serialized messages of items concatenate into their merge: the items of all parts, in order. Columns
+    are joined row after row (a concatenation would merge them wrongly)."""
+    stats = join_stats([s for _, s in parts])
+    messages = [pb.BatchEvaluateResponse.FromString(data) for data, _ in parts]
+    if any(m.HasField("columns") for m in messages):
+        joined = join_columns([m.columns for m in messages])
+        return pb.BatchEvaluateResponse(columns=joined).SerializeToString(), stats
+    return b"".join(data for data, _ in parts), stats
