@@ -16,9 +16,12 @@ from typing import Any
 import pytest
 
 from grpcgrade.core.engine import (
+    HEAVY_CHUNK,
+    HEAVY_MIN_CHUNK,
     INLINE_MAX_BYTES,
     INLINE_MAX_SHARE,
     INLINE_WINDOW_SECONDS,
+    MAX_CHUNKS_PER_CALL,
     Batch,
     Engine,
     GradedChunk,
@@ -328,7 +331,11 @@ def test_a_batch_comes_back_in_chunks_covering_every_sample_once(registry: Regis
     batch = Batch(size=len(samples), chunk=lambda a, b: [(i, samples[i]) for i in range(a, b)])
 
     async def collect() -> list[GradedChunk]:
-        return [chunk async for chunk in engine.grade_batch(jobs, batch, size=3) if isinstance(chunk, GradedChunk)]
+        return [
+            chunk
+            async for chunk in engine.grade_batch(jobs, batch, engine.chunks(jobs, 7, 3))
+            if isinstance(chunk, GradedChunk)
+        ]
 
     chunks = asyncio.run(collect())
     assert sorted(len(c.indices) for c in chunks) == [1, 3, 3]
@@ -371,3 +378,29 @@ def test_a_spent_inline_share_sends_small_bounded_calls_to_the_workers(registry:
     assert not engine.inline_small([job], INLINE_MAX_BYTES + 1)
     engine.inline_share.spent(INLINE_MAX_SHARE * INLINE_WINDOW_SECONDS)
     assert not engine.inline_small([job], 1000)
+
+
+class Weighty(BaseGrader):
+    """A heavy grader (it would run in the workers): its calls are cut in guided chunks."""
+
+    heavy = True
+
+    def evaluate(self, response: str = "") -> GraderScore:
+        return GraderScore(self.name, 1.0)
+
+
+def test_heavy_chunks_shrink_as_the_samples_are_handed_out(registry: Registry) -> None:
+    registry.add(PluginInfo(name="unit", distribution="tests", version="0"), Weighty, name="weighty")
+    engine = engine_for(registry)  # no pool: one share per worker of the 1 process that grades
+    heavy, cheap = engine.resolve([SpecData("weighty")]), engine.resolve([SpecData("exact")])
+    chunks = engine.chunks(heavy, 1024)
+    sizes = [b - a for a, b in chunks]
+    assert [a for a, _ in chunks] == [0, *(b for _, b in chunks[:-1])] and chunks[-1][1] == 1024
+    # each chunk: the samples left over GUIDED_SHARES (2) x 1 worker, at most HEAVY_CHUNK, at least HEAVY_MIN_CHUNK
+    assert sizes[:6] == [HEAVY_CHUNK, HEAVY_CHUNK, HEAVY_CHUNK, 128, 64, 32]
+    assert sizes == sorted(sizes, reverse=True) and min(sizes[:-1]) == HEAVY_MIN_CHUNK
+    assert engine.chunks(heavy, 5) == [(0, 5)]  # never below the minimum but never past the end
+    assert engine.chunks(heavy, 1024, requested=100)[:2] == [(0, 100), (100, 200)]  # the request's size wins
+    assert engine.chunks(cheap, 2500) == [(0, 1024), (1024, 2048), (2048, 2500)]
+    many = engine.chunks(heavy, 100_000)
+    assert len(many) <= MAX_CHUNKS_PER_CALL and many[-1][1] == 100_000

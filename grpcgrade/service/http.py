@@ -184,9 +184,8 @@ class RewardHandler:
         rewards: list[float | None] = [None] * n
         batch = Batch(n, lambda a, b: [(i, kwargs(i)) for i in range(a, b)])
         try:
-            size = self.engine.chunk_size(jobs)
             async for graded in self.engine.grade_batch(
-                jobs, batch, size, reward=reward, deadline=deadline, failures=failures
+                jobs, batch, self.engine.chunks(jobs, n), reward=reward, deadline=deadline, failures=failures
             ):
                 assert isinstance(graded, GradedChunk)  # no whole-chunk work offered: results come back as Python
                 for index, value in zip(graded.indices, graded.rewards, strict=True):

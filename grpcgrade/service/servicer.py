@@ -177,7 +177,7 @@ class GradingServicer(pb_grpc.GradingServiceServicer):
             deadline, failures = call_guards(request.budget_seconds, ratio, n, started)
         except InvalidParams as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        size = self.engine.chunk_size(jobs, request.chunk_size, n)
+        chunks = self.engine.chunks(jobs, n, request.chunk_size)
         if self.metrics is not None:
             self.metrics.batch_samples.observe(n)
         wait = self.limits.send_timeout_seconds
@@ -186,7 +186,7 @@ class GradingServicer(pb_grpc.GradingServiceServicer):
         # Headers first, on their own: grpc aio never sends the status of a stream whose first write (which
         # would carry them) was cancelled by the send timeout (grpcio 1.85, measured).
         await context.send_initial_metadata(())
-        messages = self._graded(request, jobs, size, timeout, deadline, failures)
+        messages = self._graded(request, jobs, chunks, timeout, deadline, failures)
         try:
             async for message, count in messages:
                 try:
@@ -222,7 +222,7 @@ class GradingServicer(pb_grpc.GradingServiceServicer):
         self,
         request: ReceivedBatch,
         jobs: list[Job],
-        size: int,
+        chunks: list[tuple[int, int]],
         timeout: float | None,
         deadline: float | None = None,
         failures: FailureTally | None = None,
@@ -244,7 +244,7 @@ class GradingServicer(pb_grpc.GradingServiceServicer):
         batch = Batch(rows.n, chunk, whole, len(request.data), failures=quarantine_failures)
         limit = limits.max_message_bytes
         graded_chunks = self.engine.grade_batch(
-            jobs, batch, size, timeout, self.budget, request.reward, deadline=deadline, failures=failures
+            jobs, batch, chunks, timeout, self.budget, request.reward, deadline=deadline, failures=failures
         )
         async for graded in graded_chunks:
             if isinstance(graded, WholeChunk):
