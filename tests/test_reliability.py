@@ -479,3 +479,43 @@ def test_the_output_limits_example_in_the_docs_is_the_servers_defaults():
     assert (limits.send_timeout_seconds, limits.max_buffered_output_bytes) == (30, 256 * 1024 * 1024)
     with pytest.raises(ConfigError, match="send_timeout_seconds: must be at least"):
         parse_config({"limits": {"send_timeout_seconds": 0}})
+
+
+@pytest.mark.parametrize(
+    ("graders", "view"),
+    [
+        ([{"name": "misbehave"}], pb.RESULT_VIEW_FULL),  # whole chunks in the workers
+        ([{"name": "misbehave", "params": {"bounded": True}}], pb.RESULT_VIEW_FULL),  # small: inline
+        ([{"name": "misbehave", "params": {"column": True}}], pb.RESULT_VIEW_SCORES),  # the column, then per sample
+        ([{"name": "misbehave"}, {"name": "attentive"}], pb.RESULT_VIEW_FULL),  # per grader, beside an async one
+    ],
+    ids=["whole-chunks", "inline", "score-column", "beside-async"],
+)
+def test_a_library_base_exception_costs_only_its_sample(server, graders, view):
+    """A grader whose library raises a BaseException that is not an Exception (math-verify's
+    TimeoutException is one) fails that sample, GRADER_FAILED; before, it ended the whole call UNKNOWN, or
+    left the client waiting for a status that never came."""
+    samples = [{"response": r} for r in ("ok", "base_exception", "ok")]
+    with server.client(timeout=60) as client:
+        replies = client.batch_evaluate(samples, graders, view=view)
+        unary = client.evaluate(samples[1], graders, view=view)
+    errors = [r.results[0].error for r in replies]
+    assert [r.results[0].score for r in replies] == [1.0, 0.0, 1.0]
+    assert [e.code for e in errors] == ["", "GRADER_FAILED", ""]
+    assert "LibraryTimeout" in errors[1].message and unary.results[0].error.code == "GRADER_FAILED"
+    assert not replies[1].HasField("reward") and replies[0].reward == 1.0
+
+
+def test_a_base_exception_building_a_grader_ends_the_call_with_a_status(server):
+    """grpc leaves a call without a status when its handler raises a BaseException that is not an
+    Exception: the client waited until its deadline (DEADLINE_EXCEEDED). It now gets UNKNOWN, naming it."""
+    graders = [{"name": "misbehave", "params": {"build": "base_exception"}}]
+    with server.client(timeout=30) as client:
+        for call in (
+            lambda: client.batch_evaluate([{"response": "ok"}], graders),
+            lambda: client.evaluate({}, graders),
+        ):
+            with pytest.raises(grpc.RpcError) as err:
+                call()
+            assert err.value.code() == grpc.StatusCode.UNKNOWN
+            assert "LibraryTimeout" in err.value.details()

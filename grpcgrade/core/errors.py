@@ -9,6 +9,7 @@ into one status (INVALID_ARGUMENT, NOT_FOUND), and the command line into one mes
 
 from __future__ import annotations
 
+import asyncio
 import difflib
 from enum import StrEnum
 
@@ -114,6 +115,19 @@ class GraderCancelled(BaseException):
 class GraderOverBudget(BaseException):
     """Raised inside a grader whose sample was running when its call's step budget ran out: the sample is
     answered BUDGET_EXCEEDED. A `BaseException` for the reason given at `GraderTimeout`."""
+
+
+#: What a grading loop lets through instead of recording it as a sample's result: a cancelled call's
+#: unwinding and the interpreter's own exits. Any other exception a grader raises, a library's
+#: `BaseException` included (math-verify's TimeoutException is one), is that sample's error, never the
+#: end of its chunk or its call.
+NOT_A_RESULT: tuple[type[BaseException], ...] = (
+    GraderCancelled,
+    KeyboardInterrupt,
+    SystemExit,
+    GeneratorExit,
+    asyncio.CancelledError,
+)
 
 
 class TooManyFailures(Exception):

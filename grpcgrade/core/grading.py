@@ -30,7 +30,7 @@ from grpcgrade.grader import (
     is_finite_score,
 )
 
-from .errors import ErrorCode, GraderCancelled, GraderOverBudget, GraderTimeout, SampleProblem
+from .errors import NOT_A_RESULT, ErrorCode, GraderCancelled, GraderOverBudget, GraderTimeout, SampleProblem
 from .histograms import EMPTY, Histogram, count_pairs, histogram
 from .rewards import NUMBER_TYPES, Result, RewardStats
 from .samples import TEXT_FIELDS, select_all
@@ -283,7 +283,9 @@ def grade_sync(
                 out.append(error_from(grader, exc, timeout))
             except GraderOverBudget:
                 out.append(budget_error(grader.name))
-            except Exception as exc:
+            except NOT_A_RESULT:
+                raise
+            except BaseException as exc:  # noqa: BLE001 - a grader's own exception is its sample's error
                 out.append(error_from(grader, exc, timeout))
     return out
 
@@ -315,7 +317,9 @@ async def grade_async(
             return check_result(grader, result, kwargs)
         except TimeoutError:
             return timed_out()
-        except Exception as exc:
+        except NOT_A_RESULT:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - as in `grade_sync`
             return error_from(grader, exc, timeout)
 
     batch_method = getattr(grader, "aevaluate_batch", None)
@@ -324,7 +328,9 @@ async def grade_async(
             results = await asyncio.wait_for(batch_method(batch), _within(timeout, deadline))
         except TimeoutError:
             return [timed_out() for _ in batch]
-        except Exception as exc:
+        except NOT_A_RESULT:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - as in `grade_sync`
             return [error_from(grader, exc, timeout) for _ in batch]
         return [
             error_from(grader, r, timeout) if isinstance(r, BaseException) else check_result(grader, r, kw)
@@ -401,7 +407,9 @@ def grade_column(
                 scores = grader.score_column(**{name: columns[name] for name in column_inputs(grader)})  # type: ignore[misc]
             finally:
                 _Watch.active = False
-        except (GraderTimeout, Exception):
+        except NOT_A_RESULT:
+            raise
+        except BaseException:  # noqa: BLE001 - a timeout, or anything the column raised: graded sample by sample
             return None
     try:  # C loops for the common case; a sum is finite only when every term is
         fine = len(scores) == n and {*map(type, scores)} <= NUMBER_TYPES and math.isfinite(sum(scores))

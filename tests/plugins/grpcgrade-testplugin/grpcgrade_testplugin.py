@@ -94,17 +94,25 @@ class SlowToDescribe(Exception):
         return "slow to describe"
 
 
+class LibraryTimeout(BaseException):
+    """What some libraries raise instead of an Exception (math-verify's TimeoutException is one)."""
+
+
 class Misbehave(BaseGrader):
     """Misbehaves when the response says so: "hang" (a Python loop), "hang_in_c" (a sleep that the
-    time-limit signal cannot interrupt), "die" (the process is killed), "nan", "slow_error" (raises at
+    time-limit signal cannot interrupt), "die" (the process is killed), "nan", "base_exception" (raises a
+    library's BaseException, not an Exception), "slow_error" (raises at
     once an error whose message takes 0.5 s to build), "swallow" (runs 2 s, catching every `Exception`
     on the way, as a grader with a fallback score does), "long:N" (a reason of N characters), "pid..."
     (scores the grading process's id: shows where it ran); else scores 1.0. `column=True` also offers the
     scores view's `score_column`, misbehaving the same way; it scores "which" 2.0 (breaking its contract on
     purpose), so a test sees which of the two answered.
-    `bounded=True` claims a bounded cost (falsely, on purpose): small batches are then graded inline."""
+    `bounded=True` claims a bounded cost (falsely, on purpose): small batches are then graded inline.
+    `build="base_exception"` raises that BaseException while the grader is built."""
 
-    def __init__(self, heavy: bool = True, column: bool = False, bounded: bool = False) -> None:
+    def __init__(self, heavy: bool = True, column: bool = False, bounded: bool = False, build: str = "") -> None:
+        if build == "base_exception":  # a library failing while the grader is built
+            raise LibraryTimeout("a library's own timeout, building the grader")
         super().__init__()
         self.heavy = heavy
         self.bounded_cost = bounded
@@ -125,6 +133,8 @@ class Misbehave(BaseGrader):
             os.kill(os.getpid(), signal.SIGKILL)
         if response == "nan":
             return GraderScore(self.name, float("nan"))
+        if response == "base_exception":
+            raise LibraryTimeout("a library's own timeout")
         if response == "slow_error":
             raise SlowToDescribe(0.5)
         if response == "swallow":
