@@ -45,18 +45,26 @@ def _whole_seconds(param: str, value: float) -> int:
 
 @contextlib.contextmanager
 def _outer_alarm_kept() -> Iterator[None]:
-    """Re-arm the caller's SIGALRM timer, which math-verify's own `signal.alarm` calls cancel.
+    """Hold the caller's SIGALRM timer while math-verify uses the same timer, then give it back.
 
-    grpcgrade (like other hosts) bounds each sample with ITIMER_REAL; math-verify arms the same timer
-    for its timeouts and sets it to 0 when done, so without this the host's limit would be lost for
-    the rest of the sample. The handler itself math-verify restores.
+    grpcgrade (like other hosts) bounds each sample with a periodic ITIMER_REAL tick and its own handler.
+    math-verify's timeouts install their handler and only then call `signal.alarm`: a host tick landing
+    between the two would run math-verify's handler, which raises its TimeoutException (a BaseException)
+    outside math-verify's own `try`. A parse then "times out" at once (a wrong score), and math-verify's
+    handler stays installed, to fire later in the host's code. So the host's timer is stopped for the
+    duration (math-verify bounds its own calls meanwhile), its handler is put back whatever happened, and
+    the timer is re-armed with the time it had left.
     """
-    remaining, interval = signal.getitimer(signal.ITIMER_REAL)
+    handler = signal.getsignal(signal.SIGALRM)
+    remaining, interval = signal.setitimer(signal.ITIMER_REAL, 0)
     started = time.monotonic()
     try:
         yield
     finally:
-        if remaining:
+        signal.setitimer(signal.ITIMER_REAL, 0)  # nothing of math-verify's may fire under the host's handler
+        if signal.getsignal(signal.SIGALRM) is not handler:
+            signal.signal(signal.SIGALRM, handler)
+        if remaining or interval:  # a periodic timer can read 0 left the instant it fires
             left = remaining - (time.monotonic() - started)
             signal.setitimer(signal.ITIMER_REAL, max(left, 1e-6), interval)
 

@@ -174,3 +174,34 @@ def test_plugin_imports_only_the_public_api() -> None:
         elif isinstance(node, ast.Import):
             modules.update(alias.name for alias in node.names)
     assert {module for module in modules if module.split(".")[0] == "grpcgrade"} == {"grpcgrade"}
+
+
+TICK = 0.00002  # a host timer far faster than grpcgrade's, so the race shows within 200 samples
+
+
+def test_a_host_tick_never_reaches_math_verify_and_math_verify_never_outlives_its_call(
+    grader: MathVerifyGrader,
+) -> None:
+    """A host ticking every 20 µs (grpcgrade ticks every 5-100 ms to watch its time limits): no tick
+    may land between math-verify installing its handler and arming its alarm, where it would raise
+    math-verify's TimeoutException (a wrong "timeout" score, or a BaseException escaping the grader),
+    and the host's handler and timer are back after every call. Before the fix, about one sample in ten
+    broke here."""
+    ticks: list[int] = []
+
+    def host(signum: int, frame: object) -> None:
+        ticks.append(signum)
+
+    previous = signal.signal(signal.SIGALRM, host)
+    signal.setitimer(signal.ITIMER_REAL, TICK, TICK)
+    try:
+        scores = []
+        for k in range(200):
+            scores.append(grader.evaluate(response=think(f"$\\frac{{{k + 1}}}{{7}}$"), reference=f"${k + 1}/7$").score)
+            assert signal.getsignal(signal.SIGALRM) is host
+            assert signal.getitimer(signal.ITIMER_REAL)[1] == pytest.approx(TICK)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert scores == [1.0] * 200
+    assert ticks  # the host's timer ran between the calls
