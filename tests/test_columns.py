@@ -287,3 +287,33 @@ def test_only_dicts_of_the_same_text_fields_travel_as_columns():
     assert as_columns([pb.Sample(response="a")]) is None
     assert as_columns([{}]) is None  # nothing to count the samples by
     assert as_columns(SampleColumns(responses=[["a", "b"]])) is None  # listwise
+
+
+CHRF_PAIRS = [
+    ("the cat sat on the mat", "the cat sat on a mat"),
+    ("", "something"),
+    ("completely different", "words here"),
+    ("same", "same"),
+    ("Größe und Maß", "Grösse und Mass"),
+]
+
+
+def test_chrf_grades_a_chunk_as_a_column_with_sacrebleus_scores(server: ServerProcess):
+    from sacrebleu.metrics import CHRF
+
+    from grpcgrade.core.grading import column_inputs
+    from grpcgrade.graders.text.similarity import SimilarityGrader
+
+    chrf = CHRF()
+    expected = [chrf.sentence_score(r, [ref]).score / 100 for r, ref in CHRF_PAIRS]
+    grader = SimilarityGrader(algorithm="chrf")
+    assert column_inputs(grader) == ("reference", "response")
+    assert SimilarityGrader(algorithm="bleu").score_column is None  # only chrF has the column path
+    responses, references = [r for r, _ in CHRF_PAIRS], [ref for _, ref in CHRF_PAIRS]
+    assert grader.score_column(response=responses, reference=references) == pytest.approx(expected, abs=1e-12)
+    spec = [{"name": "similarity", "params": {"algorithm": "chrf"}}]
+    with server.client(timeout=60) as client:
+        table = client.batch_scores(SampleColumns(response=responses, reference=references), spec)
+        full = client.batch_evaluate([{"response": r, "reference": ref} for r, ref in CHRF_PAIRS], spec)
+    assert table.rewards == pytest.approx(expected, abs=1e-12)
+    assert table.rewards == [r.results[0].score for r in full]  # the column and `evaluate` agree exactly

@@ -267,6 +267,15 @@ class SimilarityGrader(BaseGrader):
             self._prepare(self._params, "", "")
         except ValueError as exc:
             raise InvalidParams("tokenize", str(exc)) from None
+        if algorithm == "chrf":  # the scores view of a chunk without a result object per sample
+            self.score_column = self._chrf_column
+
+    def _chrf_column(self, response: Sequence[str], reference: Sequence[str]) -> list[float]:
+        """`evaluate`'s chrF scores for a chunk, from the same sacrebleu call: about 2% of chrF's time is the
+        result object, reason and metadata per sample, which the scores view does not send. A failure
+        raises, and the chunk is then graded sample by sample (each failure its own score-0 result)."""
+        score = self._prepare(self._params, "", "")[0].corpus_score
+        return [score([r], [[ref]]).score / 100.0 for r, ref in zip(response, reference, strict=True)]
 
     def warm_up(self) -> None:
         """jieba's dictionary (about a second) and the common metric libraries, loaded before the first
