@@ -6,6 +6,8 @@ from __future__ import annotations
 import ast
 import json
 import signal
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -176,32 +178,31 @@ def test_plugin_imports_only_the_public_api() -> None:
     assert {module for module in modules if module.split(".")[0] == "grpcgrade"} == {"grpcgrade"}
 
 
-TICK = 0.00002  # a host timer far faster than grpcgrade's, so the race shows within 200 samples
+HOST_TICKS = r"""
+import json, signal
+from grpcgrade_math_verify import MathVerifyGrader
+
+grader = MathVerifyGrader(parsing_timeout=5, verification_timeout=5)
+ticks, scores, kept = [], [], True
+signal.signal(signal.SIGALRM, lambda signum, frame: ticks.append(signum))
+host = signal.getsignal(signal.SIGALRM)
+signal.setitimer(signal.ITIMER_REAL, 0.00002, 0.00002)  # far faster than grpcgrade's 5-100 ms ticks
+for k in range(1, 201):
+    reply = grader.evaluate(response=f"<think>x</think>$\\frac{{{k}}}{{7}}$", reference=f"${k}/7$")
+    scores.append(reply.score)
+    kept = kept and signal.getsignal(signal.SIGALRM) is host and signal.getitimer(signal.ITIMER_REAL)[1] > 0
+signal.setitimer(signal.ITIMER_REAL, 0)
+print(json.dumps({"scores": scores, "kept": kept, "ticks": len(ticks)}))
+"""
 
 
-def test_a_host_tick_never_reaches_math_verify_and_math_verify_never_outlives_its_call(
-    grader: MathVerifyGrader,
-) -> None:
-    """A host ticking every 20 µs (grpcgrade ticks every 5-100 ms to watch its time limits): no tick
-    may land between math-verify installing its handler and arming its alarm, where it would raise
-    math-verify's TimeoutException (a wrong "timeout" score, or a BaseException escaping the grader),
-    and the host's handler and timer are back after every call. Before the fix, about one sample in ten
-    broke here."""
-    ticks: list[int] = []
-
-    def host(signum: int, frame: object) -> None:
-        ticks.append(signum)
-
-    previous = signal.signal(signal.SIGALRM, host)
-    signal.setitimer(signal.ITIMER_REAL, TICK, TICK)
-    try:
-        scores = []
-        for k in range(200):
-            scores.append(grader.evaluate(response=think(f"$\\frac{{{k + 1}}}{{7}}$"), reference=f"${k + 1}/7$").score)
-            assert signal.getsignal(signal.SIGALRM) is host
-            assert signal.getitimer(signal.ITIMER_REAL)[1] == pytest.approx(TICK)
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-    assert scores == [1.0] * 200
-    assert ticks  # the host's timer ran between the calls
+def test_a_host_tick_never_reaches_math_verify_and_math_verify_never_outlives_its_call() -> None:
+    """A host (grpcgrade's worker: one thread) ticking every 20 µs: no tick may land between math-verify
+    installing its handler and arming its alarm, where it would raise math-verify's TimeoutException (a
+    false "timeout", so a wrong score, or a BaseException escaping the grader), and the host's handler and
+    timer are back after every call. Before the fix, a run of 200 samples broke here within a few."""
+    out = subprocess.run([sys.executable, "-c", HOST_TICKS], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    run = json.loads(out.stdout)
+    assert run["scores"] == [1.0] * 200
+    assert run["kept"] and run["ticks"] > 0  # the host's timer ran between the calls, with its handler
