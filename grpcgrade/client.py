@@ -14,6 +14,7 @@ request on its own; `cache` to all of them. A call ended by its failure budget r
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import math
 import queue
@@ -62,6 +63,10 @@ DEFAULT_MAX_BATCH = 1024
 Target = str | Sequence[str]
 Graders = Iterable[str | Mapping[str, Any] | pb.GraderSpec] | None
 Progress = Callable[[int, int], None]
+#: A call's answers put in place: (index of the call's first sample, its streamed messages) -> samples placed.
+Place = Callable[[int, Iterable[pb.BatchEvaluateResponse]], int]
+#: The reward guard's options of a call: budget_seconds, max_failure_ratio, cache.
+Guards = tuple[float, "float | None", "Cache"]
 #: A call's use of the server's result cache: "on", "off", None (the server's default per grader) or the enum.
 Cache = str | int | None  # int: a grading_pb2.CacheMode value
 CACHE_MODES: dict[str | None, pb.CacheMode] = {
@@ -406,38 +411,12 @@ class GradingClient(_Base):
         The reward guard (docs/reward-guard.md): `budget_seconds` for the whole call (0: none), after which
         the samples not yet graded come back BUDGET_EXCEEDED; `max_failure_ratio` for each chunk's call
         (`chunk_size` samples), past which it raises `FailureBudgetExceeded`; `cache` "on"/"off"/None."""
-        graders = list(graders or [])
-        view = self._one_per_sample(view)
         out: list[pb.EvaluateResponse | None] = [None] * len(samples)
-        done = 0
-        lock = threading.Lock()
-        started = time.monotonic()
-
-        def run(start: int, part: Sequence[Any], columns: bool = True) -> None:
-            nonlocal done
-            request = self._batch_request(part, graders, reward, grader_timeout, view, columns)
-            set_guards(request, started, budget_seconds, max_failure_ratio, cache)
-            stream = self.stub.BatchEvaluate(request, timeout=timeout or self.timeout, metadata=self._metadata)
-            try:
-                got = self._place(out, start, stream)
-            except grpc.RpcError as exc:
-                raise _surfaced(exc) from None
-            if self._no_columns(request, got, len(part)):
-                run(start, part, columns=False)
-                return
-            with lock:
-                done += got
-                if on_progress:
-                    on_progress(done, len(samples))
-
-        chunks = _chunks(samples, self.chunk_size)
-        if len(chunks) <= 1:  # one call: made here, without starting a thread (a small step's fixed cost)
-            for start, part in chunks:
-                run(start, part)
-            return self._missing(out)
-        with ThreadPoolExecutor(min(self.max_in_flight, len(chunks))) as executor:
-            for future in [executor.submit(run, s, p) for s, p in chunks]:
-                future.result()
+        place = functools.partial(self._place, out)
+        guards = (budget_seconds, max_failure_ratio, cache)
+        self._each_chunk(
+            samples, graders, reward, self._one_per_sample(view), grader_timeout, timeout, guards, place, on_progress
+        )
         return self._missing(out)
 
     def batch_scores(
@@ -457,19 +436,41 @@ class GradingClient(_Base):
         call, the least work on both ends. Samples travel as SampleColumns where they can (columns, or dicts
         of text fields) and results as RESULT_VIEW_COLUMNS; pointwise graders only (INVALID_ARGUMENT for a
         listwise one). Options as for `batch_evaluate`."""
-        graders = list(graders or [])
         table = BatchScores(len(samples))
+        guards = (budget_seconds, max_failure_ratio, cache)
+        self._each_chunk(
+            samples, graders, reward, pb.RESULT_VIEW_COLUMNS, grader_timeout, timeout, guards, table.add, on_progress
+        )
+        return table.check()
+
+    def _each_chunk(
+        self,
+        samples: Sequence[Any],
+        graders: Graders,
+        reward: str,
+        view: pb.ResultView,
+        grader_timeout: float,
+        timeout: float | None,
+        guards: Guards,
+        place: Place,
+        on_progress: Progress | None,
+    ) -> None:
+        """Every `chunk_size` samples as one BatchEvaluate call, `max_in_flight` at once; `place(start,
+        messages)` puts a call's answers where they belong and says how many it placed. A one-chunk batch
+        is called on this thread (no thread pool: a small step's fixed cost). A server older than columns is
+        sent the chunk again as `samples` (see `_no_columns`)."""
+        graders = list(graders or [])
         done = 0
         lock = threading.Lock()
         started = time.monotonic()
 
         def run(start: int, part: Sequence[Any], columns: bool = True) -> None:
             nonlocal done
-            request = self._batch_request(part, graders, reward, grader_timeout, pb.RESULT_VIEW_COLUMNS, columns)
-            set_guards(request, started, budget_seconds, max_failure_ratio, cache)
+            request = self._batch_request(part, graders, reward, grader_timeout, view, columns)
+            set_guards(request, started, *guards)
             stream = self.stub.BatchEvaluate(request, timeout=timeout or self.timeout, metadata=self._metadata)
             try:
-                got = table.add(start, stream)
+                got = place(start, stream)
             except grpc.RpcError as exc:
                 raise _surfaced(exc) from None
             if self._no_columns(request, got, len(part)):
@@ -484,11 +485,10 @@ class GradingClient(_Base):
         if len(chunks) <= 1:
             for start, part in chunks:
                 run(start, part)
-            return table.check()
+            return
         with ThreadPoolExecutor(min(self.max_in_flight, len(chunks))) as executor:
             for future in [executor.submit(run, s, p) for s, p in chunks]:
                 future.result()
-        return table.check()
 
     def evaluate_stream(
         self,
@@ -652,33 +652,11 @@ class AsyncGradingClient(_Base):
         cache: Cache = None,
     ) -> list[pb.EvaluateResponse]:
         """`GradingClient.batch_evaluate`, awaited (the reward guard's options as there)."""
-        graders = list(graders or [])
-        view = self._one_per_sample(view)
         out: list[pb.EvaluateResponse | None] = [None] * len(samples)
-        gate = asyncio.Semaphore(self.max_in_flight)
-        done = 0
-        started = time.monotonic()
-
-        async def run(start: int, part: Sequence[Any], columns: bool = True) -> None:
-            nonlocal done
-            async with gate:
-                request = self._batch_request(part, graders, reward, grader_timeout, view, columns)
-                set_guards(request, started, budget_seconds, max_failure_ratio, cache)
-                call = self.stub.BatchEvaluate(request, timeout=timeout or self.timeout, metadata=self._metadata)
-                got = 0
-                try:
-                    async for message in call:
-                        placed = self._place(out, start, [message])
-                        got += placed
-                        done += placed
-                        if on_progress:
-                            on_progress(done, len(samples))
-                except grpc.RpcError as exc:
-                    raise _surfaced(exc) from None
-            if self._no_columns(request, got, len(part)):
-                await run(start, part, columns=False)
-
-        await asyncio.gather(*(run(s, p) for s, p in _chunks(samples, self.chunk_size)))
+        place = functools.partial(self._place, out)
+        guards = (budget_seconds, max_failure_ratio, cache)
+        view = self._one_per_sample(view)
+        await self._each_chunk(samples, graders, reward, view, grader_timeout, timeout, guards, place, on_progress)
         return self._missing(out)
 
     async def batch_scores(
@@ -695,8 +673,26 @@ class AsyncGradingClient(_Base):
         cache: Cache = None,
     ) -> BatchScores:
         """`GradingClient.batch_scores`, awaited."""
-        graders = list(graders or [])
         table = BatchScores(len(samples))
+        guards = (budget_seconds, max_failure_ratio, cache)
+        view = pb.RESULT_VIEW_COLUMNS
+        await self._each_chunk(samples, graders, reward, view, grader_timeout, timeout, guards, table.add, on_progress)
+        return table.check()
+
+    async def _each_chunk(
+        self,
+        samples: Sequence[Any],
+        graders: Graders,
+        reward: str,
+        view: pb.ResultView,
+        grader_timeout: float,
+        timeout: float | None,
+        guards: Guards,
+        place: Place,
+        on_progress: Progress | None,
+    ) -> None:
+        """`GradingClient._each_chunk` on this event loop, each message placed as it arrives."""
+        graders = list(graders or [])
         gate = asyncio.Semaphore(self.max_in_flight)
         done = 0
         started = time.monotonic()
@@ -704,13 +700,13 @@ class AsyncGradingClient(_Base):
         async def run(start: int, part: Sequence[Any], columns: bool = True) -> None:
             nonlocal done
             async with gate:
-                request = self._batch_request(part, graders, reward, grader_timeout, pb.RESULT_VIEW_COLUMNS, columns)
-                set_guards(request, started, budget_seconds, max_failure_ratio, cache)
+                request = self._batch_request(part, graders, reward, grader_timeout, view, columns)
+                set_guards(request, started, *guards)
                 call = self.stub.BatchEvaluate(request, timeout=timeout or self.timeout, metadata=self._metadata)
                 got = 0
                 try:
                     async for message in call:
-                        placed = table.add(start, [message])
+                        placed = place(start, [message])
                         got += placed
                         done += placed
                         if on_progress:
@@ -721,7 +717,6 @@ class AsyncGradingClient(_Base):
                 await run(start, part, columns=False)
 
         await asyncio.gather(*(run(s, p) for s, p in _chunks(samples, self.chunk_size)))
-        return table.check()
 
     async def list_graders(self, *, timeout: float | None = None) -> pb.ListGradersResponse:
         return await self.stub.ListGraders(
