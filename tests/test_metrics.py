@@ -119,7 +119,12 @@ def scrapes(tmp_path_factory: pytest.TempPathFactory, plugin_env: dict[str, str]
             )
             stream = stub.BatchEvaluate(slow, timeout=60)
             next(stream)  # the call is accepted and its first chunk answered
+            # The server counts a chunk answered once its write returns, which can be just after the client
+            # has read it: the gauge is read again until it moves (20 x 0.1 s of work leave time to see it).
             during = scrape(server)
+            deadline = time.monotonic() + 15
+            while value(during, "grpcgrade_samples_in_flight") >= CANCELLED_SAMPLES and time.monotonic() < deadline:
+                during = scrape(server)
             stream.cancel()
             wait_for(server, "grpc_server_handled_total", 1, **rpc("BatchEvaluate", grpc_code="CANCELLED"))
 
