@@ -196,6 +196,18 @@ def test_limits_hold_for_columns_row_by_row(limited: ServerProcess):
     assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "max_samples_per_batch=100" in err.value.details()
 
 
+def test_an_extra_over_the_limit_costs_only_its_row_either_way_it_is_sent(limited: ServerProcess):
+    big = {"note": "x" * 60}  # over max_field_chars=50 once encoded
+    with limited.client(timeout=60) as client:
+        as_columns = client.batch_scores(SampleColumns(response=["1", "2"], extra=[None, big]), ["json_validator"])
+        as_samples = client.batch_evaluate([{"response": "1"}, {"response": "2", "extra": big}], ["json_validator"])
+    assert as_columns.rewards == [1.0, None]
+    assert [r.results[0].score for r in as_samples] == [1.0, 0.0]
+    for error in (as_columns.errors["json_validator"][1], as_samples[1].results[0].error):
+        assert error.code == "INVALID_SAMPLE" and "field 'extra' takes" in error.message
+        assert "max_field_chars=50" in error.message
+
+
 class OldServer(pb_grpc.GradingServiceServicer):
     """A real gRPC server that knows only the contract before columns: it reads `samples` and answers
     `items` (as for RESULT_VIEW_FULL), scoring each sample by `json.loads`."""

@@ -63,15 +63,21 @@ def sample_kwargs(sample: pb.Sample, limits: Limits, small: bool = False) -> dic
         if not small and sample.ByteSize() > limits.max_field_chars:
             check_fields(fields, limits)
         if sample.HasField("extra"):
-            size = 0 if small else sample.extra.ByteSize()  # `extra` is grader input too: the same limit
-            if size > limits.max_field_chars:
-                raise SampleProblem(
-                    f"field 'extra' takes {size} bytes, over the limit max_field_chars={limits.max_field_chars}"
-                )
-            add_extra(fields, struct_to_dict(sample.extra))
+            _join_extra(fields, sample.extra, limits, small)
     except SampleProblem as exc:
         return exc
     return fields
+
+
+def _join_extra(fields: dict[str, Any], extra: Any, limits: Limits, small: bool) -> None:
+    """A sample's `extra` Struct joins its fields; it is grader input too, so the same size limit holds."""
+    size = 0 if small else extra.ByteSize()
+    if size > limits.max_field_chars:
+        raise SampleProblem(
+            f"field 'extra' takes {size} bytes, over the limit max_field_chars={limits.max_field_chars}"
+        )
+    if extra.fields:
+        add_extra(fields, struct_to_dict(extra))
 
 
 #: SampleColumns' text columns: one per Sample text field, under the same name.
@@ -105,14 +111,7 @@ def column_kwargs(
         if not small:
             check_fields(fields, limits)
         if columns.extra:
-            extra = columns.extra[i]
-            size = 0 if small else extra.ByteSize()
-            if size > limits.max_field_chars:
-                raise SampleProblem(
-                    f"field 'extra' takes {size} bytes, over the limit max_field_chars={limits.max_field_chars}"
-                )
-            if extra.fields:
-                add_extra(fields, struct_to_dict(extra))
+            _join_extra(fields, columns.extra[i], limits, small)
     except SampleProblem as exc:
         return exc
     return fields
