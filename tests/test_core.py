@@ -393,14 +393,50 @@ def test_heavy_chunks_shrink_as_the_samples_are_handed_out(registry: Registry) -
     registry.add(PluginInfo(name="unit", distribution="tests", version="0"), Weighty, name="weighty")
     engine = engine_for(registry)  # no pool: one share per worker of the 1 process that grades
     heavy, cheap = engine.resolve([SpecData("weighty")]), engine.resolve([SpecData("exact")])
-    chunks = engine.chunks(heavy, 1024)
+    chunks = list(engine.chunks(heavy, 1024))
     sizes = [b - a for a, b in chunks]
     assert [a for a, _ in chunks] == [0, *(b for _, b in chunks[:-1])] and chunks[-1][1] == 1024
     # each chunk: the samples left over GUIDED_SHARES (2) x 1 worker, at most HEAVY_CHUNK, at least HEAVY_MIN_CHUNK
     assert sizes[:6] == [HEAVY_CHUNK, HEAVY_CHUNK, HEAVY_CHUNK, 128, 64, 32]
     assert sizes == sorted(sizes, reverse=True) and min(sizes[:-1]) == HEAVY_MIN_CHUNK
-    assert engine.chunks(heavy, 5) == [(0, 5)]  # never below the minimum but never past the end
-    assert engine.chunks(heavy, 1024, requested=100)[:2] == [(0, 100), (100, 200)]  # the request's size wins
-    assert engine.chunks(cheap, 2500) == [(0, 1024), (1024, 2048), (2048, 2500)]
-    many = engine.chunks(heavy, 100_000)
+    assert list(engine.chunks(heavy, 5)) == [(0, 5)]  # never below the minimum but never past the end
+    assert list(engine.chunks(heavy, 1024, requested=100))[:2] == [(0, 100), (100, 200)]  # the request's size wins
+    assert list(engine.chunks(cheap, 2500)) == [(0, 1024), (1024, 2048), (2048, 2500)]
+    many = list(engine.chunks(heavy, 100_000))
     assert len(many) <= MAX_CHUNKS_PER_CALL and many[-1][1] == 100_000
+    assert engine.unissued == 0
+
+
+def test_heavy_chunks_stay_big_while_other_calls_samples_wait(registry: Registry) -> None:
+    """Guided over the server, not the call: a call's tail is cut small only when nothing waits behind it."""
+    registry.add(PluginInfo(name="unit", distribution="tests", version="0"), Weighty, name="weighty")
+    engine = engine_for(registry)
+    heavy = engine.resolve([SpecData("weighty")])
+    alone = [b - a for a, b in engine.chunks(heavy, 1024)]  # a call with nothing behind it
+    first, second = engine.chunks(heavy, 1024), engine.chunks(heavy, 1024)
+    assert next(second) == (0, HEAVY_CHUNK)  # the second call starts: its 1,024 samples wait
+    # the first call's 1,024 are handed out while the second's 768 still wait: no chunk of it shrinks
+    assert [b - a for a, b in first] == [HEAVY_CHUNK] * 4
+    # the second call, alone now, shrinks as a call with nothing behind it does, from its 2nd chunk on
+    assert engine.unissued == 1024 - HEAVY_CHUNK
+    assert [b - a for a, b in second] == alone[1:] and len(alone) > 5
+    assert engine.unissued == 0
+
+
+def test_a_heavy_call_that_ends_early_stops_counting_its_samples_as_waiting(registry: Registry) -> None:
+    registry.add(PluginInfo(name="unit", distribution="tests", version="0"), Weighty, name="weighty")
+    engine = engine_for(registry)
+    jobs = engine.resolve([SpecData("weighty")])
+    samples = [{"response": "x"}] * 600
+    batch = Batch(size=len(samples), chunk=lambda a, b: [(i, samples[i]) for i in range(a, b)])
+
+    async def first_chunk_only() -> int:
+        graded = engine.grade_batch(jobs, batch, engine.chunks(jobs, len(samples)))
+        async for chunk in graded:
+            await graded.aclose()  # the caller went away after one chunk
+            assert isinstance(chunk, GradedChunk)
+            return len(chunk.indices)
+        raise AssertionError("no chunk")
+
+    assert asyncio.run(first_chunk_only()) < len(samples)  # one chunk answered, the rest never handed out
+    assert engine.unissued == 0  # its other samples no longer keep other calls' chunks big

@@ -66,9 +66,12 @@ Observer = Callable[[Stats], None]
 Chunk = Sequence[tuple[int, "dict[str, Any] | SampleProblem"]]
 
 CHEAP_CHUNK = 1024  # measured: gains level off at 256-1024 samples per message; a hop per chunk favours 1024
-#: Heavy graders' chunks shrink as the call's samples are handed out ("guided" scheduling): each is the
-#: samples left over `GUIDED_SHARES` x workers, within these bounds. Big early chunks pay the hop (~1 ms of
-#: server CPU per chunk, measured with chrf) rarely; small late ones leave no worker idle at the end.
+#: Heavy graders' chunks shrink as the server's heavy samples are handed out ("guided" scheduling): each is
+#: the samples not yet handed out, in this call and every other heavy call running, over `GUIDED_SHARES` x
+#: workers, within these bounds. Big early chunks pay the hop (~1 ms of server CPU per chunk, measured with
+#: chrf) rarely; small late ones leave no worker idle at the end. Counting the other calls' samples keeps a
+#: call's chunks big while more work waits behind it: a client's 1,024-sample calls, four at once, are cut
+#: like one call of their sum, not each down to the smallest chunks.
 HEAVY_CHUNK = 256
 HEAVY_MIN_CHUNK = 8
 GUIDED_SHARES = 2
@@ -191,6 +194,7 @@ class Engine:
         self._server_only = set(server_only_graders)  # defined by this process's configuration only
         self.inline_share = InlineShare()
         self.cached = cached  # the result cache and the quarantine; None: neither
+        self.unissued = 0  # heavy calls' samples not yet handed out in a chunk, over every running call
 
     # -- resolution ---------------------------------------------------------------------------------
 
@@ -230,21 +234,31 @@ class Engine:
             )
         return min(requested, self.grader_timeout) if self.grader_timeout else requested
 
-    def chunks(self, jobs: list[Job], samples: int, requested: int = 0) -> list[tuple[int, int]]:
+    def chunks(self, jobs: list[Job], samples: int, requested: int = 0) -> Iterator[tuple[int, int]]:
         """How a call's samples are cut: (start, stop) of each chunk (and streamed response), in order. The
         request's size, else by the graders' cost: cheap ones `CHEAP_CHUNK` each, heavy ones guided (see
-        `HEAVY_CHUNK`). Never more than `MAX_CHUNKS_PER_CALL` chunks (a hop and a message each)."""
+        `HEAVY_CHUNK`), each chunk's size chosen when it is handed out. Never more than
+        `MAX_CHUNKS_PER_CALL` chunks (a hop and a message each)."""
         floor = -(-samples // MAX_CHUNKS_PER_CALL)
         if requested or not any(job.grader.heavy for job in jobs):
             size = max(requested or CHEAP_CHUNK, floor)
-            return [(a, min(a + size, samples)) for a in range(0, samples, size)]
+            return iter([(a, min(a + size, samples)) for a in range(0, samples, size)])
+        return self._guided(samples, floor)
+
+    def _guided(self, samples: int, floor: int) -> Iterator[tuple[int, int]]:
+        """Guided chunks of one heavy call; its samples count in `unissued` until handed out, or until the
+        call ends (the generator is closed) without them."""
         shares = GUIDED_SHARES * (self.pool.size if self.pool is not None else 1)
-        out, a = [], 0
-        while a < samples:
-            size = max(min(-(-(samples - a) // shares), HEAVY_CHUNK), HEAVY_MIN_CHUNK, floor)
-            out.append((a, min(a + size, samples)))
-            a += size
-        return out
+        self.unissued += samples
+        a = 0
+        try:
+            while a < samples:
+                size = max(min(-(-self.unissued // shares), HEAVY_CHUNK), HEAVY_MIN_CHUNK, floor)
+                start, a = a, min(a + size, samples)
+                self.unissued -= a - start
+                yield start, a
+        finally:
+            self.unissued -= samples - a
 
     def whole_chunks(self, jobs: list[Job]) -> bool:
         """Whole chunks go to the workers when every grader of the call can run there (and none needs the
@@ -379,14 +393,15 @@ class Engine:
         self,
         jobs: list[Job],
         batch: Batch,
-        chunks: Sequence[tuple[int, int]],
+        chunks: Iterator[tuple[int, int]],
         timeout: float | None = None,
         budget: OutputBudget | None = None,
         reward: str = "",
         deadline: float | None = None,
         failures: FailureTally | None = None,
     ) -> AsyncIterator[GradedChunk | WholeChunk]:
-        """Grade a batch chunk after chunk (`chunks`: see `Engine.chunks`), the engine choosing the path; each
+        """Grade a batch chunk after chunk (`chunks`: see `Engine.chunks`, taken one at a time as chunks start,
+        and closed at the end), the engine choosing the path; each
         chunk is yielded as it finishes (not necessarily in order), as a `GradedChunk`, or a `WholeChunk` from a worker.
         With a `budget`, a whole chunk's answer is charged from when it is graded until the next chunk is
         asked for (it has been handed on), and each chunk starts only when the budget has room. `reward`: as
@@ -398,16 +413,23 @@ class Engine:
         as one `GradedChunk` of BUDGET_EXCEEDED results. With `failures`, each chunk is counted before it
         is yielded, and TooManyFailures is raised (the running chunks cancelled) once they are too many."""
         timeout = self.timeout(timeout)
+        issued: list[tuple[int, int]] = []  # the chunks started, in order
+
+        def bounds() -> Iterator[tuple[int, int]]:
+            for bound in chunks:
+                issued.append(bound)
+                yield bound
+
         steps: Iterator[Awaitable[GradedChunk | WholeChunk]]
         if batch.whole is not None and self.inline_small(jobs, batch.nbytes):
             whole = batch.whole
-            steps = (self._run_inline(whole(a, b, timeout, deadline), a) for a, b in chunks)
+            steps = (self._run_inline(whole(a, b, timeout, deadline), a) for a, b in bounds())
         elif batch.whole is not None and self.pool is not None and self.whole_chunks(jobs):
             whole = batch.whole
-            steps = (self._run_whole(whole(a, b, timeout, deadline), a, jobs, batch) for a, b in chunks)
+            steps = (self._run_whole(whole(a, b, timeout, deadline), a, jobs, batch) for a, b in bounds())
         else:
             chunk = batch.chunk
-            steps = (self.grade_chunk(jobs, chunk(a, b), timeout, reward, deadline) for a, b in chunks)
+            steps = (self.grade_chunk(jobs, chunk(a, b), timeout, reward, deadline) for a, b in bounds())
         names = [job.grader.name for job in jobs]
         answered: set[int] = set()
         pipeline = _pipelined(steps, self.window(jobs), budget, deadline)
@@ -426,8 +448,13 @@ class Engine:
                 yield graded
         finally:  # ended, cut, failed or closed by the caller: whatever still runs is cancelled now
             await pipeline.aclose()
-        if len(answered) < len(chunks):  # only past the deadline: the rest is cut
-            cut = [i for a, b in chunks if a not in answered for i in range(a, b)]
+            close = getattr(chunks, "close", None)
+            if close is not None:
+                close()  # a guided call's samples not handed out stop counting as waiting work
+        end = issued[-1][1] if issued else 0
+        if len(answered) < len(issued) or end < batch.size:  # only past the deadline: the rest is cut
+            cut = [i for a, b in issued if a not in answered for i in range(a, b)]
+            cut.extend(range(end, batch.size))
             stats = [failed_stats(n, ErrorCode.BUDGET_EXCEEDED, len(cut), first=j == 0) for j, n in enumerate(names)]
             self._observe([*stats, reward_stats(reward, [None] * len(cut))] if reward else stats)
             if failures is not None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Iterator
 from typing import Any
 
 import grpc
@@ -222,7 +222,7 @@ class GradingServicer(pb_grpc.GradingServiceServicer):
         self,
         request: ReceivedBatch,
         jobs: list[Job],
-        chunks: list[tuple[int, int]],
+        chunks: Iterator[tuple[int, int]],
         timeout: float | None,
         deadline: float | None = None,
         failures: FailureTally | None = None,
