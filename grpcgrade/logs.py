@@ -58,8 +58,12 @@ def setup_logging(level: str, fmt: str, library_level: str | None = None) -> Non
 
 
 def current() -> tuple[dict[str, int], logging.Formatter | None]:
-    """This process's levels and format, for a worker process to copy."""
+    """This process's levels and format, for a worker process to copy. Only grpcgrade's formats travel: a
+    formatter the host set up may not cross to another process (pytest's and some colour ones hold a
+    stream, and pickling one failed the pool's start), so the workers then log in Python's default format."""
     root = logging.getLogger()
     formatter = root.handlers[0].formatter if root.handlers else None
+    if type(formatter) not in (logging.Formatter, JsonFormatter):
+        formatter = None
     names = ("", OWN_LOGGER, "grpc")
     return {n: logging.getLogger(n).getEffectiveLevel() for n in names}, formatter

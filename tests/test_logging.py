@@ -127,3 +127,35 @@ def test_sigterm_says_not_serving_finishes_the_call_in_flight_and_exits_zero(tmp
     messages = [e["message"] for e in log if e["logger"] == "grpcgrade.service.server"]
     assert messages[-2].startswith("draining: NOT_SERVING") and messages[-1] == "stopped"
     assert request_lines(log, "req-drain") == []  # at the default level a successful call is not logged
+
+
+def test_workers_take_grpcgrade_s_formats_and_leave_a_host_s_own_behind():
+    """A host embedding the server may log through a formatter that holds a stream (pytest's does); it
+    cannot cross to a spawned worker, and trying failed the pool's start."""
+    import io
+    import logging
+    import pickle
+
+    from grpcgrade import logs
+
+    class Streaming(logging.Formatter):
+        def __init__(self) -> None:
+            super().__init__()
+            self.stream = io.TextIOWrapper(io.BytesIO())
+
+    root = logging.getLogger()
+    kept = root.handlers[:]
+    try:
+        for formatter, travels in (
+            (logs.JsonFormatter(), True),
+            (logging.Formatter(logs.TEXT_FORMAT), True),
+            (Streaming(), False),
+        ):
+            handler = logging.StreamHandler()
+            handler.setFormatter(formatter)
+            root.handlers[:] = [handler]
+            _, sent = logs.current()
+            assert (sent is formatter) is travels
+            pickle.dumps(sent)  # what the pool hands its workers
+    finally:
+        root.handlers[:] = kept
