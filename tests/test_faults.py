@@ -172,3 +172,29 @@ def test_sigterm_drains_in_flight_work_then_exits_zero(tmp_path, plugin_env):
         seen += [item.index for message in stream for item in message.items]
     assert sorted(seen) == list(range(200))
     assert srv.proc.wait(30) == 0
+
+
+def test_a_chunks_watchdog_starts_when_a_worker_takes_it_not_while_it_waits():
+    """One worker: a chunk queued behind a long one waits past its own watchdog, and is not taken for hung.
+    (The pool learns that a worker took a chunk by looking at every queued chunk at once, periodically.)"""
+    import asyncio
+
+    from grpcgrade.core.workers import WATCHDOG_GRACE_SECONDS, Work, WorkerPool
+
+    def work(fn, args, timeout):
+        return Work(fn, args, 1, timeout, split=lambda: [], failed=lambda code, message: code, join=lambda p: p)
+
+    pool = WorkerPool(1)
+
+    async def main():
+        await pool.ready()
+        long = work(time.sleep, (WATCHDOG_GRACE_SECONDS + 1.0,), WATCHDOG_GRACE_SECONDS + 5.0)
+        queued = work(os.getpid, (), 0.1)  # its watchdog: 0.1 s + the grace, less than its wait in the queue
+        return await asyncio.gather(pool.run(long), pool.run(queued))
+
+    try:
+        slept, pid = asyncio.run(main())
+    finally:
+        pool.close(patience=0)
+    assert slept is None and isinstance(pid, int) and pid != os.getpid()
+    assert pool.restarts == 0
