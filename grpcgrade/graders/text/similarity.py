@@ -271,11 +271,14 @@ class SimilarityGrader(BaseGrader):
             self.score_column = self._chrf_column
 
     def _chrf_column(self, response: Sequence[str], reference: Sequence[str]) -> list[float]:
-        """`evaluate`'s chrF scores for a chunk, from the same sacrebleu call: about 2% of chrF's time is the
-        result object, reason and metadata per sample, which the scores view does not send. A failure
-        raises, and the chunk is then graded sample by sample (each failure its own score-0 result)."""
-        score = self._prepare(self._params, "", "")[0].corpus_score
-        return [score([r], [[ref]]).score / 100.0 for r, ref in zip(response, reference, strict=True)]
+        """`evaluate`'s chrF scores for a chunk: about 2% of chrF's time is the result object, reason and
+        metadata per sample, which the scores view does not send. sacrebleu's `sentence_score` gives one
+        pair's statistics to the same `_aggregate_and_compute` as `evaluate`'s one-pair `corpus_score`
+        (the reference's call), so the same score, without `corpus_score`'s checks of a corpus (about 1.5%
+        faster, measured). A failure raises, and the chunk is then graded sample by sample (each failure
+        its own score-0 result)."""
+        score = self._prepare(self._params, "", "")[0].sentence_score
+        return [score(r, [ref]).score / 100.0 for r, ref in zip(response, reference, strict=True)]
 
     def warm_up(self) -> None:
         """jieba's dictionary (about a second) and the common metric libraries, loaded before the first
