@@ -236,7 +236,7 @@ class GradingServicer(pb_grpc.GradingServiceServicer):
         small = len(request.data) <= limits.max_field_chars  # then no sample has a field over the limit
 
         def chunk(a: int, b: int) -> Chunk:
-            return [(i, rows.kwargs(i, limits, small)) for i in range(a, b)]
+            return list(zip(range(a, b), rows.kwargs(a, b, limits, small), strict=True))
 
         def whole(a: int, b: int, timeout: float | None, deadline: float | None) -> Work:
             return wire_work(specs, labels, request, a, b, view, limits, timeout, request.reward, deadline)

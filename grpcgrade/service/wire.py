@@ -35,7 +35,7 @@ from grpcgrade.v1 import grading_pb2 as pb
 from .convert import (
     TEXT_COLUMNS,
     column_count,
-    column_kwargs,
+    column_rows,
     fill_columns,
     fill_items,
     is_full,
@@ -120,11 +120,14 @@ class Rows:
         self.n = column_count(self.columns)
         self.texts = {name: getattr(self.columns, name) for name in TEXT_COLUMNS if len(getattr(self.columns, name))}
 
-    def kwargs(self, i: int, limits: Limits, small: bool = False) -> dict[str, Any] | SampleProblem:
-        """Sample i's keyword arguments, or why it cannot be graded (see `convert.sample_kwargs`)."""
+    def kwargs(
+        self, start: int, stop: int, limits: Limits, small: bool = False
+    ) -> list[dict[str, Any] | SampleProblem]:
+        """Samples start..stop-1's keyword arguments, or why each cannot be graded (see
+        `convert.sample_kwargs`)."""
         if self.columns is None:
-            return sample_kwargs(self.samples[i], limits, small)
-        return column_kwargs(self.columns, self.texts, i, limits, small)
+            return [sample_kwargs(self.samples[i], limits, small) for i in range(start, stop)]
+        return column_rows(self.columns, self.texts, start, stop, limits, small)
 
     def id(self, i: int) -> str:
         if self.columns is None:
@@ -223,7 +226,7 @@ def grade_serialized(
     small = len(data) <= limits.max_field_chars
 
     def kwargs() -> list[Any]:
-        return [rows.kwargs(i, limits, small) for i in range(n)]
+        return rows.kwargs(0, n, limits, small)
 
     columns: list[list[Result]]
     fields = _column_fields(graders) if not full and small and deadline is None else None
