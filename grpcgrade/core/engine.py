@@ -68,10 +68,10 @@ Chunk = Sequence[tuple[int, "dict[str, Any] | SampleProblem"]]
 CHEAP_CHUNK = 1024  # measured: gains level off at 256-1024 samples per message; a hop per chunk favours 1024
 #: Heavy graders' chunks shrink as the server's heavy samples are handed out ("guided" scheduling): each is
 #: the samples not yet handed out, in this call and every other heavy call running, over `GUIDED_SHARES` x
-#: workers, within these bounds. Big early chunks pay the hop (~1 ms of server CPU per chunk, measured with
-#: chrf) rarely; small late ones leave no worker idle at the end. Counting the other calls' samples keeps a
-#: call's chunks big while more work waits behind it: a client's 1,024-sample calls, four at once, are cut
-#: like one call of their sum, not each down to the smallest chunks.
+#: workers, within these bounds. Big early chunks pay the hop rarely; small late ones leave no worker idle
+#: at the end. Counting the other calls' samples keeps a call's chunks big while more work waits behind it:
+#: a client's 1,024-sample calls, four at once, are cut like one call of their sum, not each down to the
+#: smallest chunks.
 HEAVY_CHUNK = 256
 HEAVY_MIN_CHUNK = 8
 GUIDED_SHARES = 2
