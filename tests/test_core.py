@@ -430,8 +430,10 @@ def test_a_heavy_call_that_ends_early_stops_counting_its_samples_as_waiting(regi
     samples = [{"response": "x"}] * 600
     batch = Batch(size=len(samples), chunk=lambda a, b: [(i, samples[i]) for i in range(a, b)])
 
+    planned = engine.chunks(jobs, len(samples))  # held here, so only grade_batch's close can end it
+
     async def first_chunk_only() -> int:
-        graded = engine.grade_batch(jobs, batch, engine.chunks(jobs, len(samples)))
+        graded = engine.grade_batch(jobs, batch, planned)
         async for chunk in graded:
             await graded.aclose()  # the caller went away after one chunk
             assert isinstance(chunk, GradedChunk)
