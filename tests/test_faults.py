@@ -198,3 +198,55 @@ def test_a_chunks_watchdog_starts_when_a_worker_takes_it_not_while_it_waits():
         pool.close(patience=0)
     assert slept is None and isinstance(pid, int) and pid != os.getpid()
     assert pool.restarts == 0
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_result_protobuf_cannot_hold_keeps_its_score_and_costs_no_other_sample(fault_server, path):
+    """Results protobuf cannot hold as they are: text with a lone surrogate (UTF-8 cannot encode it), metadata
+    numbers past a double's range, metadata nested past what a parser reads or holding itself, an exception
+    whose message cannot be read. Each sample keeps its score (or its error), made representable, and the
+    other samples of the chunk are answered as usual (before, the whole call ended UNKNOWN)."""
+    graders, view = PATHS[path], VIEWS.get(path, pb.RESULT_VIEW_FULL)
+    odd = ("ok", "surrogate", "huge_number", "deep", "cycle", "unsayable", "ok")
+    with fault_server.client(timeout=60) as c:
+        replies = c.batch_evaluate([{"response": r} for r in odd], graders, view=view)
+    assert scores(replies) == [1.0, 1.0, 1.0, 1.0, 1.0, "GRADER_FAILED", 1.0]
+    assert replies[5].results[0].error.message == "Unsayable: <Unsayable>"
+    if view != pb.RESULT_VIEW_FULL:
+        return
+    surrogate, huge, deep, cycle = (r.results[0] for r in replies[1:5])
+    assert surrogate.reason == "bad \N{REPLACEMENT CHARACTER} text"
+    assert dict(surrogate.metadata) == {"echo": "\N{REPLACEMENT CHARACTER}", "ok": 1}
+    assert huge.metadata["digits"] == float("inf") and huge.metadata["nested"]["n"] == float("-inf")
+    assert huge.metadata["ok"] == 1
+    for result in (deep, cycle):  # cut where every protobuf parser still reads it: 16 levels, then a text
+        level, depth = result.metadata, 0
+        while not isinstance(level, str):
+            level, depth = level["in"], depth + 1
+        assert (depth, level) == (17, "<nested too deeply>")
+
+
+def test_metadata_of_any_shape_keeps_its_values():
+    """What a grader may put in metadata beyond JSON's types: each value as the nearest thing a Struct holds."""
+    import enum
+
+    from google.protobuf.struct_pb2 import Struct
+
+    from grpcgrade.service.structs import fill_struct, struct_to_dict
+
+    class Colour(enum.Enum):
+        RED = "red"
+
+    class Level(enum.IntEnum):
+        HIGH = 3
+
+    class Opaque:
+        def __str__(self) -> str:
+            return "opaque"
+
+    target = Struct()
+    values = {"t": (1, "a"), "s": frozenset({2}), "e": Colour.RED, "i": Level.HIGH, "o": Opaque(), 7: None}
+    fill_struct(target, {**values, "d": {}, "l": []})
+    assert struct_to_dict(target) == {
+        "t": [1, "a"], "s": [2], "e": "red", "i": 3, "o": "opaque", "7": None, "d": {}, "l": []
+    }  # fmt: skip

@@ -11,10 +11,29 @@ from __future__ import annotations
 
 import asyncio
 import difflib
+import re
 from enum import StrEnum
 
 MAX_NAME_CHARS = 100  # a name a request chose, as an error message repeats it
 MAX_DETAIL_CHARS = 500  # an error message built from request values never grows past this
+
+_SURROGATES = re.compile("[\ud800-\udfff]")
+
+
+def encodable(text: str) -> str:
+    """`text` with each surrogate code point (which UTF-8 cannot encode, so protobuf refuses the string)
+    replaced by U+FFFD, as a UTF-8 decoder does with bytes it cannot read."""
+    return _SURROGATES.sub("\N{REPLACEMENT CHARACTER}", text)
+
+
+def describe(obj: object) -> str:
+    """`str(obj)` made encodable, or the type's name in brackets when `str` itself fails (an exception whose
+    `__str__` raises, an int past CPython's 4300 digits): an error's message must never fail in turn."""
+    try:
+        text = str(obj)
+    except Exception:  # noqa: BLE001 - whatever stops the description, the type still describes it
+        return f"<{type(obj).__name__}>"
+    return encodable(text)
 
 
 class ErrorCode(StrEnum):

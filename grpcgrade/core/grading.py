@@ -30,7 +30,15 @@ from grpcgrade.grader import (
     is_finite_score,
 )
 
-from .errors import NOT_A_RESULT, ErrorCode, GraderCancelled, GraderOverBudget, GraderTimeout, SampleProblem
+from .errors import (
+    NOT_A_RESULT,
+    ErrorCode,
+    GraderCancelled,
+    GraderOverBudget,
+    GraderTimeout,
+    SampleProblem,
+    describe,
+)
 from .histograms import EMPTY, Histogram, count_pairs, histogram
 from .rewards import NUMBER_TYPES, Result, RewardStats
 from .samples import TEXT_FIELDS, select_all
@@ -242,9 +250,10 @@ def error_from(grader: BaseGrader, exc: BaseException, timeout: float | None) ->
         return GraderError(grader.name, f"grader ran past its time limit of {timeout:g} s", code=ErrorCode.TIMEOUT)
     if isinstance(exc, RecursionError):
         return GraderError(grader.name, "input nested too deeply to grade", code=ErrorCode.INVALID_SAMPLE)
-    if isinstance(exc, TypeError) and "argument" in str(exc):
-        return GraderError(grader.name, f"missing or unexpected input: {exc}", code=ErrorCode.INVALID_SAMPLE)
-    return GraderError(grader.name, f"{type(exc).__name__}: {exc}", code=ErrorCode.GRADER_FAILED)
+    said = describe(exc)  # a grader's exception whose message cannot be read still fails only its sample
+    if isinstance(exc, TypeError) and "argument" in said:
+        return GraderError(grader.name, f"missing or unexpected input: {said}", code=ErrorCode.INVALID_SAMPLE)
+    return GraderError(grader.name, f"{type(exc).__name__}: {said}", code=ErrorCode.GRADER_FAILED)
 
 
 def budget_error(grader: str) -> GraderError:

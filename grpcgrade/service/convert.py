@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from itertools import repeat
 from typing import Any, cast
 
-from grpcgrade.core.errors import ErrorCode, InvalidParams, SampleProblem
+from grpcgrade.core.errors import ErrorCode, InvalidParams, SampleProblem, encodable
 from grpcgrade.core.result_cache import CacheMode
 from grpcgrade.core.rewards import Result, SpecData
 from grpcgrade.core.samples import SAMPLE_FIELDS, Limits, add_extra, check_fields
-from grpcgrade.grader import GraderError, GraderScore
+from grpcgrade.grader import GraderError, GraderRank, GraderScore
 from grpcgrade.v1 import grading_pb2 as pb
 
 from .structs import fill_struct, struct_to_dict
@@ -145,8 +146,27 @@ def add_result(results: Any, key: str, grader: str, result: Result, full: bool) 
     A bare number is a score from the scores view's column path (no reason, no metadata).
 
     Fields go in through `add(...)` keywords: one call into protobuf's C code instead of one per field,
-    which is most of the cost of a cheap grader's response.
+    which is most of the cost of a cheap grader's response. A reason or error message UTF-8 cannot encode
+    (a lone surrogate) is written again made encodable (`errors.encodable`): protobuf refuses it, and it
+    would otherwise fail the response of every sample of the chunk.
     """
+    size = len(results)
+    try:
+        _add_result(results, key, grader, result, full)
+    except UnicodeEncodeError:
+        del results[size:]  # the entry protobuf began before it refused the text
+        _add_result(results, key, grader, _encodable(result), full)
+
+
+def _encodable(result: Result) -> Result:
+    if isinstance(result, GraderError):
+        return replace(result, error=encodable(result.error), reason=encodable(result.reason))
+    if isinstance(result, (GraderScore, GraderRank)):
+        return replace(result, reason=encodable(result.reason))
+    return result
+
+
+def _add_result(results: Any, key: str, grader: str, result: Result, full: bool) -> None:
     if isinstance(result, (float, int)):
         results.add(key=key, grader=grader, score=result)
         return
@@ -237,7 +257,7 @@ def fill_columns(
                 add(0.0)
                 col.error_rows.append(row)
                 if isinstance(result, GraderError):
-                    col.errors.add(code=result.code, message=result.error)
+                    col.errors.add(code=result.code, message=encodable(result.error))
                 else:  # a rank: refused before grading for this view, so only a grader's wrong answer
                     col.errors.add(code=ErrorCode.INVALID_RESULT, message=f"{name} ranked instead of scoring")
         col.scores.extend(scores)

@@ -1,16 +1,33 @@
-"""protobuf Struct <-> Python values, without json_format's per-call overhead.
+"""protobuf Struct <-> Python values, without json_format's per-call overhead, and what a protobuf string or
+Struct can hold made of whatever a grader returns.
 
 JSON has one number type, so Struct numbers arrive as floats; integral ones become ints here, which is what
 a grader reading the same record from a JSON file would have seen.
+
+A grader's metadata and texts go out as they are when protobuf can hold them. What it cannot is made
+representable rather than failing the response that carries the sample and its chunk: text with a lone
+surrogate (which UTF-8 cannot encode) gets U+FFFD in its place, an integer past a double's range becomes
+the infinity of its sign, a value of another type its `str()`, and metadata nested deeper than
+`MAX_METADATA_DEPTH` (or a dict that holds itself) is cut there to `CUT_TEXT`.
 """
 
 from __future__ import annotations
 
-import json
+import enum
 import math
+from collections.abc import Mapping
 from typing import Any
 
-from google.protobuf.struct_pb2 import NULL_VALUE, ListValue, Struct, Value
+from google.protobuf.struct_pb2 import NULL_VALUE, Struct, Value
+
+from grpcgrade.core.errors import describe, encodable
+
+#: How deep metadata nests (dicts and lists within each other) before what is below is cut to `CUT_TEXT`.
+#: Protobuf parsers refuse messages nested too deeply (Python's reads a BatchEvaluateResponse whose metadata
+#: holds 33 levels of dicts, not 34; the C++ and Java libraries stop at 100 message levels), each metadata
+#: level is two message levels (Struct, Value), and a trainer's client must read every response: 16.
+MAX_METADATA_DEPTH = 16
+CUT_TEXT = "<nested too deeply>"
 
 
 def value_to_py(v: Value) -> Any:
@@ -33,46 +50,80 @@ def struct_to_dict(s: Struct) -> dict[str, Any]:
     return {k: value_to_py(v) for k, v in s.fields.items()}
 
 
-def _plain(obj: Any) -> Any:
-    """Anything a grader put in metadata, made JSON-shaped (tuples, sets, enums, numpy scalars...)."""
-    return json.loads(json.dumps(obj, default=_fallback, allow_nan=True))
+def fill_struct(target: Struct, data: Mapping[Any, Any], depth: int = 0) -> None:
+    """Copy `data` into `target`, each value made representable (see the module's docstring); never raises
+    for what a grader put in its metadata. Keys that are not strings become their `str()`.
+
+    Written out rather than `Struct.update`, which raises on the values above and is slower (measured: 2.4
+    against 2.8 µs for a cheap grader's two-key metadata)."""
+    fields = target.fields
+    for key, value in data.items():
+        if type(key) is not str:
+            key = describe(key)
+        try:
+            entry = fields[key]
+        except ValueError:  # UnicodeEncodeError: a lone surrogate in the key
+            entry = fields[encodable(key)]
+        set_value(entry, value, depth)
 
 
-def _fallback(obj: Any) -> Any:
-    if isinstance(obj, (set, frozenset, tuple)):
-        return list(obj)
-    if hasattr(obj, "item"):  # numpy scalars
-        return obj.item()
-    return getattr(obj, "value", None) if hasattr(obj, "value") else str(obj)
+def set_value(v: Value, obj: Any, depth: int = 0) -> None:
+    """`obj` into `v`, made representable; `depth` is how deep in the metadata `v` sits."""
+    kind = type(obj)
+    if kind is str:
+        try:
+            v.string_value = obj
+        except ValueError:  # UnicodeEncodeError
+            v.string_value = encodable(obj)
+    elif kind is bool:
+        v.bool_value = obj
+    elif kind is float:
+        v.number_value = obj
+    elif kind is int:
+        v.number_value = _double(obj)
+    elif obj is None:
+        v.null_value = NULL_VALUE
+    elif depth >= MAX_METADATA_DEPTH and isinstance(obj, (Mapping, list, tuple, set, frozenset)):
+        v.string_value = CUT_TEXT
+    elif isinstance(obj, Mapping):
+        v.struct_value.SetInParent()  # present even when empty
+        fill_struct(v.struct_value, obj, depth + 1)
+    elif isinstance(obj, (list, tuple, set, frozenset)):
+        values = v.list_value
+        values.SetInParent()
+        add = values.values.add
+        for item in obj:
+            set_value(add(), item, depth + 1)
+    else:  # a type of its own: made plain first (at the depth limit, described: no loop of conversions)
+        set_value(v, _plain(obj) if depth < MAX_METADATA_DEPTH else describe(obj), depth + 1)
 
 
-def fill_struct(target: Struct, data: dict[str, Any]) -> None:
-    """Copy `data` into `target`; values protobuf cannot hold are converted rather than failing the call."""
-    if not data:
-        return
+def _double(n: int) -> float:
     try:
-        target.update(data)
-    except (ValueError, TypeError, AttributeError):
-        target.Clear()
-        target.update(_plain(data))
+        return float(n)
+    except OverflowError:  # past a double's range: the nearest double, as IEEE rounding gives
+        return math.inf if n > 0 else -math.inf
+
+
+def _plain(obj: Any) -> Any:
+    """A value of another type as one of the types above: subclasses of bool, int, float and str (IntEnum,
+    StrEnum...) as their base type, other enums as their value, numpy scalars and arrays by `tolist()`,
+    anything else as its `str()`."""
+    for base in (bool, int, float, str):
+        if isinstance(obj, base):
+            return base(obj) if base is not str else str.__str__(obj)
+    if isinstance(obj, enum.Enum):
+        return obj.value if type(obj.value) in (bool, int, float, str) else describe(obj.value)
+    tolist = getattr(obj, "tolist", None)  # numpy scalars and arrays
+    if callable(tolist):
+        try:
+            return tolist()
+        except Exception:  # noqa: BLE001 - then it is described like any other object
+            pass
+    return describe(obj)
 
 
 def py_to_value(obj: Any) -> Value:
     v = Value()
-    if obj is None:
-        v.null_value = NULL_VALUE
-    elif isinstance(obj, bool):
-        v.bool_value = obj
-    elif isinstance(obj, (int, float)):
-        v.number_value = float(obj) if math.isfinite(obj) or isinstance(obj, float) else 0.0
-    elif isinstance(obj, str):
-        v.string_value = obj
-    elif isinstance(obj, dict):
-        fill_struct(v.struct_value, obj)
-    elif isinstance(obj, (list, tuple)):
-        lv = ListValue()
-        lv.extend(_plain(list(obj)))
-        v.list_value.CopyFrom(lv)
-    else:
-        v.string_value = str(obj)
+    set_value(v, obj)
     return v

@@ -94,6 +94,13 @@ class SlowToDescribe(Exception):
         return "slow to describe"
 
 
+class Unsayable(Exception):
+    """An error whose message cannot be read: its `str()` raises."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("no words")
+
+
 class LibraryTimeout(BaseException):
     """What some libraries raise instead of an Exception (math-verify's TimeoutException is one)."""
 
@@ -104,7 +111,10 @@ class Misbehave(BaseGrader):
     library's BaseException, not an Exception), "slow_error" (raises at
     once an error whose message takes 0.5 s to build), "swallow" (runs 2 s, catching every `Exception`
     on the way, as a grader with a fallback score does), "long:N" (a reason of N characters), "pid..."
-    (scores the grading process's id: shows where it ran); else scores 1.0. `column=True` also offers the
+    (scores the grading process's id: shows where it ran), "surrogate" (a reason and a metadata string holding
+    a lone surrogate, which UTF-8 cannot encode), "huge_number" (metadata with an integer past a double's
+    range), "deep" (metadata nested 200 dicts deep), "cycle" (metadata holding itself), "unsayable" (raises an
+    exception whose `str()` raises); else scores 1.0. `column=True` also offers the
     scores view's `score_column`, misbehaving the same way; it scores "which" 2.0 (breaking its contract on
     purpose), so a test sees which of the two answered.
     `bounded=True` claims a bounded cost (falsely, on purpose): small batches are then graded inline.
@@ -147,6 +157,19 @@ class Misbehave(BaseGrader):
             return GraderScore(self.name, 0.0, "fallback score")
         if response.startswith("pid"):
             return GraderScore(self.name, float(os.getpid()))
+        if response == "surrogate":
+            return GraderScore(self.name, 1.0, "bad \udc80 text", {"echo": "\ud800", "ok": 1})
+        if response == "huge_number":
+            return GraderScore(self.name, 1.0, "huge", {"digits": 10**400, "nested": {"n": -(10**400)}, "ok": 1})
+        if response in ("deep", "cycle"):
+            metadata: dict = {}
+            inner = metadata
+            for _ in range(200 if response == "deep" else 1):
+                inner["in"] = {} if response == "deep" else metadata
+                inner = inner["in"]
+            return GraderScore(self.name, 1.0, response, metadata)
+        if response == "unsayable":
+            raise Unsayable
         if response.startswith("long:"):
             return GraderScore(self.name, 1.0, "long:" + "r" * int(response[5:]))
         return GraderScore(self.name, 1.0)
