@@ -200,8 +200,9 @@ def test_a_chunks_watchdog_starts_when_a_worker_takes_it_not_while_it_waits():
     assert pool.restarts == 0
 
 
+@pytest.mark.parametrize("cache", ["off", "on"])
 @pytest.mark.parametrize("path", PATHS)
-def test_a_result_protobuf_cannot_hold_keeps_its_score_and_costs_no_other_sample(fault_server, path):
+def test_a_result_protobuf_cannot_hold_keeps_its_score_and_costs_no_other_sample(fault_server, path, cache):
     """Results protobuf cannot hold as they are: text with a lone surrogate (UTF-8 cannot encode it), metadata
     numbers past a double's range, metadata nested past what a parser reads or holding itself, an exception
     whose message cannot be read. Each sample keeps its score (or its error), made representable, and the
@@ -209,7 +210,10 @@ def test_a_result_protobuf_cannot_hold_keeps_its_score_and_costs_no_other_sample
     graders, view = PATHS[path], VIEWS.get(path, pb.RESULT_VIEW_FULL)
     odd = ("ok", "surrogate", "huge_number", "deep", "cycle", "unsayable", "ok")
     with fault_server.client(timeout=60) as c:
-        replies = c.batch_evaluate([{"response": r} for r in odd], graders, view=view)
+        replies = c.batch_evaluate([{"response": r} for r in odd], graders, view=view, cache=cache)
+        if cache == "on":  # and again, answered from the result cache
+            replies = c.batch_evaluate([{"response": r} for r in odd], graders, view=view, cache=cache)
+            assert [r.results[0].cached for r in replies] == [True] * 5 + [False, True]
     assert scores(replies) == [1.0, 1.0, 1.0, 1.0, 1.0, "GRADER_FAILED", 1.0]
     assert replies[5].results[0].error.message == "Unsayable: <Unsayable>"
     if view != pb.RESULT_VIEW_FULL:
@@ -219,11 +223,11 @@ def test_a_result_protobuf_cannot_hold_keeps_its_score_and_costs_no_other_sample
     assert dict(surrogate.metadata) == {"echo": "\N{REPLACEMENT CHARACTER}", "ok": 1}
     assert huge.metadata["digits"] == float("inf") and huge.metadata["nested"]["n"] == float("-inf")
     assert huge.metadata["ok"] == 1
-    for result in (deep, cycle):  # cut where every protobuf parser still reads it: 16 levels, then a text
+    for result, cut in ((deep, 17), (cycle, 1)):  # deep: where every protobuf parser still reads it
         level, depth = result.metadata, 0
         while not isinstance(level, str):
             level, depth = level["in"], depth + 1
-        assert (depth, level) == (17, "<nested too deeply>")
+        assert (depth, level) == (cut, "<nested too deeply>")
 
 
 def test_metadata_of_any_shape_keeps_its_values():

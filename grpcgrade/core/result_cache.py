@@ -20,10 +20,11 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import sys
 import time
 import weakref
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Generic, TypeVar
@@ -197,10 +198,29 @@ def result_bytes(result: GraderResult) -> int:
     """An estimate of what a stored result holds beyond the fixed overhead."""
     size = len(result.reason) + len(result.name)
     if result.metadata:
-        size += 2 * len(json.dumps(result.metadata, default=str))
+        size += 2 * _held_bytes(result.metadata, set())
     if not isinstance(result, GraderScore | GraderError):
         size += 8 * len(result.rank) + 56
     return size
+
+
+def _held_bytes(obj: Any, seen: set[int]) -> int:
+    """About what `obj` takes as JSON: whatever a grader put in its metadata (a dict holding itself, an int
+    too long for `str`), each container counted once."""
+    if isinstance(obj, str):
+        return len(obj) + 2
+    if isinstance(obj, int):
+        return obj.bit_length() // 3 + 1  # its decimal digits, about
+    if obj is None or isinstance(obj, float):
+        return 8
+    if isinstance(obj, (Mapping, list, tuple, set, frozenset)):
+        if id(obj) in seen:
+            return 8
+        seen.add(id(obj))
+        if isinstance(obj, Mapping):
+            return 2 + sum(_held_bytes(k, seen) + _held_bytes(v, seen) + 2 for k, v in obj.items())
+        return 2 + sum(_held_bytes(v, seen) + 1 for v in obj)
+    return sys.getsizeof(obj)
 
 
 class ResultCache(BoundedStore[GraderResult]):

@@ -113,8 +113,8 @@ class Misbehave(BaseGrader):
     on the way, as a grader with a fallback score does), "long:N" (a reason of N characters), "pid..."
     (scores the grading process's id: shows where it ran), "surrogate" (a reason and a metadata string holding
     a lone surrogate, which UTF-8 cannot encode), "huge_number" (metadata with an integer past a double's
-    range), "deep" (metadata nested 200 dicts deep), "cycle" (metadata holding itself), "unsayable" (raises an
-    exception whose `str()` raises); else scores 1.0. `column=True` also offers the
+    range), "deep" (metadata nested 200 dicts deep), "cycle" (metadata holding itself, three times),
+    "unsayable" (raises an exception whose `str()` raises); else scores 1.0. `column=True` also offers the
     scores view's `score_column`, misbehaving the same way; it scores "which" 2.0 (breaking its contract on
     purpose), so a test sees which of the two answered.
     `bounded=True` claims a bounded cost (falsely, on purpose): small batches are then graded inline.
@@ -161,12 +161,16 @@ class Misbehave(BaseGrader):
             return GraderScore(self.name, 1.0, "bad \udc80 text", {"echo": "\ud800", "ok": 1})
         if response == "huge_number":
             return GraderScore(self.name, 1.0, "huge", {"digits": 10**400, "nested": {"n": -(10**400)}, "ok": 1})
-        if response in ("deep", "cycle"):
+        if response == "deep":
             metadata: dict = {}
             inner = metadata
-            for _ in range(200 if response == "deep" else 1):
-                inner["in"] = {} if response == "deep" else metadata
+            for _ in range(200):
+                inner["in"] = {}
                 inner = inner["in"]
+            return GraderScore(self.name, 1.0, response, metadata)
+        if response == "cycle":  # holding itself three times: expanded, it would never end
+            metadata = {}
+            metadata.update({"in": metadata, "also": [metadata, metadata]})
             return GraderScore(self.name, 1.0, response, metadata)
         if response == "unsayable":
             raise Unsayable
