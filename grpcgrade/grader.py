@@ -205,5 +205,9 @@ class FunctionGrader(BaseGrader):
 
 
 def is_finite_score(value: float) -> bool:
-    """Scores that reach a trainer must be real numbers: NaN or inf becomes an error result."""
-    return isinstance(value, (int, float)) and math.isfinite(value)
+    """Scores that reach a trainer must be real numbers: NaN or inf becomes an error result, and so does an
+    int no double can hold."""
+    try:
+        return isinstance(value, (int, float)) and math.isfinite(value)
+    except OverflowError:
+        return False

@@ -205,17 +205,20 @@ def test_a_chunks_watchdog_starts_when_a_worker_takes_it_not_while_it_waits():
 def test_a_result_protobuf_cannot_hold_keeps_its_score_and_costs_no_other_sample(fault_server, path, cache):
     """Results protobuf cannot hold as they are: text with a lone surrogate (UTF-8 cannot encode it), metadata
     numbers past a double's range, metadata nested past what a parser reads or holding itself, an exception
-    whose message cannot be read. Each sample keeps its score (or its error), made representable, and the
-    other samples of the chunk are answered as usual (before, the whole call ended UNKNOWN)."""
+    whose message cannot be read, a score past a double's range (INVALID_RESULT). Each sample keeps its score
+    (or its error), made representable, and the other samples of the chunk are answered as usual (before,
+    the whole call ended UNKNOWN)."""
     graders, view = PATHS[path], VIEWS.get(path, pb.RESULT_VIEW_FULL)
-    odd = ("ok", "surrogate", "huge_number", "deep", "cycle", "unsayable", "ok")
+    odd = ("ok", "surrogate", "huge_number", "deep", "cycle", "unsayable", "huge_score", "ok")
     with fault_server.client(timeout=60) as c:
         replies = c.batch_evaluate([{"response": r} for r in odd], graders, view=view, cache=cache)
         if cache == "on":  # and again, answered from the result cache
             replies = c.batch_evaluate([{"response": r} for r in odd], graders, view=view, cache=cache)
-            assert [r.results[0].cached for r in replies] == [True] * 5 + [False, True]
-    assert scores(replies) == [1.0, 1.0, 1.0, 1.0, 1.0, "GRADER_FAILED", 1.0]
+            assert [r.results[0].cached for r in replies] == [True] * 5 + [False, False, True]
+    assert scores(replies) == [1.0, 1.0, 1.0, 1.0, 1.0, "GRADER_FAILED", "INVALID_RESULT", 1.0]
     assert replies[5].results[0].error.message == "Unsayable: <Unsayable>"
+    shown = "1" + "0" * 38 + "\N{HORIZONTAL ELLIPSIS}"  # the first 39 characters of its repr
+    assert replies[6].results[0].error.message == f"grader returned a non-finite score {shown}"
     if view != pb.RESULT_VIEW_FULL:
         return
     surrogate, huge, deep, cycle = (r.results[0] for r in replies[1:5])

@@ -38,6 +38,7 @@ from .errors import (
     GraderTimeout,
     SampleProblem,
     describe,
+    encodable,
 )
 from .histograms import EMPTY, Histogram, count_pairs, histogram
 from .rewards import NUMBER_TYPES, Result, RewardStats
@@ -231,7 +232,7 @@ def check_result(grader: BaseGrader, result: Any, kwargs: dict[str, Any]) -> Gra
     if isinstance(result, GraderScore):
         if not is_finite_score(result.score):
             return GraderError(
-                name, f"grader returned a non-finite score {result.score!r}", code=ErrorCode.INVALID_RESULT
+                name, f"grader returned a non-finite score {_shown(result.score)}", code=ErrorCode.INVALID_RESULT
             )
         return result
     if isinstance(result, GraderRank):
@@ -243,6 +244,15 @@ def check_result(grader: BaseGrader, result: Any, kwargs: dict[str, Any]) -> Gra
         return result
     expected = "GraderRank" if grader.mode is GraderMode.LISTWISE else "GraderScore"
     return GraderError(name, f"grader returned {type(result).__name__}, not {expected}", code=ErrorCode.INVALID_RESULT)
+
+
+def _shown(score: object) -> str:
+    """A wrong score as its error message shows it: its repr, at most 40 characters."""
+    try:
+        text = repr(score)
+    except Exception:  # noqa: BLE001 - an int past 4300 digits, a hostile __repr__
+        return f"<{type(score).__name__}>"
+    return encodable(text if len(text) <= 40 else text[:39] + "\N{HORIZONTAL ELLIPSIS}")
 
 
 def error_from(grader: BaseGrader, exc: BaseException, timeout: float | None) -> GraderError:

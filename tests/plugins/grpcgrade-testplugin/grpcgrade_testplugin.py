@@ -114,7 +114,8 @@ class Misbehave(BaseGrader):
     (scores the grading process's id: shows where it ran), "surrogate" (a reason and a metadata string holding
     a lone surrogate, which UTF-8 cannot encode), "huge_number" (metadata with an integer past a double's
     range), "deep" (metadata nested 200 dicts deep), "cycle" (metadata holding itself, three times),
-    "unsayable" (raises an exception whose `str()` raises); else scores 1.0. `column=True` also offers the
+    "unsayable" (raises an exception whose `str()` raises), "huge_score" (scores an int past a double's
+    range); else scores 1.0. `column=True` also offers the
     scores view's `score_column`, misbehaving the same way; it scores "which" 2.0 (breaking its contract on
     purpose), so a test sees which of the two answered.
     `bounded=True` claims a bounded cost (falsely, on purpose): small batches are then graded inline.
@@ -172,6 +173,8 @@ class Misbehave(BaseGrader):
             metadata = {}
             metadata.update({"in": metadata, "also": [metadata, metadata]})
             return GraderScore(self.name, 1.0, response, metadata)
+        if response == "huge_score":
+            return GraderScore(self.name, 10**400)
         if response == "unsayable":
             raise Unsayable
         if response.startswith("long:"):
