@@ -205,17 +205,27 @@ def test_a_chunks_watchdog_starts_when_a_worker_takes_it_not_while_it_waits():
 def test_a_result_protobuf_cannot_hold_keeps_its_score_and_costs_no_other_sample(fault_server, path, cache):
     """Results protobuf cannot hold as they are: text with a lone surrogate (UTF-8 cannot encode it), metadata
     numbers past a double's range, metadata nested past what a parser reads or holding itself, an exception
-    whose message cannot be read, a score past a double's range (INVALID_RESULT). Each sample keeps its score
+    whose message cannot be read, a score past a double's range and fields of the wrong type (INVALID_RESULT;
+    a None reason or metadata is empty; a returned error's fields are made strings). Each sample keeps its score
     (or its error), made representable, and the other samples of the chunk are answered as usual (before,
     the whole call ended UNKNOWN)."""
     graders, view = PATHS[path], VIEWS.get(path, pb.RESULT_VIEW_FULL)
     odd = ("ok", "surrogate", "huge_number", "deep", "cycle", "unsayable", "huge_score", "ok")
+    odd += ("reason_none", "reason_int", "metadata_list", "error_odd")
     with fault_server.client(timeout=60) as c:
         replies = c.batch_evaluate([{"response": r} for r in odd], graders, view=view, cache=cache)
         if cache == "on":  # and again, answered from the result cache
             replies = c.batch_evaluate([{"response": r} for r in odd], graders, view=view, cache=cache)
-            assert [r.results[0].cached for r in replies] == [True] * 5 + [False, False, True]
-    assert scores(replies) == [1.0, 1.0, 1.0, 1.0, 1.0, "GRADER_FAILED", "INVALID_RESULT", 1.0]
+            cached = [True] * 5 + [False, False, True, True, False, False, False]
+            assert [r.results[0].cached for r in replies] == cached
+    failed, invalid = "GRADER_FAILED", "INVALID_RESULT"
+    assert scores(replies) == [1.0, 1.0, 1.0, 1.0, 1.0, failed, invalid, 1.0, 1.0, invalid, invalid, failed]
+    errors = [r.results[0].error.message for r in replies[9:]]
+    assert errors == [
+        "grader returned a reason of type int, not str",
+        "grader returned metadata of type list, not a dict",
+        "404",
+    ]
     assert replies[5].results[0].error.message == "Unsayable: <Unsayable>"
     shown = "1" + "0" * 38 + "\N{HORIZONTAL ELLIPSIS}"  # the first 39 characters of its repr
     assert replies[6].results[0].error.message == f"grader returned a non-finite score {shown}"

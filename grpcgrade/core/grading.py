@@ -16,6 +16,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import replace
 from typing import Any, NamedTuple
 
 from grpcgrade.grader import (
@@ -225,10 +226,19 @@ def _check_cancelled() -> None:
 
 
 def check_result(grader: BaseGrader, result: Any, kwargs: dict[str, Any]) -> GraderResult:
-    """Only well-formed, finite results reach a trainer."""
+    """Only well-formed, finite results reach a trainer. A reason or metadata of None counts as empty; of
+    another wrong type, the result is INVALID_RESULT (it would fail the response of its whole chunk). An
+    error a grader returned keeps its message, made a string."""
     name = grader.name
     if isinstance(result, GraderError):
-        return result
+        return result if _error_well_formed(result) else _error_made_well_formed(result)
+    if isinstance(result, (GraderScore, GraderRank)) and (
+        type(result.reason) is not str or type(result.metadata) is not dict
+    ):
+        problem = _shape_problem(result)
+        if problem:
+            return GraderError(name, f"grader returned {problem}", code=ErrorCode.INVALID_RESULT)
+        result = replace(result, reason=result.reason or "", metadata=result.metadata or {})
     if isinstance(result, GraderScore):
         if not is_finite_score(result.score):
             return GraderError(
@@ -239,11 +249,45 @@ def check_result(grader: BaseGrader, result: Any, kwargs: dict[str, Any]) -> Gra
         n = len(kwargs.get("responses") or result.rank)
         if sorted(result.rank) != list(range(1, n + 1)):
             return GraderError(
-                name, f"rank {result.rank} is not a permutation of 1..{n}", code=ErrorCode.INVALID_RESULT
+                name, f"rank {_shown(result.rank)} is not a permutation of 1..{n}", code=ErrorCode.INVALID_RESULT
             )
         return result
     expected = "GraderRank" if grader.mode is GraderMode.LISTWISE else "GraderScore"
     return GraderError(name, f"grader returned {type(result).__name__}, not {expected}", code=ErrorCode.INVALID_RESULT)
+
+
+def _shape_problem(result: GraderScore | GraderRank) -> str:
+    """What is wrong with a result's reason or metadata, or "" when each is of its type or None."""
+    if result.reason is not None and not isinstance(result.reason, str):
+        return f"a reason of type {type(result.reason).__name__}, not str"
+    if result.metadata is not None and not isinstance(result.metadata, Mapping):
+        return f"metadata of type {type(result.metadata).__name__}, not a dict"
+    return ""
+
+
+def _error_well_formed(error: GraderError) -> bool:
+    return (
+        type(error.error) is str
+        and isinstance(error.code, str)
+        and type(error.reason) is str
+        and isinstance(error.metadata, dict)
+    )
+
+
+def _error_made_well_formed(error: GraderError) -> GraderError:
+    """An error a grader returned with fields of the wrong type: still its sample's error, its texts made
+    strings and an unknown code GRADER_FAILED."""
+    return replace(
+        error,
+        error=error.error if isinstance(error.error, str) else describe(error.error),
+        code=error.code if isinstance(error.code, str) else ErrorCode.GRADER_FAILED,
+        reason=error.reason
+        if isinstance(error.reason, str)
+        else ""
+        if error.reason is None
+        else describe(error.reason),
+        metadata=error.metadata if isinstance(error.metadata, Mapping) else {},
+    )
 
 
 def _shown(score: object) -> str:

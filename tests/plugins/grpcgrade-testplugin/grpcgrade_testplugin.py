@@ -6,7 +6,7 @@ import os
 import signal
 import time
 
-from grpcgrade import BaseGrader, FunctionGrader, GraderMode, GraderScore, hookimpl
+from grpcgrade import BaseGrader, FunctionGrader, GraderError, GraderMode, GraderScore, hookimpl
 
 
 class Shout(BaseGrader):
@@ -115,9 +115,10 @@ class Misbehave(BaseGrader):
     a lone surrogate, which UTF-8 cannot encode), "huge_number" (metadata with an integer past a double's
     range), "deep" (metadata nested 200 dicts deep), "cycle" (metadata holding itself, three times),
     "unsayable" (raises an exception whose `str()` raises), "huge_score" (scores an int past a double's
-    range); else scores 1.0. `column=True` also offers the
-    scores view's `score_column`, misbehaving the same way; it scores "which" 2.0 (breaking its contract on
-    purpose), so a test sees which of the two answered.
+    range), "reason_none" / "reason_int" / "metadata_list" (a result with a field of the wrong type),
+    "error_odd" (returns a GraderError whose message is an int and whose code is None); else scores 1.0.
+    `column=True` also offers the scores view's `score_column`, misbehaving the same way; it scores "which"
+    2.0 (breaking its contract on purpose), so a test sees which of the two answered.
     `bounded=True` claims a bounded cost (falsely, on purpose): small batches are then graded inline.
     `build="base_exception"` raises that BaseException while the grader is built."""
 
@@ -173,6 +174,14 @@ class Misbehave(BaseGrader):
             metadata = {}
             metadata.update({"in": metadata, "also": [metadata, metadata]})
             return GraderScore(self.name, 1.0, response, metadata)
+        if response == "reason_none":
+            return GraderScore(self.name, 1.0, None, None)  # type: ignore[arg-type]
+        if response == "reason_int":
+            return GraderScore(self.name, 1.0, 5)  # type: ignore[arg-type]
+        if response == "metadata_list":
+            return GraderScore(self.name, 1.0, "", [1, 2])  # type: ignore[arg-type]
+        if response == "error_odd":
+            return GraderError(self.name, 404, code=None)  # type: ignore[arg-type]
         if response == "huge_score":
             return GraderScore(self.name, 10**400)
         if response == "unsayable":
