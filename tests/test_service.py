@@ -66,6 +66,7 @@ def test_list_graders_names_plugins_versions_and_params(client):
         "longest_first",
         "misbehave",
         "napper",
+        "odd_ranks",
         "shout",
         "sleepy",
         "tool_call_names",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import operator
 import signal
 import threading
 import time
@@ -246,14 +247,26 @@ def check_result(grader: BaseGrader, result: Any, kwargs: dict[str, Any]) -> Gra
             )
         return result
     if isinstance(result, GraderRank):
-        n = len(kwargs.get("responses") or result.rank)
-        if sorted(result.rank) != list(range(1, n + 1)):
+        rank = _whole_numbers(result.rank)
+        n = len(kwargs.get("responses") or rank or ())
+        if rank is None or sorted(rank) != list(range(1, n + 1)):
             return GraderError(
                 name, f"rank {_shown(result.rank)} is not a permutation of 1..{n}", code=ErrorCode.INVALID_RESULT
             )
-        return result
+        return result if type(result.rank) is list and rank == result.rank else replace(result, rank=rank)
     expected = "GraderRank" if grader.mode is GraderMode.LISTWISE else "GraderScore"
     return GraderError(name, f"grader returned {type(result).__name__}, not {expected}", code=ErrorCode.INVALID_RESULT)
+
+
+def _whole_numbers(values: Any) -> list[int] | None:
+    """A rank's entries as Python ints (numpy's included), or None when one is not a whole number type (a
+    float, a bool) or `values` is not a sequence: 1.0 == 1 would pass the permutation check, and then fail
+    the response of the whole chunk."""
+    try:
+        out = [operator.index(v) for v in values]
+    except TypeError:
+        return None
+    return None if any(isinstance(v, bool) for v in values) else out
 
 
 def _shape_problem(result: GraderScore | GraderRank) -> str:

@@ -6,7 +6,7 @@ import os
 import signal
 import time
 
-from grpcgrade import BaseGrader, FunctionGrader, GraderError, GraderMode, GraderScore, hookimpl
+from grpcgrade import BaseGrader, FunctionGrader, GraderError, GraderMode, GraderRank, GraderScore, hookimpl
 
 
 class Shout(BaseGrader):
@@ -20,6 +20,21 @@ def longest_first(responses: list[str]) -> list[int]:
     """Ranks responses by length, longest first."""
     order = sorted(range(len(responses)), key=lambda i: -len(responses[i]))
     return [order.index(i) + 1 for i in range(len(responses))]
+
+
+class OddRanks(BaseGrader):
+    """Ranks in order, as floats when the first response is "floats", as bools when it is "bools": a listwise
+    grader returning numbers that equal a permutation without being whole numbers."""
+
+    mode = GraderMode.LISTWISE
+
+    def evaluate(self, responses: list[str]) -> GraderRank:
+        rank: list = list(range(1, len(responses) + 1))
+        if responses[0] == "floats":
+            rank = [float(r) for r in rank]
+        elif responses[0] == "bools":
+            rank = [True, *rank[1:]]
+        return GraderRank(self.name, rank)
 
 
 def count_word(response: str, word: str = "grpc") -> float:
@@ -57,6 +72,7 @@ def register_graders(register):
     register(Shout, name="shout")
     register(FunctionGrader.wrap(count_word), name="count_word")
     register(FunctionGrader.wrap(longest_first, mode=GraderMode.LISTWISE), name="longest_first")
+    register(OddRanks, name="odd_ranks")
     register(Sleepy, name="sleepy")
     register(Misbehave, name="misbehave")
     register(FunctionGrader.wrap(attentive), name="attentive")
