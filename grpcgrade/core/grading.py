@@ -264,7 +264,7 @@ def _whole_numbers(values: Any) -> list[int] | None:
     the response of the whole chunk."""
     try:
         out = [operator.index(v) for v in values]
-    except TypeError:
+    except Exception:  # noqa: BLE001 - not a sequence of whole numbers, however it fails
         return None
     return None if any(isinstance(v, bool) for v in values) else out
 
