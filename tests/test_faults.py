@@ -279,3 +279,26 @@ def test_metadata_of_any_shape_keeps_its_values():
     assert struct_to_dict(target) == {
         "t": [1, "a"], "s": [2], "e": "red", "i": 3, "o": "opaque", "7": None, "d": {}, "l": []
     }  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def no_workers_server(tmp_path_factory, plugin_env):
+    srv = start_server(tmp_path_factory.mktemp("no-workers"), "--workers", "0", env=plugin_env)
+    yield srv
+    srv.stop()
+
+
+@pytest.mark.parametrize("where", ["fault_server", "no_workers_server"], ids=["2-workers", "0-workers"])
+@pytest.mark.parametrize("beside", [[], ["attentive"]], ids=["whole-chunks", "per-grader"])
+def test_a_grader_that_changes_its_input_changes_no_other_graders_input(request, where, beside):
+    """`tidy` sorts its `responses` and clears its `extra` lists in place, and grades first: the graders after
+    it, in the same process, still see the sample as it was sent (before, they ranked the sorted responses
+    and found no tool calls: wrong rewards, silently)."""
+    server = request.getfixturevalue(where)
+    sample = {"responses": ["a", "ccc", "bb"], "response": "x", "extra": {"tool_calls": [{"function": {"name": "s"}}]}}
+    graders = ["tidy", "longest_first", {"name": "tool_call_names", "params": {"expected": "s"}}, *beside]
+    with server.client(timeout=60) as c:
+        (reply,) = c.batch_evaluate([sample], graders)
+    by_key = {r.key: r for r in reply.results}
+    assert list(by_key["longest_first"].rank) == [3, 1, 2]
+    assert by_key["tool_call_names"].score == 1.0

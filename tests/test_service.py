@@ -69,6 +69,7 @@ def test_list_graders_names_plugins_versions_and_params(client):
         "odd_ranks",
         "shout",
         "sleepy",
+        "tidy",
         "tool_call_names",
     ]
     assert [r.name for r in listing.rewards] == ["flaky", "gsm8k"]

@@ -380,7 +380,10 @@ class Engine:
         else:
             good = usable(kwargs)
             unusable = len(kwargs) - len(good)
-            runs = (self._run_cached(job, select_all(good, job.inputs), timeout, unusable, deadline) for job in jobs)
+            own = len(jobs) > 1  # graders in this process share the samples' lists and dicts otherwise
+            runs = (
+                self._run_cached(job, select_all(good, job.inputs, own), timeout, unusable, deadline) for job in jobs
+            )
             columns = list(await asyncio.gather(*runs))
             if good is not kwargs:
                 columns = [with_problems(j.grader.name, kwargs, c) for j, c in zip(jobs, columns, strict=True)]

@@ -432,7 +432,7 @@ def grade_chunk_sync(
     cut: set[int] = set()  # samples of `good` a grader did not reach by the deadline
     for j, grader in enumerate(graders):
         start = time.perf_counter()
-        batch = select_all(good, inputs_of(grader))
+        batch = select_all(good, inputs_of(grader), own=len(graders) > 1)
         if deadline is None:
             results = grade_sync(grader, batch, timeout)
         elif not cut:

@@ -82,8 +82,29 @@ def select(kwargs: dict[str, Any], inputs: Inputs) -> dict[str, Any]:
     return out
 
 
-def select_all(batch: list[dict[str, Any]], inputs: Inputs) -> list[dict[str, Any]]:
-    """`select` over a chunk; the chunk itself when every sample would pass through unchanged."""
+def select_all(batch: list[dict[str, Any]], inputs: Inputs, own: bool = False) -> list[dict[str, Any]]:
+    """`select` over a chunk; the chunk itself when every sample would pass through unchanged. With `own`
+    (more than one grader reads the chunk in this process), each grader gets its own copy of every list and
+    dict in the fields (`responses`, `extra`'s values): one that sorts or empties its input in place changes
+    nothing the next grader reads."""
+    if own:
+        return [_own(select(kw, inputs)) for kw in batch]
     if _passes_through(inputs):
         return batch
     return [select(kw, inputs) for kw in batch]
+
+
+def _own(kwargs: dict[str, Any]) -> dict[str, Any]:
+    return {k: _copied(v) if type(v) in _MUTABLE else v for k, v in kwargs.items()}
+
+
+_MUTABLE = frozenset((list, dict))
+
+
+def _copied(value: Any) -> Any:
+    """A list or dict of JSON-like values (what `extra` and `responses` hold) copied all the way down."""
+    if type(value) is list:
+        return [_copied(v) if type(v) in _MUTABLE else v for v in value]
+    if type(value) is dict:
+        return {k: _copied(v) if type(v) in _MUTABLE else v for k, v in value.items()}
+    return value

@@ -37,6 +37,20 @@ class OddRanks(BaseGrader):
         return GraderRank(self.name, rank)
 
 
+class Tidy(BaseGrader):
+    """Ranks responses in their order, after sorting them in place and clearing every list and dict in its
+    `extra` (a grader that changes its own input): what it does must not reach other graders."""
+
+    mode = GraderMode.LISTWISE
+
+    def evaluate(self, responses: list[str], **extra: object) -> GraderRank:
+        responses.sort()
+        for value in extra.values():
+            if isinstance(value, (list, dict)):
+                value.clear()
+        return GraderRank(self.name, list(range(1, len(responses) + 1)))
+
+
 def count_word(response: str, word: str = "grpc") -> float:
     """How many times `word` appears."""
     return float(response.split().count(word))
@@ -73,6 +87,7 @@ def register_graders(register):
     register(FunctionGrader.wrap(count_word), name="count_word")
     register(FunctionGrader.wrap(longest_first, mode=GraderMode.LISTWISE), name="longest_first")
     register(OddRanks, name="odd_ranks")
+    register(Tidy, name="tidy")
     register(Sleepy, name="sleepy")
     register(Misbehave, name="misbehave")
     register(FunctionGrader.wrap(attentive), name="attentive")
