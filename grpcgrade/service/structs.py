@@ -55,8 +55,8 @@ def fill_struct(target: Struct, data: Mapping[Any, Any], depth: int = 0, within:
     for what a grader put in its metadata. Keys that are not strings become their `str()`. `within` holds
     the ids of the dicts and lists enclosing `data`: one that holds itself is cut where it comes back.
 
-    Written out rather than `Struct.update`, which raises on the values above and is slower (measured: 2.4
-    against 2.8 µs for a cheap grader's two-key metadata)."""
+    Written out rather than `Struct.update`, which raises on the values above and is slower (measured: a
+    cheap grader's full-view result with two-key metadata, 2.7 against 3.1 µs)."""
     fields = target.fields
     within = (*within, id(data))
     for key, value in data.items():
