@@ -302,3 +302,20 @@ def test_a_grader_that_changes_its_input_changes_no_other_graders_input(request,
     by_key = {r.key: r for r in reply.results}
     assert list(by_key["longest_first"].rank) == [3, 1, 2]
     assert by_key["tool_call_names"].score == 1.0
+
+
+@pytest.mark.parametrize("graders", [[{"name": "misbehave"}], [{"name": "misbehave", "params": {"heavy": False}}]])
+def test_a_result_over_the_message_limit_keeps_its_score_and_costs_no_other_sample(limited_server, graders):
+    """One sample's answer alone over `max_message_bytes` (a 200,000-character reason against 100,000 bytes):
+    that sample keeps its score, without its reason and metadata (the reason says why), and the others
+    are answered; before, the stream failed with that message and every sample not yet sent was lost."""
+    samples = [{"response": r} for r in ("ok", "long:200000", "ok", "long:10")]
+    with limited_server.client(timeout=60, max_message_bytes=10_000_000) as c:
+        replies = c.batch_evaluate(samples, graders)
+        alone = c.evaluate(samples[1], graders)  # the unary call's answer is made to fit the same way
+    assert scores(replies) == [1.0, 1.0, 1.0, 1.0]
+    assert scores([alone]) == [1.0] and alone.results[0].reason.startswith("reason and metadata left out")
+    assert replies[3].results[0].reason == "long:" + "r" * 10
+    big = replies[1].results[0]
+    assert big.reason.startswith("reason and metadata left out: this sample's answer") and "100000" in big.reason
+    assert replies[1].reward == 1.0

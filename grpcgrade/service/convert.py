@@ -7,7 +7,7 @@ from dataclasses import replace
 from itertools import repeat
 from typing import Any, cast
 
-from grpcgrade.core.errors import ErrorCode, InvalidParams, SampleProblem, encodable
+from grpcgrade.core.errors import MAX_DETAIL_CHARS, ErrorCode, InvalidParams, SampleProblem, encodable
 from grpcgrade.core.result_cache import CacheMode
 from grpcgrade.core.rewards import Result, SpecData
 from grpcgrade.core.samples import SAMPLE_FIELDS, Limits, add_extra, check_fields
@@ -202,6 +202,23 @@ def fill_response(
         add_result(container, key, name, result, full)
     if reward is not None:
         out.reward = reward
+
+
+def leave_out_details(response: pb.EvaluateResponse, limit: int) -> None:
+    """A sample's answer over the message size `limit` (a long reason, large metadata or error messages),
+    made to fit: its scores, ranks, error codes and reward stay, reasons and metadata are left out (the first
+    reason says why), and error messages are cut to `MAX_DETAIL_CHARS`. gRPC would otherwise refuse the
+    message, and with it the stream of every sample not yet sent."""
+    size = response.ByteSize()
+    note = (
+        f"reason and metadata left out: this sample's answer is {size} bytes, over the {limit}-byte message "
+        "limit (max_message_bytes)"
+    )
+    for result in response.results:
+        result.reason, note = note, ""
+        result.ClearField("metadata")
+        if result.HasField("error") and len(result.error.message) > MAX_DETAIL_CHARS:
+            result.error.message = result.error.message[:MAX_DETAIL_CHARS] + "\N{HORIZONTAL ELLIPSIS}"
 
 
 def fill_items(

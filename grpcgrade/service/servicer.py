@@ -11,7 +11,7 @@ import grpc
 
 from grpcgrade.core.budget import OutputBudget
 from grpcgrade.core.engine import Batch, Chunk, Engine, Job, WholeChunk
-from grpcgrade.core.errors import InvalidParams, TooManyFailures, UnknownGrader, UnknownReward
+from grpcgrade.core.errors import MAX_DETAIL_CHARS, InvalidParams, TooManyFailures, UnknownGrader, UnknownReward
 from grpcgrade.core.guard import FailureTally, call_guards
 from grpcgrade.core.samples import Limits
 from grpcgrade.core.workers import Work
@@ -26,6 +26,7 @@ from .convert import (
     fill_items,
     fill_response,
     is_full,
+    leave_out_details,
     sample_kwargs,
     slice_columns,
     spec_from_pb,
@@ -52,9 +53,18 @@ def _serialize(message: Message) -> bytes:
 def _fitted(message: pb.BatchEvaluateResponse, limit: int) -> list[pb.BatchEvaluateResponse]:
     """The message, or its items (or rows) over several messages, each within the message size limit: long
     reasons or error messages make a chunk's answer large, and a stream must not fail for it. A single item
-    over the limit goes as it is (gRPC then refuses the call: no smaller answer exists)."""
+    over the limit goes without its details (`convert.leave_out_details`)."""
     rows = len(message.columns.indices) if message.HasField("columns") else len(message.items)
-    if message.ByteSize() <= limit or rows < 2:
+    if message.ByteSize() <= limit:
+        return [message]
+    if rows < 2:
+        if message.HasField("columns"):  # one row: only its error messages can be long
+            for column in message.columns.scores:
+                for error in column.errors:
+                    error.message = error.message[:MAX_DETAIL_CHARS]
+        else:
+            for item in message.items:
+                leave_out_details(item.result, limit)
         return [message]
     half = rows // 2
     parts = []
@@ -142,6 +152,8 @@ class GradingServicer(pb_grpc.GradingServiceServicer):
         response = pb.EvaluateResponse()
         results = [column[0] for column in graded.columns]
         fill_response(response, request.sample.id, self._labels(jobs), results, graded.rewards[0], _full(request))
+        if response.ByteSize() > self.limits.max_message_bytes:
+            leave_out_details(response, self.limits.max_message_bytes)
         return response
 
     async def BatchEvaluate(self, request: ReceivedBatch, context: grpc.aio.ServicerContext) -> None:
