@@ -71,7 +71,9 @@ HTTP_DOCS = {
 
 #: What each request limit bounds. A limit missing here fails generation.
 LIMIT_DOCS = {
-    "max_message_bytes": "largest gRPC message received or sent; larger is `RESOURCE_EXHAUSTED`",
+    "max_message_bytes": "largest gRPC message received or sent: a larger request is `RESOURCE_EXHAUSTED`; answers "
+    "are split over several messages, and one sample's answer larger than this goes with its scores and reward "
+    "but without its reasons and metadata (its first reason says why)",
     "max_samples_per_batch": "samples in one `BatchEvaluate` call; more is `RESOURCE_EXHAUSTED`",
     "max_field_chars": "characters in one text field or `responses` item of a sample, and the encoded size of its "
     "`extra`; over it, that sample is `INVALID_SAMPLE`",
