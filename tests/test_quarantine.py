@@ -22,7 +22,7 @@ from grpcgrade.core.cached_grading import CachedGrading
 from grpcgrade.core.engine import Engine, Job
 from grpcgrade.core.grading import inputs_of
 from grpcgrade.core.registry import get_registry
-from grpcgrade.core.result_cache import Quarantine, ResultCache
+from grpcgrade.core.result_cache import Quarantine, ResultCache, scope_of
 from grpcgrade.core.rewards import SpecData
 from grpcgrade.grader import GraderError
 from grpcgrade.testing import ServerProcess, children, free_port, start_server
@@ -189,6 +189,19 @@ def test_only_graders_with_quarantined_inputs_leave_whole_chunks():
     assert not engine.whole_chunks([risky]) and not engine.whole_chunks([cheap, risky])
     cached.note_sample(cheap, {"response": "x"}, GraderError("json_validator", "bad", code="GRADER_FAILED"))
     assert engine.whole_chunks([cheap])  # only TIMEOUT and WORKER_LOST are quarantined
+
+
+def test_a_quarantined_input_with_a_lone_surrogate_can_be_listed():
+    """The HTTP face's JSON may carry a lone surrogate ("\\udc80"), which protobuf strings cannot hold: the
+    quarantine's preview of such an input has U+FFFD in its place, so ListQuarantine can still answer."""
+    quarantine = Quarantine(1 << 20, 60)
+    grader = get_registry().build("math_exact", {})
+    scope = scope_of(grader, {})
+    error = GraderError("math_exact", "ran past its time limit", code="TIMEOUT")
+    quarantine.add(b"k" * 16, error, scope, {"response": "12\udc80", "reference": "12"}, inputs_of(grader), 1.0)
+    ((_, entry),) = quarantine.items()
+    listed = admin_pb2.QuarantineEntry(preview=entry.value.preview)
+    assert "12\N{REPLACEMENT CHARACTER}" in listed.preview
 
 
 def test_the_async_client_has_the_admin_calls(guarded, token):

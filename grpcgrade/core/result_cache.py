@@ -31,7 +31,7 @@ from typing import Any, Generic, TypeVar
 
 from grpcgrade.grader import BaseGrader, GraderError, GraderResult, GraderScore, Inputs
 
-from .errors import ErrorCode
+from .errors import ErrorCode, encodable
 
 V = TypeVar("V")
 
@@ -271,7 +271,7 @@ class Quarantine(BoundedStore[Quarantined]):
         limit: float | None = None,
     ) -> None:
         """Quarantine an input that failed with `error`; `limit`: the time limit a TIMEOUT ran past."""
-        preview = _content(kwargs, inputs)
+        preview = encodable(_content(kwargs, inputs))  # HTTP bodies can carry lone surrogates; protobuf cannot
         if len(preview) > PREVIEW_CHARS:
             preview = preview[:PREVIEW_CHARS] + "..."
         message = error.error[: 2 * PREVIEW_CHARS]
