@@ -16,6 +16,9 @@ from enum import StrEnum
 
 MAX_NAME_CHARS = 100  # a name a request chose, as an error message repeats it
 MAX_DETAIL_CHARS = 500  # an error message built from request values never grows past this
+#: What a grader's exception says is cut to this in its sample's error: exceptions that echo their input
+#: (a whole completion, say) would otherwise make every failed sample's answer as large as its request.
+MAX_ERROR_CHARS = 2000
 
 _SURROGATES = re.compile("[\ud800-\udfff]")
 
@@ -26,13 +29,16 @@ def encodable(text: str) -> str:
     return _SURROGATES.sub("\N{REPLACEMENT CHARACTER}", text)
 
 
-def describe(obj: object) -> str:
-    """`str(obj)` made encodable, or the type's name in brackets when `str` itself fails (an exception whose
-    `__str__` raises, an int past CPython's 4300 digits): an error's message must never fail in turn."""
+def describe(obj: object, limit: int | None = None) -> str:
+    """`str(obj)` made encodable (and cut to `limit` characters, then "…"), or the type's name in brackets
+    when `str` itself fails (an exception whose `__str__` raises, an int past CPython's 4300 digits): an
+    error's message must never fail in turn."""
     try:
         text = str(obj)
     except Exception:  # noqa: BLE001 - whatever stops the description, the type still describes it
         return f"<{type(obj).__name__}>"
+    if limit is not None and len(text) > limit:
+        text = text[:limit] + "\N{HORIZONTAL ELLIPSIS}"
     return encodable(text)
 
 

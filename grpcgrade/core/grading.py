@@ -33,6 +33,7 @@ from grpcgrade.grader import (
 )
 
 from .errors import (
+    MAX_ERROR_CHARS,
     NOT_A_RESULT,
     ErrorCode,
     GraderCancelled,
@@ -317,7 +318,7 @@ def error_from(grader: BaseGrader, exc: BaseException, timeout: float | None) ->
         return GraderError(grader.name, f"grader ran past its time limit of {timeout:g} s", code=ErrorCode.TIMEOUT)
     if isinstance(exc, RecursionError):
         return GraderError(grader.name, "input nested too deeply to grade", code=ErrorCode.INVALID_SAMPLE)
-    said = describe(exc)  # a grader's exception whose message cannot be read still fails only its sample
+    said = describe(exc, MAX_ERROR_CHARS)  # one whose message cannot be read still fails only its sample
     if isinstance(exc, TypeError) and "argument" in said:
         return GraderError(grader.name, f"missing or unexpected input: {said}", code=ErrorCode.INVALID_SAMPLE)
     return GraderError(grader.name, f"{type(exc).__name__}: {said}", code=ErrorCode.GRADER_FAILED)

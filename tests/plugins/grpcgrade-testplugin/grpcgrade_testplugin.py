@@ -147,7 +147,8 @@ class Misbehave(BaseGrader):
     range), "deep" (metadata nested 200 dicts deep), "cycle" (metadata holding itself, three times),
     "unsayable" (raises an exception whose `str()` raises), "huge_score" (scores an int past a double's
     range), "reason_none" / "reason_int" / "metadata_list" (a result with a field of the wrong type),
-    "error_odd" (returns a GraderError whose message is an int and whose code is None); else scores 1.0.
+    "error_odd" (returns a GraderError whose message is an int and whose code is None), "loud:N" (raises
+    an error whose message is N characters); else scores 1.0.
     `column=True` also offers the scores view's `score_column`, misbehaving the same way; it scores "which"
     2.0 (breaking its contract on purpose), so a test sees which of the two answered.
     `bounded=True` claims a bounded cost (falsely, on purpose): small batches are then graded inline.
@@ -217,6 +218,8 @@ class Misbehave(BaseGrader):
             return GraderScore(self.name, 10**400)
         if response == "unsayable":
             raise Unsayable
+        if response.startswith("loud:"):
+            raise ValueError("e" * int(response[5:]))
         if response.startswith("long:"):
             return GraderScore(self.name, 1.0, "long:" + "r" * int(response[5:]))
         return GraderScore(self.name, 1.0)
