@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import numbers
 import operator
 import signal
 import threading
@@ -242,6 +243,12 @@ def check_result(grader: BaseGrader, result: Any, kwargs: dict[str, Any]) -> Gra
             return GraderError(name, f"grader returned {problem}", code=ErrorCode.INVALID_RESULT)
         result = replace(result, reason=result.reason or "", metadata=result.metadata or {})
     if isinstance(result, GraderScore):
+        if not isinstance(result.score, (int, float)):  # numpy's float32 and int64, a Fraction: the float
+            if not isinstance(result.score, numbers.Real):
+                problem = f"a score of type {type(result.score).__name__}, not a number"
+                return GraderError(name, f"grader returned {problem}", code=ErrorCode.INVALID_RESULT)
+            with contextlib.suppress(OverflowError, ValueError, TypeError):  # then refused just below
+                result = replace(result, score=float(result.score))
         if not is_finite_score(result.score):
             return GraderError(
                 name, f"grader returned a non-finite score {_shown(result.score)}", code=ErrorCode.INVALID_RESULT

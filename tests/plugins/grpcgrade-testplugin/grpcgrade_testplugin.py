@@ -5,6 +5,7 @@ import asyncio
 import os
 import signal
 import time
+from fractions import Fraction
 
 from grpcgrade import BaseGrader, FunctionGrader, GraderError, GraderMode, GraderRank, GraderScore, hookimpl
 
@@ -148,7 +149,8 @@ class Misbehave(BaseGrader):
     "unsayable" (raises an exception whose `str()` raises), "huge_score" (scores an int past a double's
     range), "reason_none" / "reason_int" / "metadata_list" (a result with a field of the wrong type),
     "error_odd" (returns a GraderError whose message is an int and whose code is None), "loud:N" (raises
-    an error whose message is N characters); else scores 1.0.
+    an error whose message is N characters), "fraction" (scores `Fraction(1, 2)`: a real number, not a
+    float), "text_score" (scores the string "1.0"); else scores 1.0.
     `column=True` also offers the scores view's `score_column`, misbehaving the same way; it scores "which"
     2.0 (breaking its contract on purpose), so a test sees which of the two answered.
     `bounded=True` claims a bounded cost (falsely, on purpose): small batches are then graded inline.
@@ -218,6 +220,10 @@ class Misbehave(BaseGrader):
             return GraderScore(self.name, 10**400)
         if response == "unsayable":
             raise Unsayable
+        if response == "fraction":
+            return GraderScore(self.name, Fraction(1, 2))  # type: ignore[arg-type]
+        if response == "text_score":
+            return GraderScore(self.name, "1.0")  # type: ignore[arg-type]
         if response.startswith("loud:"):
             raise ValueError("e" * int(response[5:]))
         if response.startswith("long:"):
