@@ -212,14 +212,27 @@ def test_a_result_protobuf_cannot_hold_keeps_its_score_and_costs_no_other_sample
     graders, view = PATHS[path], VIEWS.get(path, pb.RESULT_VIEW_FULL)
     odd = ("ok", "surrogate", "huge_number", "deep", "cycle", "unsayable", "huge_score", "ok")
     odd += ("reason_none", "reason_int", "metadata_list", "error_odd", "loud:1000000", "fraction", "text_score")
+    odd += ("deeper",)
     with fault_server.client(timeout=60) as c:
         replies = c.batch_evaluate([{"response": r} for r in odd], graders, view=view, cache=cache)
         if cache == "on":  # and again, answered from the result cache
             replies = c.batch_evaluate([{"response": r} for r in odd], graders, view=view, cache=cache)
-            cached = [True] * 5 + [False, False, True, True, False, False, False, False, True, False]
+            cached = [True] * 5 + [False, False, True, True, False, False, False, False, True, False, True]
             assert [r.results[0].cached for r in replies] == cached
     failed, invalid = "GRADER_FAILED", "INVALID_RESULT"
-    assert scores(replies) == [1.0] * 5 + [failed, invalid, 1.0, 1.0, invalid, invalid, failed, failed, 0.5, invalid]
+    assert scores(replies) == [1.0] * 5 + [
+        failed,
+        invalid,
+        1.0,
+        1.0,
+        invalid,
+        invalid,
+        failed,
+        failed,
+        0.5,
+        invalid,
+        1.0,
+    ]
     assert replies[14].results[0].error.message == "grader returned a score of type str, not a number"
     # an exception echoing a megabyte: its message is cut to 2,000 characters
     assert replies[12].results[0].error.message == "ValueError: " + "e" * 2000 + "\N{HORIZONTAL ELLIPSIS}"

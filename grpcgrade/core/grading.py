@@ -19,7 +19,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from grpcgrade.grader import (
     BaseGrader,
@@ -45,6 +45,7 @@ from .errors import (
     encodable,
 )
 from .histograms import EMPTY, Histogram, count_pairs, histogram
+from .metadata import bounded, is_flat
 from .rewards import NUMBER_TYPES, Result, RewardStats
 from .samples import TEXT_FIELDS, select_all
 
@@ -234,14 +235,14 @@ def check_result(grader: BaseGrader, result: Any, kwargs: dict[str, Any]) -> Gra
     error a grader returned keeps its message, made a string."""
     name = grader.name
     if isinstance(result, GraderError):
-        return result if _error_well_formed(result) else _error_made_well_formed(result)
-    if isinstance(result, (GraderScore, GraderRank)) and (
-        type(result.reason) is not str or type(result.metadata) is not dict
-    ):
-        problem = _shape_problem(result)
-        if problem:
-            return GraderError(name, f"grader returned {problem}", code=ErrorCode.INVALID_RESULT)
-        result = replace(result, reason=result.reason or "", metadata=result.metadata or {})
+        return _metadata_bounded(result if _error_well_formed(result) else _error_made_well_formed(result))
+    if isinstance(result, (GraderScore, GraderRank)):
+        if type(result.reason) is not str or type(result.metadata) is not dict:
+            problem = _shape_problem(result)
+            if problem:
+                return GraderError(name, f"grader returned {problem}", code=ErrorCode.INVALID_RESULT)
+            result = replace(result, reason=result.reason or "", metadata=result.metadata or {})
+        result = _metadata_bounded(result)
     if isinstance(result, GraderScore):
         if not isinstance(result.score, (int, float)):  # numpy's float32 and int64, a Fraction: the float
             if not isinstance(result.score, numbers.Real):
@@ -275,6 +276,16 @@ def _whole_numbers(values: Any) -> list[int] | None:
     except Exception:  # noqa: BLE001 - not a sequence of whole numbers, however it fails
         return None
     return None if any(isinstance(v, bool) for v in values) else out
+
+
+ResultT = TypeVar("ResultT", GraderScore, GraderRank, GraderError)
+
+
+def _metadata_bounded(result: ResultT) -> ResultT:
+    """The result, its metadata cut where it nests too deeply or holds itself (`metadata.bounded`)."""
+    if not result.metadata or is_flat(result.metadata):
+        return result
+    return replace(result, metadata=bounded(result.metadata))
 
 
 def _shape_problem(result: GraderScore | GraderRank) -> str:

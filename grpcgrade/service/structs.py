@@ -21,13 +21,7 @@ from typing import Any
 from google.protobuf.struct_pb2 import NULL_VALUE, Struct, Value
 
 from grpcgrade.core.errors import describe, encodable
-
-#: How deep metadata nests (dicts and lists within each other) before what is below is cut to `CUT_TEXT`.
-#: Protobuf parsers refuse messages nested too deeply (Python's reads a BatchEvaluateResponse whose metadata
-#: holds 33 levels of dicts, not 34; the C++ and Java libraries stop at 100 message levels), each metadata
-#: level is two message levels (Struct, Value), and a trainer's client must read every response: 16.
-MAX_METADATA_DEPTH = 16
-CUT_TEXT = "<nested too deeply>"
+from grpcgrade.core.metadata import CUT_TEXT, MAX_METADATA_DEPTH
 
 
 def value_to_py(v: Value) -> Any:

@@ -145,7 +145,8 @@ class Misbehave(BaseGrader):
     on the way, as a grader with a fallback score does), "long:N" (a reason of N characters), "pid..."
     (scores the grading process's id: shows where it ran), "surrogate" (a reason and a metadata string holding
     a lone surrogate, which UTF-8 cannot encode), "huge_number" (metadata with an integer past a double's
-    range), "deep" (metadata nested 200 dicts deep), "cycle" (metadata holding itself, three times),
+    range), "deep" / "deeper" (metadata nested 200 / 5,000 dicts deep: past
+    Python's recursion limit), "cycle" (metadata holding itself, three times),
     "unsayable" (raises an exception whose `str()` raises), "huge_score" (scores an int past a double's
     range), "reason_none" / "reason_int" / "metadata_list" (a result with a field of the wrong type),
     "error_odd" (returns a GraderError whose message is an int and whose code is None), "loud:N" (raises
@@ -197,10 +198,10 @@ class Misbehave(BaseGrader):
             return GraderScore(self.name, 1.0, "bad \udc80 text", {"echo": "\ud800", "ok": 1})
         if response == "huge_number":
             return GraderScore(self.name, 1.0, "huge", {"digits": 10**400, "nested": {"n": -(10**400)}, "ok": 1})
-        if response == "deep":
+        if response in ("deep", "deeper"):
             metadata: dict = {}
             inner = metadata
-            for _ in range(200):
+            for _ in range(200 if response == "deep" else 5000):
                 inner["in"] = {}
                 inner = inner["in"]
             return GraderScore(self.name, 1.0, response, metadata)
