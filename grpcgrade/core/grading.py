@@ -330,15 +330,15 @@ def _error_made_well_formed(error: GraderError) -> GraderError:
     strings and an unknown code GRADER_FAILED."""
     return replace(
         error,
-        error=error.error if isinstance(error.error, str) else describe(error.error),
+        error=_as_text(error.error),
         code=error.code if isinstance(error.code, str) else ErrorCode.GRADER_FAILED,
-        reason=error.reason
-        if isinstance(error.reason, str)
-        else ""
-        if error.reason is None
-        else describe(error.reason),
+        reason=_as_text(error.reason),
         metadata=error.metadata if isinstance(error.metadata, Mapping) else {},
     )
+
+
+def _as_text(value: object) -> str:
+    return value if isinstance(value, str) else "" if value is None else describe(value)
 
 
 def _shown(score: object) -> str:
