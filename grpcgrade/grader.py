@@ -154,7 +154,7 @@ def to_result(name: str, mode: GraderMode, value: Any) -> GraderResult:
     if mode is GraderMode.POINTWISE and isinstance(value, tuple) and len(value) == 2:
         return GraderScore(name=name, score=float(value[0]), reason=str(value[1]))
     if mode is GraderMode.LISTWISE and isinstance(value, list):
-        return GraderRank(name=name, rank=[int(r) for r in value])
+        return GraderRank(name=name, rank=value)  # checked where it is graded: whole numbers, a permutation
     raise TypeError(f"grader {name!r} returned {type(value).__name__}, not a {mode.value} result")
 
 

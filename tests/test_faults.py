@@ -259,16 +259,19 @@ def test_a_result_protobuf_cannot_hold_keeps_its_score_and_costs_no_other_sample
         assert (depth, level) == (cut, "<nested too deeply>")
 
 
-def test_ranks_that_only_equal_a_permutation_are_invalid_and_cost_no_other_sample(fault_server):
-    """Float or bool ranks pass `sorted(rank) == [1..n]` (1.0 == 1, True == 1) but no int32 field holds them:
-    INVALID_RESULT for those samples; before, the whole call ended UNKNOWN."""
-    samples = [{"responses": first} for first in (["a", "b"], ["floats", "b"], ["bools", "b"], ["c", "d", "e"])]
+@pytest.mark.parametrize("grader", ["odd_ranks", "odd_ranks_fn"])
+def test_ranks_that_only_equal_a_permutation_are_invalid_and_cost_no_other_sample(fault_server, grader):
+    """Ranks must be whole numbers. Floats with no fraction (scipy's rankdata) are taken as ints. Fractional
+    ones (1.7, 2.2) and bools are INVALID_RESULT, from a class grader and a function grader alike. Before,
+    1.0 == 1 passed the permutation check and then failed the whole call (UNKNOWN), and a function grader's
+    ranks were truncated, so 1.7, 2.2 became the permutation 1, 2: a wrong rank, silently."""
+    firsts = (["a", "b"], ["floats", "b"], ["fractional", "b"], ["bools", "b"], ["c", "d", "e"])
     with fault_server.client(timeout=60) as c:
-        replies = c.batch_evaluate(samples, ["odd_ranks"])
+        replies = c.batch_evaluate([{"responses": first} for first in firsts], [grader])
     results = [r.results[0] for r in replies]
-    assert [list(r.rank) for r in results] == [[1, 2], [], [], [1, 2, 3]]
-    assert [r.error.code for r in results] == ["", "INVALID_RESULT", "INVALID_RESULT", ""]
-    assert results[1].error.message == "rank [1.0, 2.0] is not a permutation of 1..2"
+    assert [list(r.rank) for r in results] == [[1, 2], [1, 2], [], [], [1, 2, 3]]
+    assert [r.error.code for r in results] == ["", "", "INVALID_RESULT", "INVALID_RESULT", ""]
+    assert results[2].error.message == "rank [1.7, 2.2] is not a permutation of 1..2"
 
 
 def test_metadata_of_any_shape_keeps_its_values():

@@ -67,6 +67,7 @@ def test_list_graders_names_plugins_versions_and_params(client):
         "misbehave",
         "napper",
         "odd_ranks",
+        "odd_ranks_fn",
         "shout",
         "sleepy",
         "tidy",

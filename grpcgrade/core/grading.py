@@ -281,20 +281,30 @@ def _checked(grader: BaseGrader, result: Any, kwargs: dict[str, Any]) -> GraderR
             return GraderError(
                 name, f"rank {_shown(result.rank)} is not a permutation of 1..{n}", code=ErrorCode.INVALID_RESULT
             )
-        return result if type(result.rank) is list and rank == result.rank else replace(result, rank=rank)
+        exact = type(result.rank) is list and all(type(v) is int for v in result.rank)  # 1.0 == 1: not enough
+        return result if exact else replace(result, rank=rank)
     expected = "GraderRank" if grader.mode is GraderMode.LISTWISE else "GraderScore"
     return GraderError(name, f"grader returned {type(result).__name__}, not {expected}", code=ErrorCode.INVALID_RESULT)
 
 
 def _whole_numbers(values: Any) -> list[int] | None:
-    """A rank's entries as Python ints (numpy's included), or None when one is not a whole number type (a
-    float, a bool) or `values` is not a sequence: 1.0 == 1 would pass the permutation check, and then fail
-    the response of the whole chunk."""
+    """A rank's entries as Python ints (numpy's integers, and floats with no fraction, as scipy's `rankdata`
+    gives them), or None when one is not a whole number (1.7, a bool) or `values` is not a sequence: such a
+    rank may equal a permutation (1.0 == 1) or become one when truncated (1.7 to 1), and is no rank."""
+    out = []
     try:
-        out = [operator.index(v) for v in values]
+        for v in values:
+            if isinstance(v, float):
+                if not v.is_integer():
+                    return None
+                out.append(int(v))
+            elif isinstance(v, bool):
+                return None
+            else:
+                out.append(operator.index(v))
     except Exception:  # noqa: BLE001 - not a sequence of whole numbers, however it fails
         return None
-    return None if any(isinstance(v, bool) for v in values) else out
+    return out
 
 
 ResultT = TypeVar("ResultT", GraderScore, GraderRank, GraderError)

@@ -23,19 +23,27 @@ def longest_first(responses: list[str]) -> list[int]:
     return [order.index(i) + 1 for i in range(len(responses))]
 
 
+def odd_ranks(responses: list[str]) -> list:
+    """Ranks in order, odd in the way the first response names: "floats" (1.0, 2.0...: whole numbers, as
+    scipy's rankdata gives them), "fractional" (1.7, 2.2...: truncated, they would make a permutation),
+    "bools" (True for 1)."""
+    rank: list = list(range(1, len(responses) + 1))
+    if responses[0] == "floats":
+        return [float(r) for r in rank]
+    if responses[0] == "fractional":
+        return [r + 0.7 if r == 1 else r + 0.2 for r in rank]
+    if responses[0] == "bools":
+        return [True, *rank[1:]]
+    return rank
+
+
 class OddRanks(BaseGrader):
-    """Ranks in order, as floats when the first response is "floats", as bools when it is "bools": a listwise
-    grader returning numbers that equal a permutation without being whole numbers."""
+    """`odd_ranks` as a class grader returning a GraderRank."""
 
     mode = GraderMode.LISTWISE
 
     def evaluate(self, responses: list[str]) -> GraderRank:
-        rank: list = list(range(1, len(responses) + 1))
-        if responses[0] == "floats":
-            rank = [float(r) for r in rank]
-        elif responses[0] == "bools":
-            rank = [True, *rank[1:]]
-        return GraderRank(self.name, rank)
+        return GraderRank(self.name, odd_ranks(responses))
 
 
 class Tidy(BaseGrader):
@@ -88,6 +96,7 @@ def register_graders(register):
     register(FunctionGrader.wrap(count_word), name="count_word")
     register(FunctionGrader.wrap(longest_first, mode=GraderMode.LISTWISE), name="longest_first")
     register(OddRanks, name="odd_ranks")
+    register(FunctionGrader.wrap(odd_ranks, mode=GraderMode.LISTWISE), name="odd_ranks_fn")
     register(Tidy, name="tidy")
     register(Sleepy, name="sleepy")
     register(Misbehave, name="misbehave")
