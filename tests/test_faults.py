@@ -274,32 +274,6 @@ def test_ranks_that_only_equal_a_permutation_are_invalid_and_cost_no_other_sampl
     assert results[2].error.message == "rank [1.7, 2.2] is not a permutation of 1..2"
 
 
-def test_metadata_of_any_shape_keeps_its_values():
-    """What a grader may put in metadata beyond JSON's types: each value as the nearest thing a Struct holds."""
-    import enum
-
-    from google.protobuf.struct_pb2 import Struct
-
-    from grpcgrade.service.structs import fill_struct, struct_to_dict
-
-    class Colour(enum.Enum):
-        RED = "red"
-
-    class Level(enum.IntEnum):
-        HIGH = 3
-
-    class Opaque:
-        def __str__(self) -> str:
-            return "opaque"
-
-    target = Struct()
-    values = {"t": (1, "a"), "s": frozenset({2}), "e": Colour.RED, "i": Level.HIGH, "o": Opaque(), 7: None}
-    fill_struct(target, {**values, "d": {}, "l": []})
-    assert struct_to_dict(target) == {
-        "t": [1, "a"], "s": [2], "e": "red", "i": 3, "o": "opaque", "7": None, "d": {}, "l": []
-    }  # fmt: skip
-
-
 @pytest.fixture(scope="module")
 def no_workers_server(tmp_path_factory, plugin_env):
     srv = start_server(tmp_path_factory.mktemp("no-workers"), "--workers", "0", env=plugin_env)

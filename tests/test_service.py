@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import enum
 import json
 
 import grpc
 import pytest
+from google.protobuf.struct_pb2 import Struct
 from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 from rapidfuzz import fuzz
 
 from grpcgrade import AsyncGradingClient, reward_function
+from grpcgrade.service.structs import fill_struct, struct_to_dict
 from grpcgrade.testing import health_status
 from grpcgrade.v1 import grading_pb2 as pb
 from grpcgrade.v1 import grading_pb2_grpc as pb_grpc
@@ -267,3 +270,24 @@ def test_a_negative_weight_is_a_penalty_term(client):
     with pytest.raises(grpc.RpcError) as err:
         client.evaluate({"response": "x"}, [{"name": "count_word", "weight": 1}, {"name": "shout", "weight": -1}])
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "sum to 0" in err.value.details()
+
+
+def test_metadata_of_any_shape_keeps_its_values():
+    """What a grader may put in metadata beyond JSON's types: each value as the nearest thing a Struct holds."""
+
+    class Colour(enum.Enum):
+        RED = "red"
+
+    class Level(enum.IntEnum):
+        HIGH = 3
+
+    class Opaque:
+        def __str__(self) -> str:
+            return "opaque"
+
+    target = Struct()
+    values = {"t": (1, "a"), "s": frozenset({2}), "e": Colour.RED, "i": Level.HIGH, "o": Opaque(), 7: None}
+    fill_struct(target, {**values, "d": {}, "l": []})
+    assert struct_to_dict(target) == {
+        "t": [1, "a"], "s": [2], "e": "red", "i": 3, "o": "opaque", "7": None, "d": {}, "l": []
+    }  # fmt: skip

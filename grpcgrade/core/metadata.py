@@ -20,7 +20,7 @@ MAX_METADATA_DEPTH = 16
 CUT_TEXT = "<nested too deeply>"
 
 SCALAR_TYPES = frozenset((str, int, float, bool, type(None)))  # what metadata values are when flat
-_CONTAINERS = (Mapping, list, tuple, set, frozenset)
+CONTAINER_TYPES = (Mapping, list, tuple, set, frozenset)  # what nests
 
 
 def is_flat(metadata: Mapping[Any, Any]) -> bool:
@@ -39,7 +39,7 @@ def _copy_mapping(data: Mapping[Any, Any], depth: int, within: tuple[int, ...]) 
 
 
 def _copy(value: Any, depth: int, within: tuple[int, ...]) -> Any:
-    if type(value) in SCALAR_TYPES or not isinstance(value, _CONTAINERS):
+    if type(value) in SCALAR_TYPES or not isinstance(value, CONTAINER_TYPES):
         return value
     if depth >= MAX_METADATA_DEPTH or id(value) in within:
         return CUT_TEXT

@@ -32,6 +32,7 @@ from typing import Any, Generic, TypeVar
 from grpcgrade.grader import BaseGrader, GraderError, GraderResult, GraderScore, Inputs
 
 from .errors import ErrorCode, encodable
+from .metadata import CONTAINER_TYPES
 
 V = TypeVar("V")
 
@@ -213,7 +214,7 @@ def _held_bytes(obj: Any, seen: set[int]) -> int:
         return obj.bit_length() // 3 + 1  # its decimal digits, about
     if obj is None or isinstance(obj, float):
         return 8
-    if isinstance(obj, (Mapping, list, tuple, set, frozenset)):
+    if isinstance(obj, CONTAINER_TYPES):
         if id(obj) in seen:
             return 8
         seen.add(id(obj))
