@@ -11,6 +11,7 @@ has one number type, so a param gets the Python type its factory declares, or th
 from __future__ import annotations
 
 import asyncio
+import gc
 from typing import Any
 
 import pytest
@@ -29,6 +30,7 @@ from grpcgrade.core.engine import (
     Job,
 )
 from grpcgrade.core.errors import ErrorCode, InvalidParams, SampleProblem, UnknownGrader, UnknownReward
+from grpcgrade.core.memo import IdentityMemo
 from grpcgrade.core.params import ParamInfo, coerce_value, describe_params
 from grpcgrade.core.plugins import PluginInfo, make_manager
 from grpcgrade.core.registry import Registry
@@ -442,3 +444,24 @@ def test_a_heavy_call_that_ends_early_stops_counting_its_samples_as_waiting(regi
 
     assert asyncio.run(first_chunk_only()) < len(samples)  # one chunk answered, the rest never handed out
     assert engine.unissued == 0  # its other samples no longer keep other calls' chunks big
+
+
+def test_an_identity_memo_keeps_equal_objects_apart_and_forgets_each_with_it() -> None:
+    """What is worked out once per built grader is kept by identity: objects that compare equal (or cannot be
+    hashed at all, as a dataclass grader) each get their own entry, and an entry goes with its object."""
+
+    class Equal:  # every instance equal to every other, and no hash
+        __hash__ = None  # type: ignore[assignment]
+
+        def __eq__(self, other: object) -> bool:
+            return True
+
+    memo: IdentityMemo[Equal, str] = IdentityMemo()
+    a, b = Equal(), Equal()
+    assert memo.put(a, "a") == "a" and memo.get(a) == "a"
+    assert memo.get(b) is None
+    memo.put(b, "b")
+    assert (memo.get(a), memo.get(b), len(memo)) == ("a", "b", 2)
+    del a
+    gc.collect()
+    assert len(memo) == 1 and memo.get(b) == "b"

@@ -312,3 +312,41 @@ def test_a_result_over_the_message_limit_keeps_its_score_and_costs_no_other_samp
     big = replies[1].results[0]
     assert big.reason.startswith("reason and metadata left out: this sample's answer") and "100000" in big.reason
     assert replies[1].reward == 1.0
+
+
+#: Where a sync grader that is not heavy runs: alone, whole chunks in workers; heavy beside an async grader,
+#: a chunk per grader in workers; not heavy beside one, inline; bounded, small batches inline.
+MENTIONS_PATHS = {
+    "whole-chunks-in-workers": ({}, []),
+    "per-grader-in-workers": ({"heavy": True}, ["attentive"]),
+    "inline": ({}, ["attentive"]),
+    "inline-small-bounded": ({"bounded": True}, []),
+}
+
+
+@pytest.mark.parametrize("cache", ["off", "on"])
+@pytest.mark.parametrize("path", MENTIONS_PATHS)
+def test_a_grader_written_as_a_dataclass_is_graded_and_its_params_kept_apart(fault_server, path, cache):
+    """`mentions` is a `@dataclass`: its instances have no hash. Every call naming it ended UNKNOWN
+    ("unhashable type"), because what is worked out once per built grader was kept in a WeakKeyDictionary,
+    which hashes its keys. Two specs of it with other params, in one call, get their own results, also
+    from the result cache (each built grader has its own cache scope)."""
+    extra, beside = MENTIONS_PATHS[path]
+    graders = [
+        {"name": "mentions", "key": "grpc", "params": extra},
+        {"name": "mentions", "key": "no", "params": {**extra, "word": "no"}},
+        *beside,
+    ]
+    texts = [f"{text} {path}-{cache}" for text in ("grpc or no grpc", "no", "nothing here")]  # this test's own
+    with fault_server.client(timeout=60) as c:
+        for again in range(2 if cache == "on" else 1):  # with the cache on, the second call is answered from it
+            replies = c.batch_evaluate([{"response": t} for t in texts], graders, cache=cache)
+            (unary,) = [c.evaluate({"response": texts[0]}, graders, cache=cache)]
+            for reply in [*replies, unary]:
+                assert [r.error.code for r in reply.results] == [""] * len(graders)
+            by_key = [{r.key: r for r in reply.results} for reply in replies]
+            for word in ("grpc", "no"):
+                assert [b[word].score for b in by_key] == [t.split().count(word) / len(t.split()) for t in texts]
+                assert by_key[0][word].reason == f"counted {word!r}"
+                assert by_key[0][word].cached == bool(again)
+            assert [r.score for r in unary.results[:2]] == [2 / 5, 1 / 5]

@@ -67,6 +67,7 @@ def test_list_graders_names_plugins_versions_and_params(client):
         "count_word",
         "id_number",
         "longest_first",
+        "mentions",
         "misbehave",
         "napper",
         "odd_ranks",

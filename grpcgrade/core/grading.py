@@ -16,7 +16,6 @@ import operator
 import signal
 import threading
 import time
-import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, NamedTuple, TypeVar
@@ -45,6 +44,7 @@ from .errors import (
     encodable,
 )
 from .histograms import EMPTY, Histogram, count_pairs, histogram
+from .memo import IdentityMemo
 from .metadata import SCALAR_TYPES, bounded, is_flat
 from .rewards import NUMBER_TYPES, Result, RewardStats
 from .samples import TEXT_FIELDS, select_all
@@ -117,18 +117,18 @@ def join_stats(parts: Sequence[Sequence[Stats]]) -> list[Stats]:
     return list(joined.values())
 
 
-_inputs: weakref.WeakKeyDictionary[BaseGrader, Inputs] = weakref.WeakKeyDictionary()
+_inputs: IdentityMemo[BaseGrader, Inputs] = IdentityMemo()
 
 
 def inputs_of(grader: BaseGrader) -> Inputs:
     """The grader's declared inputs; signature inspection costs ~60 µs, so once per built grader."""
     inputs = _inputs.get(grader)
     if inputs is None:
-        inputs = _inputs[grader] = grader.input_names()
+        inputs = _inputs.put(grader, grader.input_names())
     return inputs
 
 
-_column_inputs: weakref.WeakKeyDictionary[BaseGrader, tuple[str, ...]] = weakref.WeakKeyDictionary()
+_column_inputs: IdentityMemo[BaseGrader, tuple[str, ...]] = IdentityMemo()
 
 
 def column_inputs(grader: BaseGrader) -> tuple[str, ...]:
@@ -140,7 +140,7 @@ def column_inputs(grader: BaseGrader) -> tuple[str, ...]:
             inputs = declared_names(grader.score_column)
             if not inputs.open and inputs.names and inputs.names <= set(TEXT_FIELDS):
                 fields = tuple(sorted(inputs.names))
-        _column_inputs[grader] = fields
+        _column_inputs.put(grader, fields)
     return fields
 
 

@@ -22,7 +22,6 @@ import hashlib
 import json
 import sys
 import time
-import weakref
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ from typing import Any, Generic, TypeVar
 from grpcgrade.grader import BaseGrader, GraderError, GraderResult, GraderScore, Inputs
 
 from .errors import ErrorCode, encodable
+from .memo import IdentityMemo
 from .metadata import CONTAINER_TYPES
 
 V = TypeVar("V")
@@ -87,7 +87,7 @@ class Scope:
     digest: bytes
 
 
-_scopes: weakref.WeakKeyDictionary[BaseGrader, Scope] = weakref.WeakKeyDictionary()
+_scopes: IdentityMemo[BaseGrader, Scope] = IdentityMemo()
 
 
 def scope_of(grader: BaseGrader, params: dict[str, Any]) -> Scope:
@@ -96,7 +96,7 @@ def scope_of(grader: BaseGrader, params: dict[str, Any]) -> Scope:
     if scope is None:
         text = json.dumps(params, sort_keys=True, default=str, ensure_ascii=False)
         digest = hashlib.blake2b(f"{grader.name}\0{text}".encode(errors="surrogatepass"), digest_size=16).digest()
-        scope = _scopes[grader] = Scope(grader.name, text, digest)
+        scope = _scopes.put(grader, Scope(grader.name, text, digest))
     return scope
 
 

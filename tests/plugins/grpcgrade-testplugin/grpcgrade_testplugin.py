@@ -5,6 +5,7 @@ import asyncio
 import os
 import signal
 import time
+from dataclasses import dataclass
 from fractions import Fraction
 
 from grpcgrade import BaseGrader, FunctionGrader, GraderError, GraderMode, GraderRank, GraderScore, hookimpl
@@ -60,6 +61,25 @@ class Tidy(BaseGrader):
         return GraderRank(self.name, list(range(1, len(responses) + 1)))
 
 
+@dataclass
+class Mentions(BaseGrader):
+    """How many of the response's words are `word`, as a fraction: a grader written as a dataclass, so its
+    instances compare by their fields and have no hash (`__hash__` is None). `heavy` and `bounded` choose
+    where it runs, as for `misbehave`."""
+
+    word: str = "grpc"
+    heavy: bool = False
+    bounded: bool = False
+
+    def __post_init__(self) -> None:
+        super().__init__()
+        self.bounded_cost = self.bounded
+
+    def evaluate(self, response: str) -> GraderScore:
+        words = response.split()
+        return GraderScore(self.name, words.count(self.word) / max(len(words), 1), f"counted {self.word!r}")
+
+
 def count_word(response: str, word: str = "grpc") -> float:
     """How many times `word` appears."""
     return float(response.split().count(word))
@@ -94,6 +114,7 @@ def id_number(sample_id: str = "") -> float:
 def register_graders(register):
     register(Shout, name="shout")
     register(FunctionGrader.wrap(count_word), name="count_word")
+    register(Mentions, name="mentions")
     register(FunctionGrader.wrap(longest_first, mode=GraderMode.LISTWISE), name="longest_first")
     register(OddRanks, name="odd_ranks")
     register(FunctionGrader.wrap(odd_ranks, mode=GraderMode.LISTWISE), name="odd_ranks_fn")
