@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -145,12 +146,23 @@ def declared_names(func: Callable[..., Any]) -> Inputs:
     return Inputs(names, any(p.kind is p.VAR_KEYWORD for p in params))
 
 
+def unwrapped(func: Callable[..., Any]) -> Callable[..., Any]:
+    """The function under `functools.partial` layers: what names and describes a function grader made from
+    a partial (a partial has no `__name__`, and its docstring is the partial class's own)."""
+    while isinstance(func, partial):
+        func = func.func
+    return func
+
+
 def to_result(name: str, mode: GraderMode, value: Any) -> GraderResult:
-    """Accept what a function grader naturally returns: a result object, a number, or a rank list."""
+    """Accept what a function grader naturally returns: a result object, a number, or a rank list.
+
+    Any real number is a score as it is (numpy's float32 from a float32 array, a Fraction): the result check
+    makes it a float, or an INVALID_RESULT when no double holds it, as for a class grader's score."""
     if isinstance(value, (GraderScore, GraderRank, GraderError)):
         return value
-    if mode is GraderMode.POINTWISE and isinstance(value, (int, float)):
-        return GraderScore(name=name, score=float(value))
+    if mode is GraderMode.POINTWISE and (type(value) is float or isinstance(value, numbers.Real)):
+        return GraderScore(name=name, score=value)  # type: ignore[arg-type]  # made a float where it is checked
     if mode is GraderMode.POINTWISE and isinstance(value, tuple) and len(value) == 2:
         return GraderScore(name=name, score=float(value[0]), reason=str(value[1]))
     if mode is GraderMode.LISTWISE and isinstance(value, list):
@@ -173,14 +185,17 @@ class FunctionGrader(BaseGrader):
         description: str = "",
         **kwargs: Any,
     ) -> None:
+        inner = unwrapped(func)
         super().__init__(
-            name=name or func.__name__,
+            name=name or getattr(inner, "__name__", type(inner).__name__),
             mode=mode,
-            description=description or (inspect.getdoc(func) or "").split("\n")[0],
+            description=description or (inspect.getdoc(inner) or "").split("\n")[0],
         )
         self.func = func
         self.kwargs = kwargs  # bound extra arguments of `func` (a request's params)
-        self._async = inspect.iscoroutinefunction(func)
+        # A callable object's `__call__` may be the coroutine function (`iscoroutinefunction` of the object
+        # itself says no); a partial of a coroutine function is one.
+        self._async = inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(type(func).__call__)
 
     @property
     def is_sync(self) -> bool:

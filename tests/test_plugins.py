@@ -155,6 +155,32 @@ def test_hook_register_graders(client: GradingClient) -> None:
     assert (result.grader, list(result.rank)) == ("alphabetical", [3, 1, 2])
 
 
+def test_function_graders_from_partials_callable_objects_and_real_numbers(client: GradingClient) -> None:
+    """What grader authors naturally register: a `functools.partial` (`count_rpc`), a callable object with an
+    async `__call__` (`overlap`), a function returning numpy's float32 or a Fraction (`typed_length`). Before,
+    the first two failed to build (no `__name__`), so every call naming them ended UNKNOWN, and the numbers
+    were GRADER_FAILED, though the same numbers from a class grader are scores."""
+    import numpy
+
+    listing = {g.name: g for g in client.list_graders().graders}
+    assert listing["count_rpc"].description == "How many times `word` appears."
+    assert listing["overlap"].description.startswith("The share of the reference's words found in the response")
+    graders = [
+        "count_rpc",
+        "overlap",
+        "typed_length",
+        {"name": "typed_length", "key": "fraction", "params": {"kind": "fraction"}},
+    ]
+    samples = [{"response": "grpc rpc rpc ", "reference": "rpc call"}, {"response": "no", "reference": "x y z w"}]
+    expected = [[2.0, 0.5, float(numpy.float32(13 / 8)), 13 / 8], [0.0, 0.0, float(numpy.float32(2 / 8)), 2 / 8]]
+    for view in (pb.RESULT_VIEW_FULL, pb.RESULT_VIEW_SCORES):
+        replies = client.batch_evaluate(samples, graders, view=view)
+        assert [[r.error.code for r in reply.results] for reply in replies] == [[""] * 4] * 2
+        assert [[r.score for r in reply.results] for reply in replies] == expected
+    unary = client.evaluate(samples[0], graders)
+    assert [r.score for r in unary.results] == expected[0] and unary.HasField("reward")
+
+
 # -- meta-tests ------------------------------------------------------------------------------------------
 
 

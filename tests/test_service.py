@@ -64,6 +64,7 @@ def test_list_graders_names_plugins_versions_and_params(client):
     assert plugins["testplugin"].status == "loaded"
     assert sorted(plugins["testplugin"].graders) == [
         "attentive",
+        "count_rpc",
         "count_word",
         "id_number",
         "longest_first",
@@ -72,10 +73,12 @@ def test_list_graders_names_plugins_versions_and_params(client):
         "napper",
         "odd_ranks",
         "odd_ranks_fn",
+        "overlap",
         "shout",
         "sleepy",
         "tidy",
         "tool_call_names",
+        "typed_length",
     ]
     assert [r.name for r in listing.rewards] == ["flaky", "gsm8k"]
 

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from grpcgrade.grader import BaseGrader, GraderMode
+from grpcgrade.grader import BaseGrader, GraderMode, unwrapped
 
 from .errors import InvalidParams, UnknownGrader
 from .params import MAX_PARAMS_BYTES, ParamInfo, coerce_value, describe_params, signature_source
@@ -90,7 +90,7 @@ class Registry:
                 plugin.status = CLASHED
             return
         params, open_params, hints = describe_params(factory)
-        doc_source = signature_source(factory)[0] if isinstance(factory, functools.partial) else factory
+        doc_source = unwrapped(signature_source(factory)[0]) if isinstance(factory, functools.partial) else factory
         entry = GraderEntry(
             name=name,
             factory=factory,

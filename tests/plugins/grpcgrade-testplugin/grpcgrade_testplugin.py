@@ -2,6 +2,7 @@
 and misbehaving ones for the fault tests."""
 
 import asyncio
+import functools
 import os
 import signal
 import time
@@ -85,6 +86,26 @@ def count_word(response: str, word: str = "grpc") -> float:
     return float(response.split().count(word))
 
 
+class Overlap:
+    """The share of the reference's words found in the response: a callable object whose `__call__` is a
+    coroutine function, registered as a function grader."""
+
+    async def __call__(self, response: str, reference: str) -> float:
+        await asyncio.sleep(0)
+        words = set(reference.split())
+        return len(words & set(response.split())) / max(len(words), 1)
+
+
+def typed_length(response: str, kind: str = "float32"):
+    """The response's length over 8, as numpy's `float32` (what a float32 array's mean gives) or a
+    `Fraction`: real numbers that are not floats."""
+    if kind == "fraction":
+        return Fraction(len(response), 8)
+    import numpy
+
+    return numpy.float32(len(response) / 8)
+
+
 async def attentive(response: str) -> float:
     """1.0, after a turn of the event loop: an async grader, which the server runs in its own loop."""
     await asyncio.sleep(0)
@@ -115,6 +136,9 @@ def register_graders(register):
     register(Shout, name="shout")
     register(FunctionGrader.wrap(count_word), name="count_word")
     register(Mentions, name="mentions")
+    register(FunctionGrader.wrap(functools.partial(count_word, word="rpc")), name="count_rpc")
+    register(FunctionGrader.wrap(Overlap()), name="overlap")
+    register(FunctionGrader.wrap(typed_length), name="typed_length")
     register(FunctionGrader.wrap(longest_first, mode=GraderMode.LISTWISE), name="longest_first")
     register(OddRanks, name="odd_ranks")
     register(FunctionGrader.wrap(odd_ranks, mode=GraderMode.LISTWISE), name="odd_ranks_fn")
