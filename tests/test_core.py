@@ -126,6 +126,8 @@ def test_the_non_gate_weights_must_sum_above_zero() -> None:
     check_weights([SpecData("a", weight=3.0), SpecData("b", weight=-1.0)])  # a penalty, total 2
     check_weights([SpecData("a", weight=1.0), SpecData("g", weight=-5.0, gate=True)])  # gates are not summed
     check_weights([SpecData("g", gate=True)])  # gates alone: no sum to check
+    # finite weights whose sum a double cannot hold: every sample's reward would be inf / inf, so masked
+    assert "sum to inf" in str(refused([SpecData("a", weight=1e308), SpecData("b", weight=1e308)]))
 
 
 def test_each_spec_needs_a_distinct_key() -> None:

@@ -356,7 +356,11 @@ def write(tmp_path: Path, text: str) -> Path:
             "datasets: {d: {graders: [math_exakt], grader_weights: [1]}}",
             "datasets.d.graders[0]: unknown grader 'math_exakt'; did you mean 'math_exact'",
         ),
-        ("datasets: {d: {graders: [math_exact], grader_weights: [-1]}}", "weights sum to 0; the sum must be > 0"),
+        ("datasets: {d: {graders: [math_exact], grader_weights: [-1]}}", "weights sum to 0; the sum must be a finite"),
+        (
+            "datasets: {d: {graders: [math_exact, number_only], grader_weights: [1.0e+308, 1.0e+308]}}",
+            "weights sum to inf; the sum must be a finite number > 0",
+        ),
         ("datasets: {d: {graders: [math_exact], grader_weights: [x]}}", "datasets.d.grader_weights[0]"),
         (
             "datasets: {d: {graders: [math_exact], grader_weights: [1], multiplicative_graders: [nope]}}",

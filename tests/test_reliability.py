@@ -268,13 +268,29 @@ def test_a_call_cannot_raise_the_servers_time_limit(srv):
 
 
 def test_a_reward_that_overflows_is_absent(srv):
+    """Weights a request may give (their sum is finite) can still make a sample's weighted sum overflow: that
+    sample has no reward (inf is no reward), and its scores are kept."""
     graders = [
         {"name": "json_validator", "key": "a", "weight": 1e308},
-        {"name": "json_validator", "key": "b", "weight": 1e308},
+        {"name": "count_word", "key": "b", "weight": -1e308},  # no "grpc" in the response: scores 0
+        {"name": "json_validator", "key": "c", "weight": 1e308},
     ]
     result = evaluate(srv.target, {"response": "[1]"}, graders)
-    assert [outcome(result, 0), outcome(result, 1)] == [1.0, 1.0]
-    assert not result.HasField("reward")  # (w*1 + w*1) / (w + w) is inf / inf
+    assert [outcome(result, 0), outcome(result, 1), outcome(result, 2)] == [1.0, 0.0, 1.0]
+    assert not result.HasField("reward")  # (w*1 - w*0 + w*1) / (w - w + w) is inf / w
+
+
+def test_weights_whose_sum_overflows_are_refused(srv):
+    """Finite weights whose sum no double holds (two of 1e308). They were accepted: a sample scoring 1 and 1
+    had no reward (inf / inf), and one scoring 1 and 0 got 0.0 (1e308 / inf) where its weighted mean is 0.5:
+    a wrong reward, silently. The request is now refused, naming the sum."""
+    graders = [
+        {"name": "json_validator", "key": "a", "weight": 1e308},
+        {"name": "count_word", "key": "b", "weight": 1e308},
+    ]
+    err = refusal(lambda: evaluate(srv.target, {"response": "[1]"}, graders))
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "weights of the non-gate graders sum to inf" in err.details()
 
 
 # -- 9. params that would fill the caches are refused ----------------------------------------------------

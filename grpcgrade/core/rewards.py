@@ -76,8 +76,11 @@ def check_weights(specs: list[SpecData]) -> None:
     # A negative weight is a penalty term (Kolibrify allows them); only the total must stay positive.
     terms = [s for s in specs if not s.gate]
     total = sum(1.0 if s.weight is None else s.weight for s in terms)
-    if terms and total <= 0:
-        raise InvalidParams("weight", f"the weights of the non-gate graders sum to {total:g}; the sum must be > 0")
+    # Finite weights can sum past a double (two of 1e308): every reward would then be inf / inf, masked.
+    if terms and not 0 < total < math.inf:
+        raise InvalidParams(
+            "weight", f"the weights of the non-gate graders sum to {total:g}; the sum must be a finite number > 0"
+        )
 
 
 #: A grader's result for one sample: its object, or (the scores view's column path) the score alone.

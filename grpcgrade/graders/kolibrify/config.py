@@ -239,10 +239,12 @@ class _Loader:
             specs.append(dataclasses.replace(self.spec(name, f"{where}.graders[{i}]"), weight=float(weight)))
         specs.append(SpecData(name=self._resolve(FORMAT_GRADER, where), weight=FORMAT_WEIGHT))
         total = sum(s.weight or 0.0 for s in specs)
-        if total <= 0:  # Kolibrify refuses this too: the normalised weights would divide by <= 0
+        # Kolibrify refuses a sum <= 0 too (its normalised weights would divide by it); past a double's range,
+        # every reward would be inf / inf
+        if not 0 < total < math.inf:
             raise ConfigError(
                 f"{where}.grader_weights: with the format grader's {FORMAT_WEIGHT:g} the weights sum to {total:g}; "
-                "the sum must be > 0"
+                "the sum must be a finite number > 0"
             )
         for i, name in enumerate(_names(body.get("multiplicative_graders"), f"{where}.multiplicative_graders")):
             specs.append(dataclasses.replace(self.spec(name, f"{where}.multiplicative_graders[{i}]"), gate=True))
