@@ -8,6 +8,7 @@ aiohttp session per request with a 180 s total timeout, `session.post(url, json=
 from __future__ import annotations
 
 import asyncio
+import json
 
 import aiohttp
 import pytest
@@ -24,6 +25,8 @@ rewards:
       - {name: number_only}
   flaky:
     graders: [{name: misbehave, params: {heavy: false}}]
+  exact:
+    graders: [{name: string_match, params: {case_sensitive: true}}]
 """
 TOKEN = "s3cret-token"
 TEMPLATE = "<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n"
@@ -81,6 +84,19 @@ def test_a_failed_sample_gets_the_failure_reward_and_a_flag(http_server):
     assert reply["extra_logs"]["grpcgrade_failed"] == [0.0, 1.0, 1.0]
 
 
+def test_labels_of_any_json_type_are_references(http_server):
+    """OpenRLHF sends its dataset's labels as they are (`label = data[label_key]`, openrlhf/datasets/
+    prompts_dataset.py): a number, a list of answers, an object, null. Each is the reference as JSON text
+    (null: none), as the TRL and veRL integrations take such values; before, one label that was not a string
+    answered the whole request 400, and OpenRLHF's executor only logs that and leaves its samples unrewarded."""
+    labels = [72, 0.5, ["4", 4], {"answer": "é"}, None, True, "text"]
+    texts = ["" if label is None else label if isinstance(label, str) else json.dumps(label) for label in labels]
+    body = {"query": texts + ["73"], "labels": labels + [72]}
+    reply = post(authed(http_server.http, "/rewards/exact/get_reward"), body)
+    assert reply["rewards"] == [1.0] * len(labels) + [0.0]
+    assert reply["extra_logs"]["grpcgrade_failed"] == [0.0] * (len(labels) + 1)
+
+
 def test_bearer_header_also_authenticates(http_server):
     async def go(headers):
         async with aiohttp.ClientSession() as session:
@@ -113,6 +129,14 @@ def test_bad_requests_are_named(http_server):
     assert status == 400 and "not JSON" in text
     status, text = asyncio.run(go("/get_reward", json={"prompts": []}))
     assert status == 400 and "`query` is required" in text
+    status, text = asyncio.run(go("/get_reward", json={"query": ["a"], "labels": "a"}))
+    assert status == 400 and "`labels` must be a list" in text
+    status, text = asyncio.run(go("/get_reward", json={"query": ["a"], "labels": ["a", "b"]}))
+    assert status == 400 and "`labels` has 2 items but `query` has 1" in text
+    # JSON nested past the interpreter's recursion limit (within the body size limit): was a 500
+    deep = b"[" * 50_000 + b"]" * 50_000
+    status, text = asyncio.run(go("/get_reward", data=b'{"query": ["x"], "labels": ' + deep + b"}"))
+    assert (status, text) == (400, "the body's JSON is nested too deeply")
 
 
 def test_http_requests_are_counted_in_the_shared_metrics(http_server):

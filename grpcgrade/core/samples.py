@@ -6,6 +6,7 @@ every grader; the other samples of the batch are graded as usual.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +37,16 @@ class Limits:
     send_timeout_seconds: float = 30.0
     #: Graded answers held server-wide for clients that have not taken them; calls wait past it.
     max_buffered_output_bytes: int = 256 * 1024 * 1024
+
+
+def as_text(value: Any) -> str:
+    """A field's text from a trainer's dataset value: strings as they are, None as no text, anything else
+    (a numeric answer, a list of accepted answers) as JSON, so a grader parsing it reads what the dataset
+    held. The trainers' integrations and the HTTP face (OpenRLHF sends its dataset's labels as they are)
+    follow this one rule."""
+    if value is None:
+        return ""
+    return value if isinstance(value, str) else json.dumps(value, default=str)
 
 
 def check_field(name: str, value: str, limits: Limits) -> None:

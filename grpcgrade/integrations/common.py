@@ -9,6 +9,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from grpcgrade.core.samples import INPUT_FIELDS, SAMPLE_FIELDS
+from grpcgrade.core.samples import as_text as as_text  # the integrations' rule for a field's text
 from grpcgrade.v1 import grading_pb2 as pb
 
 #: Names a grader gets from the sample itself; a trainer's column or field of that name never goes to `extra`.
@@ -38,14 +39,6 @@ def usable_extra(items: Iterable[tuple[str, Any]], skip: frozenset[str] = frozen
         except (TypeError, ValueError):
             continue
     return out
-
-
-def as_text(value: Any) -> str:
-    """A field's text: strings as they are, None as no text, anything else (a numeric answer, a list of
-    accepted answers) as JSON, so a grader parsing it reads what the dataset held."""
-    if value is None:
-        return ""
-    return value if isinstance(value, str) else json.dumps(value, default=str)
 
 
 def reward_of(result: pb.EvaluateResponse) -> float | None:

@@ -10,7 +10,8 @@ POSTs `{"query": [...], "prompts": [...], "labels": [...]}` with aiohttp and no 
   configuration's `default_reward`.
 - A sample's response is its query minus its prompt (when `prompts` is sent; a query that does not start
   with its prompt is a failed sample), then minus any trailing special tokens of `http.strip_suffixes`,
-  removed repeatedly (so `...<|im_end|><|endoftext|>` loses both); its reference is its label.
+  removed repeatedly (so `...<|im_end|><|endoftext|>` loses both); its reference is its label (OpenRLHF
+  sends its dataset's labels as they are: one that is not a string is its JSON text, `samples.as_text`).
 - A sample whose graders failed gets `http.failure_reward` and `extra_logs.grpcgrade_failed` = 1 (else 0);
   OpenRLHF logs every extra_logs key, so the failure rate shows in its metrics.
 - The reward guard (docs/reward-guard.md): the body's `budget_seconds` and `max_failure_ratio`, else the
@@ -44,7 +45,7 @@ from grpcgrade.core.engine import Batch, Engine, GradedChunk
 from grpcgrade.core.errors import InvalidParams, SampleProblem, TooManyFailures, UnknownGrader, UnknownReward
 from grpcgrade.core.guard import call_guards
 from grpcgrade.core.result_cache import CacheMode
-from grpcgrade.core.samples import Limits, check_fields
+from grpcgrade.core.samples import Limits, as_text, check_fields
 
 from .metrics import Metrics
 
@@ -95,6 +96,19 @@ def _strings(body: dict[str, Any], key: str, n: int | None) -> list[str] | None:
     return value
 
 
+def _labels(body: dict[str, Any], n: int) -> list[str]:
+    """Each sample's reference. OpenRLHF sends its dataset's labels as they are (`data[label_key]`): a
+    number or a list of answers is taken as its JSON text, null as no reference (`samples.as_text`)."""
+    value = body.get("labels")
+    if value is None:
+        return [""] * n
+    if not isinstance(value, list):
+        raise web.HTTPBadRequest(text="`labels` must be a list, one label per query")
+    if len(value) != n:
+        raise web.HTTPBadRequest(text=f"`labels` has {len(value)} items but `query` has {n}")
+    return [as_text(label) for label in value]
+
+
 class RewardHandler:
     """Grades one OpenRLHF request with the engine, as the gRPC servicer would."""
 
@@ -139,6 +153,8 @@ class RewardHandler:
             body = await request.json()
         except ValueError:
             raise web.HTTPBadRequest(text="the body is not JSON") from None
+        except RecursionError:  # nesting past the interpreter's limit: a bad body, not the server's trouble
+            raise web.HTTPBadRequest(text="the body's JSON is nested too deeply") from None
         if not isinstance(body, dict):
             raise web.HTTPBadRequest(text='the body must be a JSON object with "query", "prompts", "labels"')
         cache = body.get("cache", CacheMode.DEFAULT.value)
@@ -162,7 +178,7 @@ class RewardHandler:
                 text=f"{n} queries, over the limit max_samples_per_batch={self.limits.max_samples_per_batch}",
             )
         prompts = _strings(body, "prompts", n)
-        labels = _strings(body, "labels", n) or [""] * n
+        labels = _labels(body, n)
         deadline, failures = self._guards(body, n, started)
 
         def kwargs(i: int) -> dict[str, Any] | SampleProblem:
