@@ -161,7 +161,12 @@ def to_result(name: str, mode: GraderMode, value: Any) -> GraderResult:
     makes it a float, or an INVALID_RESULT when no double holds it, as for a class grader's score."""
     if isinstance(value, (GraderScore, GraderRank, GraderError)):
         return value
-    if mode is GraderMode.POINTWISE and (type(value) is float or isinstance(value, numbers.Real)):
+    if mode is GraderMode.POINTWISE and isinstance(value, (int, float)):
+        try:  # a float, so the result check takes its fast path
+            return GraderScore(name=name, score=float(value))
+        except OverflowError:  # an int no double holds: INVALID_RESULT where it is checked
+            return GraderScore(name=name, score=value)
+    if mode is GraderMode.POINTWISE and isinstance(value, numbers.Real):
         return GraderScore(name=name, score=value)  # type: ignore[arg-type]  # made a float where it is checked
     if mode is GraderMode.POINTWISE and isinstance(value, tuple) and len(value) == 2:
         return GraderScore(name=name, score=float(value[0]), reason=str(value[1]))
