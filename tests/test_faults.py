@@ -341,7 +341,7 @@ def test_a_grader_written_as_a_dataclass_is_graded_and_its_params_kept_apart(fau
     with fault_server.client(timeout=60) as c:
         for again in range(2 if cache == "on" else 1):  # with the cache on, the second call is answered from it
             replies = c.batch_evaluate([{"response": t} for t in texts], graders, cache=cache)
-            (unary,) = [c.evaluate({"response": texts[0]}, graders, cache=cache)]
+            unary = c.evaluate({"response": texts[0]}, graders, cache=cache)
             for reply in [*replies, unary]:
                 assert [r.error.code for r in reply.results] == [""] * len(graders)
             by_key = [{r.key: r for r in reply.results} for reply in replies]
