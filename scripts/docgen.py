@@ -239,3 +239,10 @@ def error_codes() -> str:
     rows = ["| code | meaning |", "|---|---|"]
     rows += [f"| `{c.value}` | {_cell(comments[c.name])} |" for c in ErrorCode]
     return "\n".join(rows)
+
+
+def retry_service_config() -> str:
+    """The Python client's gRPC service config (its retry policy), as JSON for other languages' channels."""
+    from grpcgrade.client import SERVICE_CONFIG
+
+    return "```json\n" + json.dumps(SERVICE_CONFIG, indent=2) + "\n```"
