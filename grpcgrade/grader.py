@@ -10,6 +10,7 @@ thousand per second and must pickle cheaply.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import math
 import numbers
@@ -154,22 +155,31 @@ def unwrapped(func: Callable[..., Any]) -> Callable[..., Any]:
     return func
 
 
+def _score(value: Any) -> Any:
+    """A function's score as the result check takes it: an int or a float made a float (the check's fast
+    path); anything else as it is, for the check to make a float or refuse (INVALID_RESULT), as it does a
+    class grader's score: another real number (numpy's float32, a Fraction), an int no double holds, a
+    string."""
+    if isinstance(value, (int, float)):
+        with contextlib.suppress(OverflowError):
+            return float(value)
+    return value
+
+
 def to_result(name: str, mode: GraderMode, value: Any) -> GraderResult:
-    """Accept what a function grader naturally returns: a result object, a number, or a rank list.
+    """Accept what a function grader naturally returns: a result object, a number, a `(score, reason)`
+    pair, or a rank list.
 
     Any real number is a score as it is (numpy's float32 from a float32 array, a Fraction): the result check
-    makes it a float, or an INVALID_RESULT when no double holds it, as for a class grader's score."""
+    makes it a float, or an INVALID_RESULT when no double holds it, as for a class grader's score. A pair's
+    score and reason go to the same check (a score "0.5" is no number; a reason None is none)."""
     if isinstance(value, (GraderScore, GraderRank, GraderError)):
         return value
-    if mode is GraderMode.POINTWISE and isinstance(value, (int, float)):
-        try:  # a float, so the result check takes its fast path
-            return GraderScore(name=name, score=float(value))
-        except OverflowError:  # an int no double holds: INVALID_RESULT where it is checked
-            return GraderScore(name=name, score=value)
-    if mode is GraderMode.POINTWISE and isinstance(value, numbers.Real):
-        return GraderScore(name=name, score=value)  # type: ignore[arg-type]  # made a float where it is checked
-    if mode is GraderMode.POINTWISE and isinstance(value, tuple) and len(value) == 2:
-        return GraderScore(name=name, score=float(value[0]), reason=str(value[1]))
+    if mode is GraderMode.POINTWISE:
+        if isinstance(value, (float, int, numbers.Real)):  # float and int first: the ABC's check costs more
+            return GraderScore(name=name, score=_score(value))
+        if isinstance(value, tuple) and len(value) == 2:
+            return GraderScore(name=name, score=_score(value[0]), reason=value[1])
     if mode is GraderMode.LISTWISE and isinstance(value, list):
         return GraderRank(name=name, rank=value)  # checked where it is graded: whole numbers, a permutation
     raise TypeError(f"grader {name!r} returned {type(value).__name__}, not a {mode.value} result")

@@ -181,6 +181,26 @@ def test_function_graders_from_partials_callable_objects_and_real_numbers(client
     assert [r.score for r in unary.results] == expected[0] and unary.HasField("reward")
 
 
+def test_a_function_graders_score_and_reason_pair_is_checked_as_a_number_is(client: GradingClient) -> None:
+    """A `(score, reason)` pair's score goes to the result check a bare number goes to. Before, it was
+    `float(score)`, so a score sent as text ("1.625") was a score, and an int no double holds was
+    GRADER_FAILED; a reason None was the reason "None"."""
+    graders = [{"name": "typed_length", "key": kind, "params": {"kind": kind}} for kind in PAIR_KINDS]
+    sample = {"response": "grpc rpc rpc "}
+    for view in (pb.RESULT_VIEW_FULL, pb.RESULT_VIEW_SCORES):
+        (reply,) = client.batch_evaluate([sample], graders, view=view)
+        pair, text, huge = reply.results
+        assert (pair.score, pair.error.code) == (13 / 8, "")
+        assert (text.error.code, huge.error.code) == ("INVALID_RESULT", "INVALID_RESULT")
+        assert not reply.HasField("reward")
+    pair, text, huge = client.evaluate(sample, graders).results
+    assert pair.reason == "" and "a score of type str, not a number" in text.error.message
+    assert "non-finite score" in huge.error.message
+
+
+PAIR_KINDS = ("pair", "text_pair", "huge_pair")
+
+
 # -- meta-tests ------------------------------------------------------------------------------------------
 
 

@@ -98,9 +98,16 @@ class Overlap:
 
 def typed_length(response: str, kind: str = "float32"):
     """The response's length over 8, as numpy's `float32` (what a float32 array's mean gives) or a
-    `Fraction`: real numbers that are not floats."""
+    `Fraction`: real numbers that are not floats; or in a `(score, reason)` pair: with the reason None
+    (`pair`), with the score as text (`text_pair`), or times 10**400, which no double holds (`huge_pair`)."""
     if kind == "fraction":
         return Fraction(len(response), 8)
+    if kind == "pair":
+        return len(response) / 8, None
+    if kind == "text_pair":
+        return str(len(response) / 8), "as text"
+    if kind == "huge_pair":
+        return len(response) * 10**400, "huge"
     import numpy
 
     return numpy.float32(len(response) / 8)
