@@ -270,6 +270,60 @@ def test_the_registry_builds_once_per_params_and_names_what_it_built(registry: R
     assert registry.entry("longest_first").mode is GraderMode.LISTWISE
 
 
+class PositionalEvaluate(BaseGrader):
+    def evaluate(self, response: str = "", /) -> GraderScore:  # would grade "" for every sample
+        return GraderScore(name=self.name, score=float(response == ""))
+
+
+class PositionalAsync(BaseGrader):
+    async def aevaluate(self, response: str, /) -> GraderScore:
+        return GraderScore(name=self.name, score=1.0)
+
+
+class PositionalParam(BaseGrader):
+    def __init__(self, limit: int = 3, /) -> None:
+        super().__init__()
+
+    def evaluate(self, response: str) -> GraderScore:
+        return GraderScore(name=self.name, score=1.0)
+
+
+class PositionalSelf(BaseGrader):
+    """Only `self` positional-only: every field and param still reaches it by keyword."""
+
+    def __init__(self, /, limit: int = 3) -> None:
+        super().__init__()
+
+    def evaluate(self, /, response: str) -> GraderScore:
+        return GraderScore(name=self.name, score=1.0)
+
+
+def positional_function(response, /, reference=""):
+    return 1.0
+
+
+@pytest.mark.parametrize(
+    ("factory", "where"),
+    [
+        (PositionalEvaluate, "'response' of PositionalEvaluate.evaluate"),
+        (PositionalAsync, "'response' of PositionalAsync.aevaluate"),
+        (PositionalParam, "'limit' of PositionalParam.__init__"),
+        (FunctionGrader.wrap(positional_function), "'response' of positional_function"),
+    ],
+)
+def test_registration_refuses_a_parameter_only_a_position_can_fill(factory: Any, where: str) -> None:
+    """Sample fields and params are passed by keyword: such a grader failed every sample, or (with a default)
+    silently graded its default for every sample."""
+    registry = Registry([], make_manager())
+    plugin = PluginInfo(name="unit", distribution="tests", version="0")
+    with pytest.raises(TypeError, match=f"grader 'p': parameter {where} is positional-only"):
+        registry.add(plugin, factory, name="p")
+    with pytest.raises(UnknownGrader):
+        registry.entry("p")
+    registry.add(plugin, PositionalSelf, name="fine")
+    assert registry.build("fine", {"limit": 2}).evaluate(response="x").score == 1.0
+
+
 def engine_for(registry: Registry, **rewards_by_name: list[SpecData]) -> Engine:
     named = {name: Reward(name, specs) for name, specs in rewards_by_name.items()}
     return Engine(registry, pool=None, rewards=named)

@@ -17,6 +17,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
 from grpcgrade import hookspecs
@@ -125,6 +126,11 @@ def test_a_plugin_raising_in_register_graders_is_isolated(client: GradingClient)
     assert plugins["testplugin"].status == "loaded"  # the plugins around it register as usual
     (result,) = client.evaluate({"response": "HI", "reference": "hi"}, ["shout"]).results
     assert result.score == 1.0
+    # What it registered before it failed is not served either (it was, while listed as failed).
+    assert "registered_first" not in {g.name for g in client.list_graders().graders}
+    with pytest.raises(grpc.RpcError) as unknown:
+        client.evaluate({"response": "x"}, ["registered_first"])
+    assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
 
 
 def test_a_taken_name_keeps_the_first_and_reports_the_clash(client: GradingClient) -> None:

@@ -1,7 +1,8 @@
 """The grader registry: names to factories, and factories plus params to grader instances.
 
-The host owns the `register` callback (the llm / datasette pattern), so it validates names, records which
-plugin registered what, and can grow keyword arguments without breaking plugins. Graders are built once
+The host owns the `register` callback (the llm / datasette pattern), so it keeps a taken name with its first
+owner, refuses a grader it could not pass fields to, records which plugin registered what, and can grow
+keyword arguments without breaking plugins. Graders are built once
 per distinct (name, params) and reused; a bounded cache keeps hostile requests from growing it forever.
 """
 
@@ -17,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from grpcgrade.grader import BaseGrader, GraderMode, unwrapped
+from grpcgrade.grader import BaseGrader, FunctionGrader, GraderMode, unwrapped
 
 from .errors import InvalidParams, UnknownGrader
 from .params import MAX_PARAMS_BYTES, ParamInfo, coerce_value, describe_params, signature_source
@@ -69,6 +70,16 @@ class Registry:
             except Exception as exc:  # a plugin's fault stays with that plugin
                 info.status, info.error = FAILED, f"{type(exc).__name__}: {exc}"
                 log.error("plugin %s failed in register_graders: %s", info.name, info.error)
+                self._withdraw(info)
+
+    def _withdraw(self, plugin: PluginInfo) -> None:
+        """A failed plugin's graders are not served, including those it registered before it failed: a
+        half-registered plugin is not one its author tested."""
+        for name in plugin.graders:
+            entry = self._entries.pop(name)
+            for n in (name, *entry.aliases):
+                del self._canonical[n]
+        plugin.graders.clear()
 
     def _register(
         self,
@@ -89,6 +100,9 @@ class Registry:
             if plugin.status == LOADED:
                 plugin.status = CLASHED
             return
+        refused = _keyword_problem(factory)
+        if refused:
+            raise TypeError(f"grader {name!r}: {refused}")
         params, open_params, hints = describe_params(factory)
         doc_source = unwrapped(signature_source(factory)[0]) if isinstance(factory, functools.partial) else factory
         entry = GraderEntry(
@@ -191,6 +205,36 @@ def _declared_mode(factory: Callable[..., Any]) -> GraderMode:
     if default is not None and default.default not in (inspect.Parameter.empty, None):
         return GraderMode(default.default)
     return GraderMode.POINTWISE
+
+
+def _keyword_problem(factory: Callable[..., Any]) -> str:
+    """A parameter of the grader's params or of its `evaluate` that only a position can fill, named (or "").
+    Params and sample fields are passed by keyword, so such a parameter never gets one: without a default
+    every call fails, with one the grader silently grades its default (`def evaluate(self, response="", /)`
+    would score the empty string for every sample)."""
+    cls = factory.func if isinstance(factory, functools.partial) else factory
+    functions: list[tuple[Callable[..., Any], bool]] = [(factory, False)]  # (function, is a method)
+    if isinstance(cls, type) and issubclass(cls, FunctionGrader) and isinstance(factory, functools.partial):
+        functions = [(factory.args[0], False)] if factory.args else []
+    elif isinstance(cls, type):
+        methods = [cls.__init__]  # type: ignore[misc]  # the class's own, as `signature_source` reads it
+        if issubclass(cls, BaseGrader):
+            inherited = (BaseGrader.evaluate, BaseGrader.aevaluate)
+            methods += [m for m in (cls.evaluate, cls.aevaluate) if m not in inherited]
+        functions = [(m, True) for m in methods]
+    for func, method in functions:  # a method's first parameter is `self`
+        try:
+            params = list(inspect.signature(func).parameters.values())
+        except (TypeError, ValueError):  # a builtin without a signature: nothing to see
+            continue
+        for p in params[1:] if method else params:
+            if p.kind is p.POSITIONAL_ONLY:
+                where = getattr(func, "__qualname__", type(func).__name__)
+                return (
+                    f"parameter {p.name!r} of {where} is positional-only, but sample fields and params are "
+                    "passed by keyword, so it would never get one"
+                )
+    return ""
 
 
 def _guess_param(message: str, kwargs: dict[str, Any]) -> str:
