@@ -156,6 +156,15 @@ def test_conversational_completions(server):
     assert rows[2][2] == 0.0  # content None is no text, not the string "None"
 
 
+def test_extra_columns_leave_the_token_count_derived_from_completion_ids(server):
+    """`extra_columns` narrows the dataset's columns; the count TRL's completion_ids give is no column. Before,
+    naming any column dropped it, and gsm8k's length gate read the missing count as over the cap (x0.2)."""
+    reward = reward_function(server.target, reward="gsm8k", extra_columns=["difficulty"])
+    inputs = [{"prompt": "q", "answer": "#### 72", "difficulty": 3}] * 2
+    rows = trl_rewards([reward], inputs, ["q", "q"], [GSM8K[0]] * 2, [[1], [1] * 300])
+    assert [r[0] for r in rows] == [pytest.approx(1.0), pytest.approx(0.2)]
+
+
 def test_a_failed_grader_masks_the_sample_and_is_logged(server):
     reward = reward_function(server.target, ["shout", "json_validator"])
     log = FakeTrainerLog()
@@ -172,19 +181,44 @@ def test_a_failed_grader_masks_the_sample_and_is_logged(server):
     assert log.extra["grpcgrade/shout"] == [1.0, 0.0]
 
 
-def test_several_reward_functions_from_one_server_call(server):
+def trl_sum(rows: list[list[float]], weights: list[float] | None = None) -> list[float]:
+    """The reward TRL trains on from rewards_per_func (`sum_then_normalize`, `_generate_and_score_completions`
+    in grpo_trainer.py): each function's value times its reward weight, summed with `nansum` (a NaN counts
+    as 0), and NaN (unscorable, masked) only where every function gave NaN."""
+    out = []
+    for row in rows:
+        w = weights or [1.0] * len(row)
+        nan = all(math.isnan(x) for x in row)
+        out.append(math.nan if nan else sum(wi * x for wi, x in zip(w, row, strict=True) if not math.isnan(x)))
+    return out
+
+
+def test_several_reward_functions_from_one_server_call_add_up_to_the_reward(server):
+    """One function per grader but the gate, each its share of the reward: Kolibrify's weights normalised
+    (2, 1, 1 -> 0.5, 0.25, 0.25) times the gate (x0.2 past 200 tokens), so TRL's sum is the reward. Before,
+    each returned its raw score, and TRL's sum (4 and 2.2 here) added the gate in, where it multiplies."""
     funcs = reward_functions(server.target, reward="gsm8k")
-    assert [f.__name__ for f in funcs] == [
-        "grpcgrade_math_exact",
-        "grpcgrade_number_only",
-        "grpcgrade_think_format",
-        "grpcgrade_completion_length_cap",
-    ]
+    assert [f.__name__ for f in funcs] == ["grpcgrade_math_exact", "grpcgrade_number_only", "grpcgrade_think_format"]
     before = server.metric("grpc_server_started_total", grpc_method="BatchEvaluate")
     inputs = [{"prompt": "q", "answer": "#### 72"}] * 2
     rows = trl_rewards(funcs, inputs, ["q", "q"], list(GSM8K), [[1], [1] * 300])
-    assert rows == [[1.0, 1.0, 1.0, 1.0], [0.0, 1.0, 1.0, 0.2]]
     assert server.metric("grpc_server_started_total", grpc_method="BatchEvaluate") == before + 1
+    assert rows[0] == pytest.approx([0.5, 0.25, 0.25]) and rows[1] == pytest.approx([0.0, 0.05, 0.05])
+    whole = trl_rewards(
+        [reward_function(server.target, reward="gsm8k")], inputs, ["q", "q"], list(GSM8K), [[1], [1] * 300]
+    )
+    assert trl_sum(rows) == pytest.approx([r[0] for r in whole])
+
+
+def test_several_reward_functions_mask_a_sample_together(server):
+    """A sample whose reward is absent (misbehave failed on "nan") is None in every function, so TRL masks
+    it. Before, only the failed grader's function said None, and TRL added the others' scores: a reward."""
+    funcs = reward_functions(server.target, reward="flaky")
+    inputs = [{"prompt": "p", "answer": "ok"}] * 2
+    rows = trl_rewards(funcs, inputs, ["p", "p"], ["OK", "nan"], [[1], [1]])
+    whole = trl_rewards([reward_function(server.target, reward="flaky")], inputs, ["p", "p"], ["OK", "nan"], [[1], [1]])
+    assert same(trl_sum(rows), [r[0] for r in whole])
+    assert math.isnan(trl_sum(rows)[1]) and trl_sum(rows)[0] == pytest.approx(1.0)
 
 
 def test_async_variant_as_trl_awaits_it(server):

@@ -8,7 +8,8 @@ TRL 1.16) call every reward function as
 
 where `columns` holds every dataset column but `prompt`/`completion`/`completion_ids`, one value per
 completion. An `async def` reward function is awaited (all of them together, on TRL's own event loop); a
-None in the returned list becomes NaN, which TRL leaves out of the group's baseline (a masked sample).
+None in the returned list becomes NaN. A completion every reward function gave NaN is masked (left out of
+the group's baseline, advantage 0); otherwise TRL adds the functions' values with `nansum`, a NaN as 0.
 
 How a call becomes samples (documented for users in docs/trainers.md):
 
@@ -28,15 +29,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import grpc
 
 from grpcgrade.batch_scores import BatchScores
 from grpcgrade.client import AsyncGradingClient, Cache, Graders, GradingClient, Target, cache_mode
 from grpcgrade.core.guard import failure_limit, step_deadline
-from grpcgrade.service.convert import SampleColumns, all_text
+from grpcgrade.service.convert import SampleColumns, all_text, specs_to_pb
 from grpcgrade.v1 import grading_pb2 as pb
 
 from .common import RESERVED, as_text, json_value, usable_extra
@@ -163,8 +165,9 @@ class SampleBuilder:
         }
         fields, extra_names = self._plan(list(columns))
         ids = kwargs.get("completion_ids")
+        # Derived from TRL's own argument, not a dataset column: `extra_columns` does not narrow it away (a
+        # length gate would read a missing count as over the cap).
         want_tokens = ids is not None and "completion_tokens" not in columns
-        want_tokens = want_tokens and (self.extra_columns is None or "completion_tokens" in self.extra_columns)
         texts: dict[str, Sequence[str]] = {"query": prompts if all_text(prompts) else [prompt_text(p) for p in prompts]}
         tool_calls: list[list[Any]] | None = None
         if all_text(completions):  # standard completions: the texts as they are
@@ -271,21 +274,55 @@ class _Config:
         self.client_options = client_options
         self.catalog = validate(target, self.graders, reward, wait_for_ready, client_options) if check else None
 
-    def keys(self) -> list[str]:
-        """The result keys of the graders, in order (needs the catalog for a configured reward)."""
+    def terms(self) -> list[Term]:
+        """The reward's graders as TRL can add them up: each pointwise grader's key, weight and whether it
+        is a gate, in order (needs the server's catalog, for a configured reward and for the modes)."""
+        catalog = self.catalog or validate(self.target, self.graders, self.reward, None, self.client_options)
         if self.reward:
-            catalog = self.catalog or validate(self.target, [], self.reward, None, self.client_options)
             info = next(r for r in catalog.rewards if r.name == self.reward)
-            return [g.key or g.name for g in info.graders]
-        out = []
-        for g in self.graders:
-            if isinstance(g, str):
-                out.append(g)
-            elif isinstance(g, pb.GraderSpec):
-                out.append(g.key or g.name)
-            else:
-                out.append(g.get("key") or g["name"])
-        return out
+            specs = list(info.graders)
+        else:
+            specs = [g if isinstance(g, pb.GraderSpec) else specs_to_pb([g])[0] for g in self.graders]
+        modes = {n: g.mode for g in catalog.graders for n in (g.name, *g.aliases)}
+        return [
+            Term(s.key or s.name, s.weight if s.HasField("weight") else 1.0, s.gate)
+            for s in specs
+            if modes.get(s.name) != pb.GRADER_MODE_LISTWISE  # ranks: no part of a reward
+        ]
+
+
+class Term(NamedTuple):
+    """A grader of a reward, as `reward_functions` splits the reward up."""
+
+    key: str
+    weight: float
+    gate: bool
+
+
+def shares(table: BatchScores, terms: Sequence[Term]) -> dict[str, list[float | None]]:
+    """Each non-gate grader's share of every sample's reward: gates x weight / sum of weights x score, so
+    the shares add up to the reward (`core.rewards.combine`), and None for every grader of a sample that
+    has no reward, so that TRL, which masks a completion only when every reward function returns None for
+    it (and otherwise adds a None as 0), masks it."""
+    scored = [t for t in terms if not t.gate]
+    total = sum(t.weight for t in scored)
+    gates = [table.scores.get(t.key) or [None] * len(table) for t in terms if t.gate]
+    out: dict[str, list[float | None]] = {}
+    for term in scored:
+        column = table.scores.get(term.key) or [None] * len(table)
+        part = term.weight / total
+        values: list[float | None] = []
+        for i, (reward, score) in enumerate(zip(table.rewards, column, strict=True)):
+            if reward is None or score is None:
+                values.append(None)
+                continue
+            gate = 1.0
+            for g in gates:
+                factor = g[i]  # present: the sample has a reward, so every grader of it scored
+                gate *= math.nan if factor is None else factor
+            values.append(gate * part * score)
+        out[term.key] = values
+    return out
 
 
 def reward_function(
@@ -352,18 +389,27 @@ def reward_functions(
     reward: str = "",
     **options: Any,
 ) -> list[Callable[..., list[float | None]]]:
-    """One TRL reward function per grader (named `grpcgrade_<key>`), all answered by one server call per
-    batch: TRL then logs each grader's reward and weighs them by its `reward_weights`.
+    """One TRL reward function per grader of the reward (named `grpcgrade_<key>`), all answered by one
+    server call per batch, so TRL logs each grader's part of the reward on its own.
+
+    Each returns its grader's share of the reward (see `shares`): with TRL's default `reward_weights` of 1
+    they add up to the reward `reward_function` gives, and a sample without a reward is None in every one,
+    which TRL masks. A gate has no function of its own (TRL adds functions; a gate multiplies): it is in
+    every share. `reward_weights` then scale the shares. Each grader's raw mean score is logged as
+    `grpcgrade/<key>`.
 
     TRL calls its reward functions one after another with the same `prompts` and `completions` lists; the
     first call grades the batch and the others read its results.
     """
     config = _Config(target, graders, reward, **options)
-    keys = config.keys()
+    terms = config.terms()
+    keys = [t.key for t in terms if not t.gate]
+    if not keys:
+        raise ValueError("the reward has no grader TRL can add up (only gates or ranks): use reward_function")
     client: GradingClient | None = None
-    last: tuple[Any, Any, BatchScores] | None = None  # holds the lists: their ids stay unique
+    last: tuple[Any, Any, dict[str, list[float | None]]] | None = None  # holds the lists: their ids stay unique
 
-    def results_for(prompts: Sequence[Any], completions: Sequence[Any], kwargs: dict[str, Any]) -> BatchScores:
+    def results_for(prompts: Sequence[Any], completions: Sequence[Any], kwargs: dict[str, Any]) -> dict[str, Any]:
         nonlocal client, last
         if last is not None and last[0] is prompts and last[1] is completions:
             return last[2]
@@ -372,13 +418,12 @@ def reward_functions(
         samples = config.builder.columns(prompts, completions, kwargs)
         table = client.batch_scores(samples, config.graders, config.reward, **config.guards)
         report(table, kwargs)
-        last = (prompts, completions, table)
-        return table
+        last = (prompts, completions, shares(table, terms))
+        return last[2]
 
     def make(key: str) -> Callable[..., list[float | None]]:
         def score(prompts: Sequence[Any], completions: Sequence[Any], **kwargs: Any) -> list[float | None]:
-            table = results_for(prompts, completions, kwargs)
-            return list(table.scores.get(key) or [None] * len(table))
+            return list(results_for(prompts, completions, kwargs)[key])
 
         score.__name__ = f"grpcgrade_{key}"
         return score
