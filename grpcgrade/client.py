@@ -131,6 +131,21 @@ def set_guards(
     request.cache = cache_mode(cache)
 
 
+#: How far past a call's budget its deadline falls at the least: time for the server to answer the samples
+#: the budget cut, and for the answer to travel back, before a deadline would fail them all.
+BUDGET_ANSWER_SECONDS = 5.0
+
+
+def call_timeout(request: pb.BatchEvaluateRequest, timeout: float) -> float:
+    """A chunk's call deadline: the client's `timeout`, or the budget left plus `BUDGET_ANSWER_SECONDS` when
+    that is later, so that the budget ends the step (the samples not graded come back BUDGET_EXCEEDED, the
+    rest with their scores) and not the deadline, which fails every sample of the call."""
+    budget = request.budget_seconds
+    if budget > 0 and math.isfinite(budget):
+        return max(timeout, budget + BUDGET_ANSWER_SECONDS)
+    return timeout
+
+
 def channel_target(target: Target) -> str:
     """One address, a gRPC name (`dns:///svc:50051`), or several addresses balanced round-robin."""
     if isinstance(target, str):
@@ -468,7 +483,8 @@ class GradingClient(_Base):
             nonlocal done
             request = self._batch_request(part, graders, reward, grader_timeout, view, columns)
             set_guards(request, started, *guards)
-            stream = self.stub.BatchEvaluate(request, timeout=timeout or self.timeout, metadata=self._metadata)
+            deadline = call_timeout(request, timeout or self.timeout)
+            stream = self.stub.BatchEvaluate(request, timeout=deadline, metadata=self._metadata)
             try:
                 got = place(start, stream)
             except grpc.RpcError as exc:
@@ -702,7 +718,8 @@ class AsyncGradingClient(_Base):
             async with gate:
                 request = self._batch_request(part, graders, reward, grader_timeout, view, columns)
                 set_guards(request, started, *guards)
-                call = self.stub.BatchEvaluate(request, timeout=timeout or self.timeout, metadata=self._metadata)
+                deadline = call_timeout(request, timeout or self.timeout)
+                call = self.stub.BatchEvaluate(request, timeout=deadline, metadata=self._metadata)
                 got = 0
                 try:
                     async for message in call:

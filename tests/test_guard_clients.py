@@ -47,6 +47,23 @@ def test_the_budget_is_the_whole_calls_not_each_chunks(server):
     assert [outcome(r) for r in results] == [1.0, 1.0, 1.0] + ["BUDGET_EXCEEDED"] * 3
 
 
+def test_a_budget_longer_than_the_timeout_still_answers_the_graded_samples(server):
+    """veRL's reward_kwargs as the docs once gave them (timeout 60, budget 120), scaled down: the call's
+    deadline moves past the budget, so the budget cuts the hanging sample and the others keep their scores.
+    Before, the deadline ended the call first and every sample raised DEADLINE_EXCEEDED."""
+    with GradingClient(server.target, timeout=0.5) as client:
+        results = client.batch_evaluate(responses([OK, HANG]), CHEAP, budget_seconds=BUDGET)
+        assert [outcome(r) for r in results] == [1.0, "BUDGET_EXCEEDED"]
+        table = client.batch_scores(responses([OK, HANG]), CHEAP, budget_seconds=BUDGET)
+        assert table.rewards == [1.0, None]
+    assert [outcome(r) for r in asyncio.run(_async_batch(server.target, timeout=0.5))] == [1.0, "BUDGET_EXCEEDED"]
+
+
+async def _async_batch(target: str, timeout: float) -> list[pb.EvaluateResponse]:
+    async with AsyncGradingClient(target, timeout=timeout) as client:
+        return await client.batch_evaluate(responses([OK, HANG]), CHEAP, budget_seconds=BUDGET)
+
+
 def test_the_async_client_takes_the_budget_too(server):
     async def go():
         async with AsyncGradingClient(server.target, chunk_size=2, max_in_flight=3, timeout=60) as client:
