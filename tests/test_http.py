@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import aiohttp
 import pytest
@@ -27,6 +28,8 @@ rewards:
     graders: [{name: misbehave, params: {heavy: false}}]
   exact:
     graders: [{name: string_match, params: {case_sensitive: true}}]
+  napping:
+    graders: [{name: napper}]
 """
 TOKEN = "s3cret-token"
 TEMPLATE = "<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n"
@@ -144,6 +147,26 @@ def test_http_requests_are_counted_in_the_shared_metrics(http_server):
     post(authed(http_server.http, "/get_reward"), {"query": ["1"], "labels": ["1"]})
     assert http_server.metric("grpcgrade_http_requests_total", code="200") == before + 1
     assert http_server.metric("grpcgrade_evaluations_total", grader="number_only") >= 1
+
+
+def test_a_request_its_client_gave_up_on_stops_grading_and_counts_as_499(http_server):
+    """OpenRLHF gives up on a request after its timeout and posts it again, up to five times. The request it
+    left (napper hangs on "hang") stops grading and is counted 499. Before, it graded on to an answer nobody
+    read (here: until the grader's time limit, then a 200)."""
+    url = authed(http_server.http, "/rewards/napping/get_reward")
+    before = http_server.metric("grpcgrade_http_requests_total", code="499")
+
+    async def give_up() -> None:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=0.5)) as session:
+            with pytest.raises(asyncio.TimeoutError):
+                async with session.post(url, json={"query": ["hang"], "labels": [None]}) as response:
+                    await response.json()
+
+    asyncio.run(give_up())
+    deadline = time.monotonic() + 10
+    while http_server.metric("grpcgrade_http_requests_total", code="499") == before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert http_server.metric("grpcgrade_http_requests_total", code="499") == before + 1
 
 
 def test_openai_grader_endpoints_are_mounted_on_the_same_port(http_server):

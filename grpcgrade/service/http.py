@@ -33,6 +33,7 @@ server mounts OpenAI's grader endpoints (`service.openai_http`, docs/openai-grad
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import time
 from collections.abc import Mapping, Sequence
@@ -51,6 +52,8 @@ from .metrics import Metrics
 
 #: extra_logs key of the per-sample failure flag.
 FAILED_LOG = "grpcgrade_failed"
+#: The status a request whose client went away is counted with (nginx's "client closed request").
+CLIENT_CLOSED_REQUEST = 499
 
 
 def response_of(query: str, prompt: str | None, suffixes: Sequence[str]) -> str:
@@ -251,6 +254,9 @@ def build_http_app(
             return response
         except web.HTTPException as exc:
             status = exc.status
+            raise
+        except asyncio.CancelledError:
+            status = CLIENT_CLOSED_REQUEST  # nobody is there to answer: not a server error
             raise
         finally:
             if metrics is not None:

@@ -213,7 +213,11 @@ class Service:
             await self._set_health()
 
     async def _start_http(self, app: web.Application) -> None:
-        self.http_runner = web.AppRunner(app, access_log=None, shutdown_timeout=self.options.grace_seconds)
+        # handler_cancellation: a request whose client went away (OpenRLHF gives up after 180 s, then posts it
+        # again) stops grading, as a cancelled gRPC call does, instead of running to an answer nobody reads.
+        self.http_runner = web.AppRunner(
+            app, access_log=None, shutdown_timeout=self.options.grace_seconds, handler_cancellation=True
+        )
         await self.http_runner.setup()
         host, port = self.options.http_host, self.options.http_port or 0
         site = web.TCPSite(self.http_runner, host, port, reuse_port=False)
