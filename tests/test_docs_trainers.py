@@ -77,7 +77,9 @@ def test_verl_command_line(server):
 
     async def step():
         good = "<think>\nr\n</think>\n72"
-        info = {"index": 0, "completion_tokens": 5}
+        # What veRL 0.9's naive reward manager passes (experimental/reward_loop/reward_manager/naive.py): the
+        # dataset's extra_info plus num_turns and rollout_reward_scores; no token count.
+        info = {"index": 0, "num_turns": None, "rollout_reward_scores": {}}
         return await asyncio.gather(fn(data_source="gsm8k", solution_str=good, ground_truth="#### 72", extra_info=info))
 
     (result,) = asyncio.run(step())
