@@ -3,7 +3,8 @@
 veRL loads `custom_reward_function.path` / `.name` and merges `custom_reward_function.reward_kwargs` into
 every call (`verl/trainer/ppo/reward.py`, `get_custom_reward_fn` and `_call_with_kwargs[_async]`, veRL 0.9).
 Its reward loop (`verl/experimental/reward_loop/reward_manager/naive.py`, `run_single`) then calls it once
-per sample, all samples of a step concurrently:
+per sample, from reward-worker actors, as each sample's rollout finishes (`agent_loop.py`), or a whole step
+at once with a colocated reward model:
 
     await compute_score(data_source=..., solution_str=..., ground_truth=..., extra_info=..., **reward_kwargs)
 
@@ -11,13 +12,15 @@ per sample, all samples of a step concurrently:
 gives `score` as the reward and every key to `reward_extra_info`, one list per key, so every sample's dict
 has the same keys here: `score`, `grpcgrade/failed` (1.0 when the sample's graders failed: its `score` is
 then `failure_score`, not a grade) and `grpcgrade/<key>` per grader of the configured rewards (NaN where it
-failed). The per-sample calls of a step reach the server as a few BatchEvaluate calls: `Coalescer`.
+failed). The per-sample calls that arrive together reach the server as one BatchEvaluate: `Coalescer`.
 The reward guard's options (`budget_seconds`, `max_failure_ratio`, `cache`; docs/reward-guard.md) apply
 to each of those calls: a sample cut by the budget is a failed sample; a call past its failure ratio
-raises `grpcgrade.client.FailureBudgetExceeded` in every `compute_score` it answers, which fails the step.
+raises `grpcgrade.client.FailureBudgetExceeded` in every `compute_score` it answers, which veRL does not
+catch (the run ends). Calls of one sample make a failure ratio mean "any failure": docs/trainers.md says
+to leave it out.
 
 `compute_score` is the async form (veRL's reward loop); `compute_score_sync` the blocking one, for the
-legacy managers that call the function directly (`verl/workers/reward_manager/naive.py`, `prime.py`).
+managers of veRL before 0.9 that call the function directly (`verl/workers/reward_manager/naive.py`).
 """
 
 from __future__ import annotations
@@ -137,7 +140,7 @@ async def compute_score(
     `timeout`, the reward guard's `budget_seconds`, `max_failure_ratio` and `cache`... come from
     `custom_reward_function.reward_kwargs`. Other keyword arguments veRL adds (`reward_router_address`,
     ...) are ignored. A call that fails as a whole (server unreachable, unknown reward, past its failure
-    budget) raises: a step must not train on rewards nobody computed."""
+    budget) raises: training must not go on with rewards nobody computed."""
     chosen, every = _pick(data_source, reward, rewards)
     conn = _connection(str(target), token, float(timeout), float(linger), int(max_batch))
     keys = await conn.keys(every)
