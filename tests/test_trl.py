@@ -244,3 +244,14 @@ def test_construction_validates(server):
 
     with pytest.raises(ConnectionError, match="no grpcgrade server reachable"):
         reward_function(f"127.0.0.1:{free_port()}", ["shout"], wait_for_ready=0.3)
+
+
+def test_several_reward_functions_from_graders_need_no_server_without_check():
+    """`check=False` makes the functions without asking the server: the graders' keys, weights and gates
+    are in the list itself."""
+    from grpcgrade.testing import free_port
+
+    funcs = reward_functions(
+        f"127.0.0.1:{free_port()}", ["shout", {"name": "tidy", "key": "t", "gate": True}], check=False
+    )
+    assert [f.__name__ for f in funcs] == ["grpcgrade_shout"]

@@ -275,20 +275,14 @@ class _Config:
         self.catalog = validate(target, self.graders, reward, wait_for_ready, client_options) if check else None
 
     def terms(self) -> list[Term]:
-        """The reward's graders as TRL can add them up: each pointwise grader's key, weight and whether it
-        is a gate, in order (needs the server's catalog, for a configured reward and for the modes)."""
-        catalog = self.catalog or validate(self.target, self.graders, self.reward, None, self.client_options)
+        """The reward's graders, each with its key, weight and whether it is a gate, in order (a configured
+        reward's from the server's catalog). All pointwise: `batch_scores` refuses a listwise grader."""
         if self.reward:
-            info = next(r for r in catalog.rewards if r.name == self.reward)
-            specs = list(info.graders)
+            catalog = self.catalog or validate(self.target, [], self.reward, None, self.client_options)
+            specs = list(next(r for r in catalog.rewards if r.name == self.reward).graders)
         else:
-            specs = [g if isinstance(g, pb.GraderSpec) else specs_to_pb([g])[0] for g in self.graders]
-        modes = {n: g.mode for g in catalog.graders for n in (g.name, *g.aliases)}
-        return [
-            Term(s.key or s.name, s.weight if s.HasField("weight") else 1.0, s.gate)
-            for s in specs
-            if modes.get(s.name) != pb.GRADER_MODE_LISTWISE  # ranks: no part of a reward
-        ]
+            specs = specs_to_pb(self.graders)
+        return [Term(s.key or s.name, s.weight if s.HasField("weight") else 1.0, s.gate) for s in specs]
 
 
 class Term(NamedTuple):
