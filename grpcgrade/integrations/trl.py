@@ -399,7 +399,7 @@ def reward_functions(
     terms = config.terms()
     keys = [t.key for t in terms if not t.gate]
     if not keys:
-        raise ValueError("the reward has no grader TRL can add up (only gates or ranks): use reward_function")
+        raise ValueError("the reward has only gates, which TRL cannot add up: use reward_function")
     client: GradingClient | None = None
     last: tuple[Any, Any, dict[str, list[float | None]]] | None = None  # holds the lists: their ids stay unique
 
