@@ -2,8 +2,8 @@
 
 The host owns the `register` callback (the llm / datasette pattern), so it keeps a taken name with its first
 owner, refuses a grader it could not pass fields to, records which plugin registered what, and can grow
-keyword arguments without breaking plugins. Graders are built once
-per distinct (name, params) and reused; a bounded cache keeps hostile requests from growing it forever.
+keyword arguments without breaking plugins. Graders are built once per distinct (name, params) and reused;
+a bounded cache keeps hostile requests from growing it forever.
 """
 
 from __future__ import annotations
