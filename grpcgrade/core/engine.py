@@ -37,6 +37,7 @@ from grpcgrade.grader import BaseGrader, GraderError, GraderResult, Inputs
 from .budget import OutputBudget
 from .cached_grading import CachedGrading, quarantinable
 from .errors import ErrorCode, InvalidParams, SampleProblem, UnknownReward
+from .executors import Executor, InProcess, Work
 from .grading import (
     Stats,
     budget_error,
@@ -56,7 +57,7 @@ from .registry import Registry
 from .result_cache import CacheMode
 from .rewards import Reward, SpecData, check_weights, number_repeats, reward_stats, rewards
 from .samples import select_all
-from .workers import Work, WorkerPool, chunk_work, grader_work
+from .workers import chunk_work, grader_work
 
 T = TypeVar("T")
 
@@ -179,7 +180,7 @@ class Engine:
     def __init__(
         self,
         registry: Registry,
-        pool: WorkerPool | None = None,
+        pool: Executor | None = None,
         rewards: dict[str, Reward] | None = None,
         grader_timeout: float | None = 30.0,
         observer: Observer | None = None,
@@ -187,7 +188,8 @@ class Engine:
         cached: CachedGrading | None = None,
     ) -> None:
         self.registry = registry
-        self.pool = pool
+        self.pool = pool  # where work that may not run on the event loop goes; None: nowhere but here
+        self.inline = InProcess()  # small whole chunks of bounded cost (`inline_small`)
         self.rewards = rewards or {}
         self.grader_timeout = grader_timeout
         self.observer = observer
@@ -468,7 +470,7 @@ class Engine:
     async def _run_inline(self, work: Work, start: int) -> WholeChunk:
         """Whole-chunk work run here, as a worker would run it (`inline_small` said it is small and bounded)."""
         began = time.perf_counter()
-        payload, stats = work.fn(*work.args)
+        payload, stats = await self.inline.submit(work)
         self.inline_share.spent(time.perf_counter() - began)
         self._observe(stats)
         return WholeChunk(payload, work.size, start, stats)

@@ -22,13 +22,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from grpcgrade.core.errors import InvalidParams, SampleProblem
+from grpcgrade.core.executors import Work
 from grpcgrade.core.grading import Stats, column_inputs, failed_stats, grade_chunk_sync, grade_columns, join_stats
 from grpcgrade.core.histograms import EMPTY
 from grpcgrade.core.registry import get_registry
 from grpcgrade.core.result_cache import QUARANTINE_CODES
 from grpcgrade.core.rewards import Result, RewardStats, SpecData, reward_stats, rewards
 from grpcgrade.core.samples import Limits
-from grpcgrade.core.workers import Work
 from grpcgrade.grader import BaseGrader, GraderError
 from grpcgrade.v1 import grading_pb2 as pb
 
@@ -313,8 +313,8 @@ def wire_work(
             stats.append(RewardStats(reward, EMPTY, 1))
         return out.SerializeToString(), stats
 
-    args = (specs, data, start, view, limits, timeout, reward, deadline)
-    return Work(grade_wire, args, stop - start, timeout, split, failed, _join)
+    args = (specs, data, start, view, limits, timeout, reward)
+    return Work(grade_wire, args, stop - start, timeout, split, failed, _join, deadline)
 
 
 def quarantine_failures(payload: bytes) -> list[tuple[int, int, GraderError]]:
