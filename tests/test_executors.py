@@ -230,3 +230,44 @@ def test_work_crosses_as_seconds_left_and_in_process_runs_it_here():
     assert 99.0 < task.seconds_left <= 100.0  # type: ignore[operator]
     asyncio.run(InProcess().submit(work))
     assert abs(seen[0]["deadline"] - deadline) < 1.0
+
+
+# -- async graders, sample by sample ---------------------------------------------------------------------
+
+
+def stream_items(target: str, samples: list[dict], graders: list, **fields) -> tuple[list, grpc.RpcError | None]:
+    """The items a BatchEvaluate call streams back, read until the call ends (or fails: its error)."""
+    request = pb.BatchEvaluateRequest(
+        graders=specs_to_pb(graders), samples=[sample_to_pb(s) for s in samples], **fields
+    )
+    items: list = []
+    with grpc.insecure_channel(target) as channel:
+        try:
+            for message in pb_grpc.GradingServiceStub(channel).BatchEvaluate(request, timeout=20):
+                items.extend(message.items)
+        except grpc.RpcError as exc:
+            return items, exc
+    return items, None
+
+
+def test_a_judgment_that_never_comes_holds_back_no_other_sample(server):
+    """`napper` answers at once, except "hang" (an hour): a judge that never answers. The other 399
+    samples, in its chunk too, are all answered while it is still waiting (before, its chunk's 99 others
+    waited with it: the call ended at its deadline without them)."""
+    samples = [{"response": "hang" if i == 0 else "x"} for i in range(400)]
+    items, error = stream_items(server.target, samples, ["napper"], chunk_size=100)
+    assert error is not None and error.code() == grpc.StatusCode.DEADLINE_EXCEEDED  # the hang is still waiting
+    assert sorted(i.index for i in items) == list(range(1, 400))
+    assert {i.result.results[0].score for i in items} == {1.0}
+
+
+def test_a_step_budget_cuts_only_the_judgments_still_waiting(server):
+    """Two samples that never get their judgment, in the first two chunks of four: with a step budget,
+    they alone are BUDGET_EXCEEDED (before, their chunks held every slot, and the two chunks behind them
+    were cut whole)."""
+    samples = [{"response": "hang" if i in (0, 100) else "x"} for i in range(400)]
+    items, error = stream_items(server.target, samples, ["napper"], chunk_size=100, budget_seconds=2.0)
+    assert error is None
+    assert sorted(i.index for i in items) == list(range(400))  # each sample answered exactly once
+    codes = {i.index: i.result.results[0].error.code for i in items if i.result.results[0].HasField("error")}
+    assert codes == {0: "BUDGET_EXCEEDED", 100: "BUDGET_EXCEEDED"}
