@@ -170,7 +170,7 @@ def test_a_request_its_client_gave_up_on_stops_grading_and_counts_as_499(http_se
 
 
 def test_openai_grader_endpoints_are_mounted_on_the_same_port(http_server):
-    from grpcgrade.service.openai_http import MOUNT_PATH
+    from grpcgrade.service.http.openai_graders import MOUNT_PATH
 
     grader = {"type": "string_check", "name": "exact", "input": "{{ sample.output_text }}", "reference": "x"}
     grader["operation"] = "eq"

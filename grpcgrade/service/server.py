@@ -34,9 +34,9 @@ from grpcgrade.v1 import grading_pb2 as pb
 from .admin import SERVICE_NAME as ADMIN_SERVICE_NAME
 from .admin import AdminServicer
 from .http import build_http_app
+from .http.openai_graders import MOUNT_PATH, openai_graders_app
 from .interceptors import AuthInterceptor, DecodeGuardInterceptor, ObservingInterceptor
 from .metrics import Metrics
-from .openai_http import MOUNT_PATH, openai_graders_app
 from .servicer import GradingServicer, add_to_server
 
 log = logging.getLogger("grpcgrade.service.server")

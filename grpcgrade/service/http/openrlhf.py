@@ -28,7 +28,7 @@ POSTs `{"query": [...], "prompts": [...], "labels": [...]}` with aiohttp and no 
 aiohttp.web serves it (well kept, asyncio-native, and the client OpenRLHF itself uses), in the server
 process and on its event loop: the same engine, limits, grader metrics and tokens as the gRPC service.
 `build_http_app(..., subapps={prefix: app})` mounts further aiohttp applications under their prefixes: the
-server mounts OpenAI's grader endpoints (`service.openai_http`, docs/openai-graders.md) at their MOUNT_PATH.
+server mounts OpenAI's grader endpoints (`service.http.openai_graders`, docs/openai-graders.md) at their MOUNT_PATH.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from grpcgrade.core.guard import call_guards
 from grpcgrade.core.result_cache import CacheMode
 from grpcgrade.core.samples import Limits, as_text, check_fields
 
-from .metrics import Metrics
+from ..metrics import Metrics
 
 #: extra_logs key of the per-sample failure flag.
 FAILED_LOG = "grpcgrade_failed"
