@@ -34,7 +34,6 @@ from grpcgrade.v1 import grading_pb2 as pb
 from .admin import SERVICE_NAME as ADMIN_SERVICE_NAME
 from .admin import AdminServicer
 from .http import build_http_app
-from .http.openai_graders import MOUNT_PATH, openai_graders_app
 from .interceptors import AuthInterceptor, DecodeGuardInterceptor, ObservingInterceptor
 from .metrics import Metrics
 from .servicer import GradingServicer, add_to_server
@@ -325,7 +324,6 @@ def build_server(opts: ServeOptions) -> Service:
             config.default_reward,
             tokens=tokens,
             metrics=metrics,
-            subapps={MOUNT_PATH: openai_graders_app(engine, tokens=tokens, limits=config.limits)},
         )
     return service
 
