@@ -93,7 +93,10 @@ def test_labels_of_any_json_type_are_references(http_server):
     (null: none), as the TRL and veRL integrations take such values; before, one label that was not a string
     answered the whole request 400, and OpenRLHF's executor only logs that and leaves its samples unrewarded."""
     labels = [72, 0.5, ["4", 4], {"answer": "é"}, None, True, "text"]
-    texts = ["" if label is None else label if isinstance(label, str) else json.dumps(label) for label in labels]
+    texts = [
+        "" if label is None else label if isinstance(label, str) else json.dumps(label, ensure_ascii=False)
+        for label in labels
+    ]
     body = {"query": texts + ["73"], "labels": labels + [72]}
     reply = post(authed(http_server.http, "/rewards/exact/get_reward"), body)
     assert reply["rewards"] == [1.0] * len(labels) + [0.0]
