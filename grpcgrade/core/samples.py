@@ -24,6 +24,11 @@ REFERENCE_ALIASES = ("reference_response", "ground_truth")
 REFERENCE_ALIASES_SET = frozenset(REFERENCE_ALIASES)
 #: The names a grader may declare for the sample's own fields; an `extra` key may not take one.
 INPUT_FIELDS = frozenset((*TEXT_FIELDS, "responses", *REFERENCE_ALIASES))
+#: The agent inputs (docs/agents.md): JSON lists in the OpenAI chat format, a grader input only when the sample
+#: sets them. Before they had Sample fields of their own they travelled in `extra`, which still works: an
+#: `extra` key of one of these names is refused only when the sample also sets the field.
+AGENT_FIELDS = ("messages", "tool_calls", "tool_definitions")
+AGENT_FIELDS_SET = frozenset(AGENT_FIELDS)
 
 
 #: What a sample carries under each name a grader may require: the aliases are its `reference`.
@@ -138,9 +143,16 @@ def check_fields(fields: dict[str, Any], limits: Limits) -> None:
             check_field(name, value, limits)
 
 
+def check_agent_input(name: str, size: int, limits: Limits) -> None:
+    """An agent input (`size`: its encoding's bytes) is held to the limit of every other field."""
+    if size > limits.max_field_chars:
+        limit = limits.max_field_chars
+        raise SampleProblem(f"field {name!r} takes {size} bytes, over the limit max_field_chars={limit}")
+
+
 def add_extra(fields: dict[str, Any], extra: dict[str, Any]) -> None:
     """Every other grader input joins the standard fields, which it may not replace."""
-    clash = INPUT_FIELDS.intersection(extra)
+    clash = INPUT_FIELDS.intersection(extra) or AGENT_FIELDS_SET.intersection(extra, fields)
     if clash:
         raise SampleProblem(f"extra key {sorted(clash)[0]!r} collides with a standard sample field")
     fields.update(extra)
