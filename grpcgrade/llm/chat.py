@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-import httpx
+import aiohttp
 
 from grpcgrade.core.context import CALLER, SAMPLE_TIME_LIMIT
 from grpcgrade.core.errors import GraderRateLimited, GraderTimeout
@@ -70,6 +71,8 @@ class _Throttled(_Transient):
         self.status = status
 
 
+#: The largest answer read from the endpoint (a judgment, or a batch of embeddings, is far smaller).
+MAX_ANSWER_BYTES = 16 * 1024 * 1024
 #: The answers that say "over the limit, come back later", retried within the sample's time limit.
 THROTTLED = frozenset({429, 503})
 
@@ -89,26 +92,36 @@ class ChatModel:
         self.weights = dict(weights or {})
         self.estimate = TokenEstimate()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._client: httpx.AsyncClient | None = None
+        self._client: aiohttp.ClientSession | None = None
         self._limiter: ModelLimiter | None = None
 
-    def _session(self) -> tuple[httpx.AsyncClient, ModelLimiter]:
-        """The server has one loop; a script calling `asyncio.run` twice gets a fresh client the second time."""
+    def _session(self) -> tuple[aiohttp.ClientSession, ModelLimiter]:
+        """The server has one loop; a script calling `asyncio.run` twice gets a fresh client the second time.
+
+        aiohttp rather than httpx: measured with 2,000 judgments in flight against a loopback endpoint
+        answering in 1 s, httpx took 89-110 s and 30 s of CPU, aiohttp 3.8-6.6 s and 0.6-1.3 s of CPU
+        (httpx's pool grows quadratically with the connections waiting in it, as NeMo Gym found)."""
         loop = asyncio.get_running_loop()
         if self._loop is not loop or self._client is None or self._limiter is None:
             c = self.config
             headers = {"Authorization": f"Bearer {c.api_key}"} if c.api_key else {}
-            self._client = httpx.AsyncClient(
+            self._client = aiohttp.ClientSession(
                 headers=headers,
-                timeout=c.timeout_seconds,
                 # the limiter is the one limit: a wait for a pooled connection would count against the timeout
-                limits=httpx.Limits(max_connections=None, max_keepalive_connections=c.max_concurrency),
+                connector=aiohttp.TCPConnector(limit=0, limit_per_host=0),
+                timeout=aiohttp.ClientTimeout(total=None),  # each attempt's own, in `_post`
             )
             self._limiter = ModelLimiter(
                 c.max_concurrency, c.requests_per_minute or None, c.tokens_per_minute or None, self.weights
             )
             self._loop = loop
         return self._client, self._limiter
+
+    async def aclose(self) -> None:
+        """Close the HTTP client (its connections); the next call opens a new one."""
+        if self._client is not None and self._loop is asyncio.get_running_loop():
+            await self._client.close()
+        self._client = None
 
     async def achat(
         self, messages: Sequence[ChatMessage | Mapping[str, Any]], options: Mapping[str, Any] | None = None
@@ -215,31 +228,34 @@ class ChatModel:
         """An answer's text for an error message, cut short, the API key never among it."""
         return error_excerpt(text, [self.config.api_key or ""])
 
-    async def _post(self, client: httpx.AsyncClient, url: str, body: dict[str, Any], left: float | None) -> Any:
+    async def _post(self, client: aiohttp.ClientSession, url: str, body: dict[str, Any], left: float | None) -> Any:
         """The endpoint's JSON answer; raises _Throttled (429, 503) or _Transient for what a retry may fix,
         ChatError for the rest, GraderTimeout when the sample's time (`left`) ran out during the attempt."""
         c = self.config
         limit = c.timeout_seconds if left is None else min(c.timeout_seconds, left)
         try:
-            async with asyncio.timeout(limit):
-                response = await client.post(url, json=body)
-        except (TimeoutError, httpx.TimeoutException):
+            async with asyncio.timeout(limit), client.post(url, json=body) as response:
+                status, headers = response.status, response.headers
+                raw = await response.content.read(MAX_ANSWER_BYTES + 1)
+        except TimeoutError:
             if left is not None and limit >= left:
                 raise GraderTimeout from None
             raise _Transient(f"no answer within {c.timeout_seconds:g} s") from None
-        except httpx.TransportError as exc:
+        except aiohttp.ClientError as exc:
             raise _Transient(f"{type(exc).__name__}: {exc}") from None
-        status = response.status_code
+        text = raw.decode("utf-8", "replace")
         if status in THROTTLED:
-            raise _Throttled(f"HTTP {status}: {self._excerpt(response.text)}", status, retry_after(response.headers))
+            raise _Throttled(f"HTTP {status}: {self._excerpt(text)}", status, retry_after(headers))
         if is_transient(status):
-            raise _Transient(f"HTTP {status}: {self._excerpt(response.text)}", retry_after(response.headers))
+            raise _Transient(f"HTTP {status}: {self._excerpt(text)}", retry_after(headers))
         if status != 200:
-            raise ChatError(f"model {c.name!r}: HTTP {status}: {self._excerpt(response.text)}")
+            raise ChatError(f"model {c.name!r}: HTTP {status}: {self._excerpt(text)}")
+        if len(raw) > MAX_ANSWER_BYTES:
+            raise ChatError(f"model {c.name!r}: the answer is over {MAX_ANSWER_BYTES} bytes")
         try:
-            return response.json()
+            return json.loads(raw)
         except ValueError:
-            raise ChatError(f"model {c.name!r}: not JSON: {self._excerpt(response.text)}") from None
+            raise ChatError(f"model {c.name!r}: not JSON: {self._excerpt(text)}") from None
 
     def _chat_reply(self, data: Any, attempts: int) -> ChatReply:
         name = self.config.name

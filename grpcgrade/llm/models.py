@@ -8,7 +8,7 @@ the server at an arbitrary host. Models come from:
 * a model named "default" from the environment when `GRPCGRADE_LLM_MODEL` is set (the endpoint's model id):
   base URL `OPENAI_BASE_URL` (else OpenAI's), key `OPENAI_API_KEY`. A configured "default" wins.
 
-The HTTP client (httpx) is imported on the first lookup, so processes that never build an LLM grader
+The HTTP client (aiohttp) is imported on the first lookup, so processes that never build an LLM grader
 (worker processes, `import grpcgrade`) do not pay for it.
 """
 
