@@ -48,6 +48,7 @@ from grpcgrade.core.guard import call_guards
 from grpcgrade.core.result_cache import CacheMode
 from grpcgrade.core.samples import Limits, as_text, check_fields
 
+from .callers import caller_middleware
 from .metrics import Metrics
 
 #: extra_logs key of the per-sample failure flag.
@@ -262,7 +263,7 @@ def build_http_app(
             if metrics is not None:
                 metrics.http_requests.labels(request.method, str(status)).inc()
 
-    app = web.Application(middlewares=[counted], client_max_size=limits.max_message_bytes)
+    app = web.Application(middlewares=[counted, caller_middleware], client_max_size=limits.max_message_bytes)
     handler = RewardHandler(engine, limits, http, default_reward, tokens, metrics)
     app.router.add_post("/get_reward", handler.default)
     app.router.add_post("/rewards/{name}/get_reward", handler.named)

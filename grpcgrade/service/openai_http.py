@@ -34,6 +34,8 @@ from grpcgrade.graders.openai.grader import ITEM_KWARG
 from grpcgrade.graders.openai.outcome import ERROR_FLAGS
 from grpcgrade.graders.openai.schema import GraderConfigError
 
+from .callers import caller_middleware
+
 #: Where OpenAI serves these endpoints; mount the sub-application here.
 MOUNT_PATH = "/v1/fine_tuning/alpha/graders"
 GRADER_NAME = "openai_grader"
@@ -43,6 +45,7 @@ MAX_JSON_DEPTH = 100
 _CODE_FLAGS: dict[str, str] = {
     ErrorCode.TIMEOUT: "unresponsive_reward_error",
     ErrorCode.INVALID_SAMPLE: "sample_parse_error",
+    ErrorCode.RATE_LIMITED: "model_grader_server_error",  # the judge model's provider limits held it back
 }
 _DETAIL_FIELDS = {
     "model_grader_server_error_details": None,
@@ -209,6 +212,6 @@ def openai_graders_root(engine: Engine, *, tokens: Sequence[str] = (), limits: L
     """A whole application serving only the grader endpoints at MOUNT_PATH (the request body limit is the
     root application's, so it is set here from `limits.max_message_bytes`)."""
     limits = limits or Limits()
-    root = web.Application(client_max_size=limits.max_message_bytes)
+    root = web.Application(middlewares=[caller_middleware], client_max_size=limits.max_message_bytes)
     root.add_subapp(MOUNT_PATH, openai_graders_app(engine, tokens=tokens, limits=limits))
     return root
