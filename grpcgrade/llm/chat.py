@@ -25,7 +25,7 @@ import aiohttp
 
 from grpcgrade.core.context import CALLER, SAMPLE_TIME_LIMIT
 from grpcgrade.core.errors import GraderRateLimited, GraderTimeout
-from grpcgrade.core.retry import backoff, error_excerpt, is_transient, retry_after
+from grpcgrade.core.retry import MAX_BACKOFF_SECONDS, backoff, error_excerpt, is_transient, retry_after
 
 from .limits import LimitWaitExpired, ModelLimiter, TokenEstimate
 from .models import ModelConfig
@@ -177,7 +177,9 @@ class ChatModel:
                 return parse(data, attempt)
             except _Throttled as exc:
                 tally.throttled[exc.status] = tally.throttled.get(exc.status, 0) + 1
-                pause = backoff(throttled, c.retry_backoff_seconds, exc.retry_after)
+                # the provider's own word when it gives one; else backoff with jitter
+                pause = exc.retry_after if exc.retry_after is not None else backoff(throttled, c.retry_backoff_seconds)
+                pause = min(pause, MAX_BACKOFF_SECONDS)
                 throttled += 1
                 limiter.pause(pause)
                 if deadline is None and throttled > c.max_retries:
