@@ -205,3 +205,12 @@ def test_tokens_and_cost_are_counted_per_model_and_caller(server: ServerProcess,
     assert server.metric("grpcgrade_judge_cost_total", **labels) == pytest.approx(cost)
     assert server.metric("grpcgrade_judge_latency_seconds_count", **labels) == 5
     assert server.metric("grpcgrade_judge_queue_wait_seconds_count", **labels) == 5
+
+
+def test_a_step_budget_cuts_only_the_judgments_still_unanswered(server: ServerProcess, endpoints) -> None:
+    """Two judgments the endpoint answers after 10 s among 20 fast ones, under a 4 s step budget: the 20 are
+    judged, only the two still out when the budget ends are BUDGET_EXCEEDED."""
+    batch = samples("fast", 10) + samples("slow", 2, SLOW_MARKER) + samples("fast", 10)
+    with server.client(caller="budget") as client:
+        replies = client.batch_evaluate(batch, rubric("paced"), budget_seconds=4)
+    assert codes(replies) == ["ok"] * 10 + ["BUDGET_EXCEEDED"] * 2 + ["ok"] * 10
