@@ -170,6 +170,7 @@ class ChatModel:
             tally.requests += 1
             tally.retries += attempt > 1
             used: int | None = None
+            wait = 0.0  # the pause before retrying a failure, taken after the slot is given back
             began = time.monotonic()
             try:
                 data = await self._post(client, url, body, _left(deadline))
@@ -177,8 +178,8 @@ class ChatModel:
                 return parse(data, attempt)
             except _Throttled as exc:
                 tally.throttled[exc.status] = tally.throttled.get(exc.status, 0) + 1
-                # the provider's own word when it gives one; else backoff with jitter
-                pause = exc.retry_after if exc.retry_after is not None else backoff(throttled, c.retry_backoff_seconds)
+                # the provider's own word when it gives one (0 is none: a tight loop); else backoff with jitter
+                pause = exc.retry_after or backoff(throttled, c.retry_backoff_seconds)
                 pause = min(pause, MAX_BACKOFF_SECONDS)
                 throttled += 1
                 limiter.pause(pause)
@@ -193,12 +194,11 @@ class ChatModel:
                     raise ChatError(f"model {c.name!r}: {exc} (after {attempt} attempts)") from None
                 if deadline is not None and time.monotonic() >= deadline:
                     raise GraderTimeout from None
-                await asyncio.sleep(
-                    min(backoff(failed - 1, c.retry_backoff_seconds, exc.retry_after), _left(deadline) or math.inf)
-                )
+                wait = min(backoff(failed - 1, c.retry_backoff_seconds, exc.retry_after), _left(deadline) or math.inf)
             finally:
                 tally.latency.observe(time.monotonic() - began)
                 limiter.release(grant, used)
+            await asyncio.sleep(wait)
         raise AssertionError("unreachable: the attempts end by returning or raising")
 
     def _ran_out(self, limit: float | None, throttled: int) -> str:
