@@ -36,7 +36,7 @@ def bench_judges(judgments: int, requests_per_minute: float = JUDGE_RPM, workers
     """Judge `judgments` samples through a server against the fake endpoint; the figures and the share."""
     import yaml
 
-    from .fake_judge import FakeJudge
+    from .fake_judge import Bucket
     from .testing import free_port, start_server
 
     port = free_port()
@@ -72,7 +72,7 @@ def bench_judges(judgments: int, requests_per_minute: float = JUDGE_RPM, workers
         endpoint.terminate()
         endpoint.wait(10)
     ok = sum(1 for r in replies if not r.results[0].HasField("error"))
-    bucket = FakeJudge(requests_per_minute)  # the endpoint's own burst and rate, as it enforces them
+    bucket = Bucket(requests_per_minute)  # the endpoint's own burst and rate, as it enforces them
     allowed = bucket.capacity + bucket.rate * elapsed
     return {
         "judge_judgments": judgments,

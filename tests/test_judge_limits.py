@@ -18,11 +18,11 @@ from typing import Any
 import pytest
 import yaml
 
-from grpcgrade.fake_judge import SLOW_MARKER
+from grpcgrade.fake_judge import COMPLETION_TOKENS, SLOW_MARKER
 from grpcgrade.testing import ServerProcess, free_port, start_server
 
 RPM = 600  # 10 a second, a burst of 10
-FAKE_COMPLETION_TOKENS = 12  # what fake_judge reports for each answer
+TPM = 120_000  # 2,000 tokens a second, a burst of 2,000: about 7 judgments of llm_rubric's prompt
 
 
 class Endpoint:
@@ -58,6 +58,8 @@ def endpoints() -> Iterator[dict[str, Endpoint]]:
         "shared": Endpoint("--requests-per-minute", str(RPM)),
         "unpaced": Endpoint("--requests-per-minute", str(RPM)),
         "tight": Endpoint("--requests-per-minute", "60"),
+        "tokens": Endpoint("--requests-per-minute", "0", "--tokens-per-minute", str(TPM)),
+        "tokens_unpaced": Endpoint("--requests-per-minute", "0", "--tokens-per-minute", str(TPM)),
     }
     yield made
     for endpoint in made.values():
@@ -77,6 +79,8 @@ def server(tmp_path_factory: pytest.TempPathFactory, endpoints: dict[str, Endpoi
             "unpaced": {"base_url": endpoints["unpaced"].base_url, "max_concurrency": 256, "max_retries": 0},
             # declared 100 times what the endpoint allows: 429s, and samples whose time runs out
             "tight": {"base_url": endpoints["tight"].base_url, "requests_per_minute": 6000, "max_concurrency": 64},
+            "tokens": {"base_url": endpoints["tokens"].base_url, "tokens_per_minute": TPM, "max_concurrency": 256},
+            "tokens_unpaced": {"base_url": endpoints["tokens_unpaced"].base_url, "max_concurrency": 256},
             "priced": {
                 "base_url": endpoints["paced"].base_url,
                 "requests_per_minute": RPM,
@@ -105,10 +109,9 @@ def codes(replies: list[Any]) -> list[str]:
     return [r.results[0].error.code if r.results[0].HasField("error") else "ok" for r in replies]
 
 
-def most_in_any_second(log: list[list[Any]]) -> int:
-    """The most answers the endpoint logged within any one second (its own clock)."""
-    times = [t for t, _ in log]
-    return max((sum(1 for u in times if t <= u < t + 1.0) for t in times), default=0)
+def most_in_any_second(log: list[list[Any]], weighed: bool = False) -> int:
+    """The most answers (or, `weighed`, tokens) the endpoint logged within any one second (its own clock)."""
+    return max((sum(w if weighed else 1 for u, w in log if t <= u < t + 1.0) for t, _ in log), default=0)
 
 
 def test_judgments_are_paced_under_the_limit_and_all_made(server: ServerProcess, endpoints) -> None:
@@ -121,6 +124,27 @@ def test_judgments_are_paced_under_the_limit_and_all_made(server: ServerProcess,
     assert stats["throttled"] <= 3  # clock jitter between the two buckets at most
     assert most_in_any_second(stats["log"]) <= RPM / 60 + 10 + 1  # the rate plus one burst (and a boundary)
     assert server.metric("grpcgrade_judge_requests_total", model="paced", caller="pacing") == 50 + stats["throttled"]
+
+
+def test_judgments_are_paced_under_the_token_limit_by_estimates_the_answers_correct(
+    server: ServerProcess, endpoints
+) -> None:
+    """Only tokens are limited. Each request's tokens are estimated before it is sent (its prompt's
+    characters, plus 256 completion tokens until answers say otherwise) and corrected when its answer
+    reports its usage: the endpoint, which counts the JSON of the messages, sees its limit kept."""
+    with server.client(caller="tokens") as client:
+        replies = client.batch_evaluate(samples("tokens", 40), rubric("tokens"))
+    assert codes(replies) == ["ok"] * 40
+    stats = endpoints["tokens"].stats()
+    assert stats["answered"] == 40
+    assert stats["throttled"] <= 3
+    assert most_in_any_second(stats["tokens_log"], weighed=True) <= 2 * TPM / 60 + 300  # rate + burst (+ one)
+    reported = sum(tokens for _, tokens in stats["tokens_log"])
+    counted = server.metric("grpcgrade_judge_tokens_total", model="tokens")
+    assert counted == reported
+    with server.client(caller="tokens") as client:  # the same burst, the limit not declared: 429s
+        assert codes(client.batch_evaluate(samples("tokens", 40), rubric("tokens_unpaced"))) == ["ok"] * 40
+    assert endpoints["tokens_unpaced"].stats()["throttled"] >= 10
 
 
 def test_without_declared_limits_the_same_burst_meets_429s(server: ServerProcess, endpoints) -> None:
@@ -197,7 +221,7 @@ def test_tokens_and_cost_are_counted_per_model_and_caller(server: ServerProcess,
     usage = [r.results[0].metadata["usage"] for r in replies]
     tokens_in = sum(u["prompt_tokens"] for u in usage)
     tokens_out = sum(u["completion_tokens"] for u in usage)
-    assert tokens_out == 5 * FAKE_COMPLETION_TOKENS
+    assert tokens_out == 5 * COMPLETION_TOKENS
     labels = {"model": "priced", "caller": "accounting"}
     assert server.metric("grpcgrade_judge_tokens_total", direction="in", **labels) == tokens_in
     assert server.metric("grpcgrade_judge_tokens_total", direction="out", **labels) == tokens_out
