@@ -21,8 +21,11 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2
 
+from grpcgrade.core.errors import GraderCancelled
 from grpcgrade.core.executors import InProcess, Work, WorkerDied, WorkTimedOut
+from grpcgrade.core.grading import cancellable, grade_sync
 from grpcgrade.core.workers import WorkerPool, grader_work
+from grpcgrade.grader import BaseGrader, GraderError, GraderScore
 from grpcgrade.service.convert import sample_to_pb, specs_to_pb
 from grpcgrade.testing import children, cpu_seconds, health_status, start_server
 from grpcgrade.v1 import grading_pb2 as pb
@@ -271,3 +274,54 @@ def test_a_step_budget_cuts_only_the_judgments_still_waiting(server):
     assert sorted(i.index for i in items) == list(range(400))  # each sample answered exactly once
     codes = {i.index: i.result.results[0].error.code for i in items if i.result.results[0].HasField("error")}
     assert codes == {0: "BUDGET_EXCEEDED", 100: "BUDGET_EXCEEDED"}
+
+
+# -- time limits on any thread ---------------------------------------------------------------------------
+
+
+class Spin(BaseGrader):
+    """Runs Python code for up to 20 s on "spin" (what a per-sample limit must interrupt); else 1.0."""
+
+    def evaluate(self, response: str) -> GraderScore:
+        if response == "spin":
+            end = time.perf_counter() + 20
+            while time.perf_counter() < end:
+                pass
+        return GraderScore(self.name, 1.0)
+
+
+def on_a_thread(fn) -> object:
+    """`fn()` on a thread of its own (as a Ray actor or a caller's thread pool runs grading): its result."""
+    out: list = []
+    thread = threading.Thread(target=lambda: out.append(fn()))
+    thread.start()
+    thread.join(WAIT)
+    assert not thread.is_alive()
+    return out[0]
+
+
+def codes(results) -> list[object]:
+    return [r.code if isinstance(r, GraderError) else r.score for r in results]
+
+
+def test_the_time_limit_holds_off_the_main_thread():
+    """Before, `_alarm` silently turned the limit off away from the main thread: the sample ran 20 s and
+    scored 1.0."""
+    samples = [{"response": "spin"}, {"response": "x"}]
+    assert codes(on_a_thread(lambda: grade_sync(Spin(), samples, 0.2))) == ["TIMEOUT", 1.0]
+
+
+def test_a_deadline_and_a_cancellation_hold_off_the_main_thread():
+    samples = [{"response": "x"}, {"response": "spin"}, {"response": "x"}]
+    deadline = time.monotonic() + 0.5
+    assert codes(on_a_thread(lambda: grade_sync(Spin(), samples, None, deadline))) == [1.0] + ["BUDGET_EXCEEDED"] * 2
+    asked = time.monotonic() + 0.5
+
+    def cancelled_midway() -> object:
+        with cancellable(lambda: time.monotonic() > asked):
+            try:
+                return grade_sync(Spin(), samples, None)
+            except GraderCancelled:
+                return "cancelled"
+
+    assert on_a_thread(cancelled_midway) == "cancelled"

@@ -117,15 +117,13 @@ def _worker_main(conn: Connection, cancel: Connection, log_levels: dict[str, int
             return
         seq, task = pickle.loads(data)
         cancelled.start(seq)
-        grading._Watch.cancelled = cancelled
         try:
-            answer: tuple[int, str, Any] = (seq, "ok", task())
+            with grading.cancellable(cancelled):
+                answer: tuple[int, str, Any] = (seq, "ok", task())
         except GraderCancelled:
             answer = (seq, "cancelled", None)
         except BaseException as exc:  # noqa: BLE001 - the work's own exception: raised where it was awaited
             answer = (seq, "raised", _portable(exc))
-        finally:
-            grading._Watch.cancelled = None
         try:
             out = pickle.dumps(answer, protocol=pickle.HIGHEST_PROTOCOL)
         except Exception as exc:  # noqa: BLE001 - an answer that cannot cross: its error does
