@@ -13,6 +13,7 @@ import asyncio
 import os
 import platform
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -325,3 +326,34 @@ def test_a_deadline_and_a_cancellation_hold_off_the_main_thread():
                 return "cancelled"
 
     assert on_a_thread(cancelled_midway) == "cancelled"
+
+
+def test_a_pool_whose_workers_cannot_start_says_so_until_they_can(tmp_path, monkeypatch):
+    """Workers that die as they start (here: a `grpcgrade` on their path that exits on import) make the pool
+    unhealthy, which the health check reports, instead of a pool that looks up and grades nothing; once a
+    worker starts again, the pool is healthy and grades."""
+    shadow = tmp_path / "shadow"
+    (shadow / "grpcgrade").mkdir(parents=True)
+    (shadow / "grpcgrade" / "__init__.py").write_text("raise SystemExit(3)\n")
+    monkeypatch.syspath_prepend(str(shadow))  # spawned workers start with this path; this process has its own
+    pool = WorkerPool(1)
+
+    async def until_async(condition, what: str) -> None:
+        deadline = time.monotonic() + WAIT
+        while not condition():
+            assert time.monotonic() < deadline, f"not within {WAIT} s: {what}"
+            await asyncio.sleep(0.05)
+
+    async def main() -> object:
+        with pytest.raises(RuntimeError, match="exit code 3"):
+            await pool.ready()
+        await until_async(lambda: not pool.healthy(), "the pool unhealthy")
+        sys.path.remove(str(shadow))  # the next worker finds the real package
+        await until_async(pool.healthy, "the pool healthy again")
+        return await asyncio.wait_for(pool.submit(_work(os.getpid, ())), WAIT)
+
+    try:
+        pid = asyncio.run(main())
+    finally:
+        pool.close(patience=0)
+    assert isinstance(pid, int) and pid != os.getpid()
