@@ -79,7 +79,7 @@ class _RestartsCollector(Collector):
     def collect(self) -> list[CounterMetricFamily]:
         return [
             CounterMetricFamily(
-                "grpcgrade_worker_pool_restarts", "Times the worker pool was replaced.", value=self.read()
+                "grpcgrade_worker_pool_restarts", "Worker processes replaced.", value=self.read()
             )
         ]
 
