@@ -439,6 +439,8 @@ class WorkerPool(Executor):
                 future.set_exception(WorkerDied(f"worker {worker.pid} ended (exit code {code})"))
         if worker in self._free:
             self._free.remove(worker)
+        for end in (worker.conn, worker.cancel):  # its threads are done with them: no descriptor stays open
+            end.close()
         if self.closing or worker not in self._workers:
             return
         self.restarts += 1
