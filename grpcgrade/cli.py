@@ -119,6 +119,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         http_port=args.http_port,
         tls_key=args.tls_key,
         tls_client_ca=args.tls_client_ca,
+        tokenizer=args.tokenizer,
     )
     for flag, path in (
         ("--config", opts.config),
@@ -595,6 +596,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--http-host", default="127.0.0.1", help="address of the HTTP/JSON face (default 127.0.0.1)")
     p.add_argument(
         "--http-port", type=int, default=None, help="HTTP/JSON face for OpenRLHF's remote reward (default: off)"
+    )
+    p.add_argument(
+        "--tokenizer",
+        metavar="SPEC",
+        help="count a sample's completion_tokens when the trainer sends none (length gates): tiktoken:ENCODING "
+        "or the path of a model's tokenizer.json; overrides the config's `tokenizer:`",
     )
     p.add_argument("--tls-cert", metavar="FILE", help="serve TLS with this certificate (PEM), with --tls-key")
     p.add_argument("--tls-key", metavar="FILE", help="the server certificate's private key (PEM)")

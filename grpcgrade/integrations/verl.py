@@ -32,10 +32,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from grpcgrade.client import DEFAULT_LINGER, DEFAULT_MAX_BATCH, AsyncGradingClient, Cache, Coalescer
+from grpcgrade.core.tokens import no_tokenizer_message
 from grpcgrade.integrations.common import (  # absolute: veRL may load this file by path
     as_text,
     reward_of,
     score_of,
+    uncounted_gates,
     usable_extra,
 )
 from grpcgrade.v1 import grading_pb2 as pb
@@ -56,6 +58,7 @@ class _Connection:
         self.linger, self.max_batch = linger, max_batch
         self.coalescers: dict[tuple[Any, ...], Coalescer] = {}
         self.labels: dict[str, list[str]] | None = None
+        self.uncounted: dict[str, list[str]] = {}  # per reward: its length gates without a tokenizer
         self._catalog_lock = asyncio.Lock()
 
     def coalescer(self, reward: str, **guards: Any) -> Coalescer:
@@ -74,6 +77,7 @@ class _Connection:
             if self.labels is None:
                 catalog = await self.client.list_graders()
                 self.labels = {r.name: [g.key or g.name for g in r.graders] for r in catalog.rewards}
+                self.uncounted = {r.name: uncounted_gates(catalog, r.name) for r in catalog.rewards}
         missing = [r for r in rewards if r not in self.labels]
         if missing:
             raise ValueError(f"grpcgrade: the server at {self.client.target} has no reward {missing[0]!r}")
@@ -150,6 +154,9 @@ async def compute_score(
     chosen, every = _pick(data_source, reward, rewards)
     conn = _connection(str(target), token, float(timeout), float(linger), int(max_batch))
     keys = await conn.keys(every)
+    gates = conn.uncounted.get(chosen)
+    if gates and "completion_tokens" not in (extra_info or {}):
+        raise ValueError("grpcgrade: " + no_tokenizer_message(chosen, gates, "veRL's compute_score"))
     guards = {"budget_seconds": float(budget_seconds), "max_failure_ratio": max_failure_ratio, "cache": cache}
     coalescer = conn.coalescer(chosen, **guards)
     result = await coalescer.evaluate(sample_of(solution_str, ground_truth, extra_info))

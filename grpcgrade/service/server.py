@@ -20,6 +20,7 @@ from aiohttp import web
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from grpcgrade.core import tokens as token_counts
 from grpcgrade.core.cached_grading import CachedGrading
 from grpcgrade.core.canaries import CanaryResult, run_canaries, watch
 from grpcgrade.core.config import ServerConfig, load_config
@@ -92,6 +93,7 @@ class ServeOptions:
     tls_client_ca: str | None = None
     http_host: str = "127.0.0.1"
     http_port: int | None = None  # None: no HTTP face; 0: a free port (see Service.http_port)
+    tokenizer: str | None = None  # None: the config's `tokenizer:` (core.tokens)
     extra_options: list[tuple[str, int]] = field(default_factory=list)
 
 
@@ -103,6 +105,12 @@ def read_config(opts: ServeOptions, registry: Registry) -> ServerConfig:
         config = load_kolibrify_config(opts.kolibrify_config, registry, base=config)
     if opts.grader_timeout_seconds is not None:
         config.grader_timeout_seconds = opts.grader_timeout_seconds
+    if opts.tokenizer:
+        config.tokenizer = token_counts.normalize(opts.tokenizer)
+        try:
+            token_counts.load(config.tokenizer)
+        except InvalidParams as exc:
+            raise ConfigError(f"--tokenizer {opts.tokenizer}: {exc.reason}") from None
     return config
 
 
@@ -263,14 +271,20 @@ def build_server(opts: ServeOptions) -> Service:
         observer=metrics.observe_grading if metrics else None,
         server_only_graders=config.server_only_graders,
         cached=cached,
+        tokenizer=config.tokenizer,
     )
     try:
-        for name, reward in config.rewards.items():
+        source = " or ".join(str(f) for f in (opts.config, opts.kolibrify_config) if f)
+        for name, reward in engine.rewards.items():
             try:
-                engine.resolve(reward.specs)
+                jobs = engine.resolve(reward.specs)
             except (UnknownGrader, InvalidParams) as exc:
-                source = " or ".join(str(f) for f in (opts.config, opts.kolibrify_config) if f)
                 raise ConfigError(f"{source}: reward {name!r}: {exc}") from exc
+            gates = [job.spec.name for job in jobs if token_counts.uncounted(job.grader)]
+            if gates and name == config.default_reward and opts.http_port is not None:
+                # OpenRLHF's remote reward model never sends token counts: refuse now, not every reward x0.2
+                message = token_counts.no_tokenizer_message(name, gates, "the HTTP face (OpenRLHF)")
+                raise ConfigError(f"{source}: default_reward: {message}")
     except Exception:
         if pool is not None:
             pool.close(patience=0)
