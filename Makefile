@@ -92,6 +92,7 @@ system-deps:
 image-test: $(SERVER_STAMP)
 	bash scripts/image/engine.sh
 	$(BIN)/python scripts/image/check.py
+	$(BIN)/python scripts/image/compose.py
 
 clean:
 	rm -rf $(VENV) $(OLDEST) $(TOOLS) $(PEER_VENV) build *.egg-info
