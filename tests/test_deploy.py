@@ -10,6 +10,7 @@ the dashboard against the series the server exports, and with promtool when it i
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -670,3 +671,33 @@ def test_the_metrics_reference_lists_every_exported_metric() -> None:
     for family in Metrics().registry.collect():
         name = family.name + ("_total" if family.type == "counter" else "")
         assert f"| `{name}` | {family.type}" in doc or f"| `{name}` | gauge (1)" in doc, name
+
+
+# -- docs/deploy.md: the commands make image-test runs --------------------------------------------------
+
+
+def image_test_script() -> Any:
+    """scripts/image/check.py, which reads docs/deploy.md's run command and runs it (make image-test)."""
+    spec = importlib.util.spec_from_file_location("image_check", ROOT / "scripts" / "image" / "check.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_documented_run_command_runs_the_server_as_compose_does() -> None:
+    """The `docker run` line of docs/deploy.md: the code sandbox's flags, loopback ports, and the same
+    server arguments as the compose file (config, workers, drain)."""
+    check = image_test_script()
+    command = check.documented_run()
+    assert command[:2] == ["docker", "run"]
+    image = command.index(check.DOC_IMAGE)
+    flags, server = command[:image], command[image + 1 :]
+    options = {flags[i + 1] for i, word in enumerate(flags) if word == "--security-opt"}
+    compose = load_yaml(COMPOSE)["services"]["grpcgrade"]
+    assert options == set(compose["security_opt"]) and "--init" in flags
+    published = [flags[i + 1] for i, word in enumerate(flags) if word == "-p"]
+    assert published and all(p.startswith("127.0.0.1:") for p in published)
+    args, composed = build_parser().parse_args(server), build_parser().parse_args(compose["command"])
+    for name in ("command", "host", "metrics_host", "metrics_port", "config", "workers", "grace"):
+        assert getattr(args, name) == getattr(composed, name), name

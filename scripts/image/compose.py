@@ -2,9 +2,10 @@
 
 Two grpcgrade replicas of the image check.py built (free host ports), and Prometheus: the official image
 when a registry answers, else a stand-in with Debian's prometheus (prometheus-standin.Containerfile).
-Checks that each replica grades (a code_tests program in its sandbox, under the compose file's read-only
-root and CPU limit), that Prometheus found both replicas by DNS and scrapes them, that the alert rules
-are loaded, and that `down` stops the stack. Grafana is not started (no stand-in for it).
+Checks that docker-compose 1.29 (compose v1, Debian's) accepts the file, that each replica grades (a
+code_tests program in its sandbox, under the compose file's read-only root and CPU limit), that
+Prometheus found both replicas by DNS and scrapes them, that the alert rules are loaded, and that `down`
+stops the stack. Grafana is not started (no stand-in for it).
 """
 
 from __future__ import annotations
@@ -92,6 +93,13 @@ def main() -> int:
         "GRPCGRADE_REPLICAS": str(REPLICAS),
         "PROMETHEUS_PORT": str(prometheus_port),
     }
+    v1 = subprocess.run(
+        ["docker-compose", "-p", PROJECT, "-f", str(COMPOSE), "config", "-q"],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+    )
+    expect("compose v1: Debian's docker-compose 1.29 accepts the file (`config`)", v1.returncode == 0, v1.stderr)
     compose(env, "down", "-v")
     compose(env, "up", "-d", "--no-build", "grpcgrade", "prometheus")
     say(f"compose: up with {REPLICAS} grpcgrade replicas and Prometheus on 127.0.0.1:{prometheus_port}")

@@ -6,11 +6,17 @@
 set -euo pipefail
 CONF=/etc/containers/containers.conf
 MARK="# written by grpcgrade scripts/image/engine.sh"
-if ! command -v podman >/dev/null || ! command -v debootstrap >/dev/null || ! command -v podman-compose >/dev/null || ! command -v catatonit >/dev/null; then
+# catatonit: podman's --init; the CNI dnsname plugin: compose services find each other by name;
+# docker-compose 1.29: compose v1, to check the compose file parses there too.
+missing=0
+for tool in podman debootstrap podman-compose catatonit docker-compose; do
+    command -v "$tool" >/dev/null || missing=1
+done
+if [ "$missing" = 1 ]; then
     apt-get -o DPkg::Lock::Timeout=900 update -qq
     DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=900 install -y -qq --no-install-recommends \
         podman runc uidmap slirp4netns fuse-overlayfs containernetworking-plugins iptables debootstrap \
-        golang-github-containernetworking-plugin-dnsname podman-compose catatonit >/dev/null
+        golang-github-containernetworking-plugin-dnsname podman-compose catatonit docker-compose >/dev/null
 fi
 if ! grep -qF "$MARK v2" "$CONF" 2>/dev/null; then
     test ! -e "$CONF" || cp "$CONF" "$CONF.before-grpcgrade"
