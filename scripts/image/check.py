@@ -91,11 +91,14 @@ class Container:
         self.grpc_port, self.metrics_port = free_port(), free_port()
         self.target = f"127.0.0.1:{self.grpc_port}"
 
-    def start(self) -> None:
+    def start(self, security_opts: bool = True) -> None:
         """docs/deploy.md's `docker run` command, with this engine, this image, free host ports and a name
-        of its own: nothing else is changed, so what the page tells users is what runs here."""
+        of its own: nothing else is changed, so what the page tells users is what runs here. Without
+        `security_opts`, its `--security-opt` flags are left out (what a user who forgets them runs)."""
         command = documented_run()
-        say("runs: " + " ".join(command))
+        if not security_opts:
+            at = [i for i, word in enumerate(command) if word == "--security-opt"]
+            command = [w for i, w in enumerate(command) if i not in at and i - 1 not in at]
         swaps = {
             "docker": ENGINE,
             DOC_NAME: self.name,
@@ -107,6 +110,7 @@ class Container:
         missing = [word for word in swaps if word not in command]
         if missing:
             raise SystemExit(f"docs/deploy.md's run command lacks {missing}: {' '.join(command)}")
+        say("runs: " + " ".join(used))
         engine("rm", "-f", self.name, check=False)
         engine(*used[1:])
 
@@ -253,6 +257,32 @@ def check_drain(box: Container) -> None:
     expect("drain: the server exits 0 after SIGTERM", status == "0", status + box.logs())
 
 
+def check_without_the_sandbox_flags() -> None:
+    """The run command without its --security-opt flags: the sandbox cannot start, and code_tests says so
+    (SANDBOX_UNAVAILABLE, with the flags in the message, no reward) rather than scoring the program 0."""
+    from grpcgrade.client import GradingClient
+
+    box = Container("grpcgrade-image-test-confined")
+    box.start(security_opts=False)
+    try:
+        with GradingClient(box.target, timeout=60) as client:
+            client.wait_ready(120)
+            reply = client.evaluate(code_sample(RIGHT), ["code_tests"])
+    except BaseException:
+        print(box.logs(), file=sys.stderr)
+        raise
+    finally:
+        box.remove()
+    (result,) = reply.results
+    expect(
+        "without --security-opt: code_tests is SANDBOX_UNAVAILABLE naming the flags, and no reward",
+        result.error.code == "SANDBOX_UNAVAILABLE"
+        and "seccomp=unconfined" in result.error.message
+        and not reply.HasField("reward"),
+        reply,
+    )
+
+
 def main(argv: Sequence[str]) -> int:
     if shutil.which(ENGINE) is None:
         raise SystemExit(f"{ENGINE} is not installed: run scripts/image/engine.sh (make image-test does)")
@@ -269,6 +299,7 @@ def main(argv: Sequence[str]) -> int:
         raise
     finally:
         box.remove()
+    check_without_the_sandbox_flags()
     say(f"all image checks passed in {time.monotonic() - started:.0f} s")
     return 0
 
