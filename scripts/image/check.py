@@ -217,6 +217,8 @@ def check_identity_and_healthcheck(box: Container) -> None:
         ids.startswith("uid=10001(grpcgrade) gid=10001(grpcgrade)"),
         ids,
     )
+    secret = engine("run", "--rm", "--entrypoint", "/bin/sh", IMAGE, "-c", "ls -a /run/secrets 2>&1; true").stdout
+    expect("the CA bundle was a build secret: not in the image", "ca-bundle" not in secret, secret)
     configured = json.loads(engine("image", "inspect", IMAGE, "--format", "{{json .Config.Healthcheck}}").stdout)
     expect(
         "HEALTHCHECK kept by `build --format docker`",
