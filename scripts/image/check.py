@@ -79,6 +79,9 @@ def build(base: str) -> None:
     done = subprocess.run([ENGINE, *args, str(ROOT)], capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"build failed:\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}")
+    # The image this tag named before is dangling now: pruned, so that runs on one machine do not pile up
+    # images (the layers this build used stay: they have children).
+    engine("image", "prune", "-f", check=False)
     size = engine("image", "inspect", IMAGE, "--format", "{{.Size}}").stdout.strip()
     say(f"built {IMAGE} over {base} in {time.monotonic() - started:.0f} s ({int(size) >> 20} MiB)")
 

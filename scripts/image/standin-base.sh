@@ -3,13 +3,19 @@
 # registry: Debian 12 (debootstrap, minbase) with Debian's Python 3.11 and pip, linked where the official
 # image has them (/usr/local/bin) and pip allowed to install (no EXTERNALLY-MANAGED marker), as root.
 # Usage: standin-base.sh IMAGE_NAME CACHE_DIR. The root's tarball is kept in CACHE_DIR (outside the clone),
-# so a warm run only imports it; a cold run builds it (~2-4 min, mostly downloads).
+# so a warm run only imports it; a cold run builds it (4-5 min here, mostly downloads). Made again weekly.
 set -euo pipefail
 IMAGE=$1
 CACHE=$2
 MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 TARBALL="$CACHE/python-3.11-bookworm-standin.tar"
-if podman image exists "$IMAGE"; then
+# A week at most: Debian's security updates reach the stand-in as they reach the official image.
+if [ -n "$(find "$TARBALL" -mtime +7 2>/dev/null)" ]; then
+    echo "stand-in base: $TARBALL is over a week old; making it again"
+    rm -f "$TARBALL"
+    podman rmi -f "$IMAGE" >/dev/null 2>&1 || true
+fi
+if [ -s "$TARBALL" ] && podman image exists "$IMAGE"; then
     echo "stand-in base $IMAGE: already in podman's store"
     exit 0
 fi
