@@ -15,7 +15,7 @@ PORT ?= 50051
 METRICS_PORT ?= 9090
 CONFIG ?=
 
-.PHONY: serve test proto lint typecheck proto-check bench perf-peers docs cog clean system-deps
+.PHONY: serve test proto lint typecheck proto-check bench perf-peers docs cog clean system-deps image-test
 
 # buf (lint and breaking-change checks of proto/) from the npm registry, pinned, into .tools/.
 BUF_VERSION := 1.75.0
@@ -86,6 +86,13 @@ cog: $(STAMP)
 # What pip cannot install: bubblewrap, the code sandbox of plugins/grpcgrade-code (Debian/Ubuntu, as root).
 system-deps:
 	apt-get update && apt-get install -y --no-install-recommends bubblewrap
+
+# The image built and run by a real container engine, then the compose stack (docs/deploy.md says what it
+# checks). As root on Debian: installs and configures podman from Debian's packages first.
+image-test: $(SERVER_STAMP)
+	bash scripts/image/engine.sh
+	$(BIN)/python scripts/image/check.py
+	$(BIN)/python scripts/image/compose.py
 
 clean:
 	rm -rf $(VENV) $(OLDEST) $(TOOLS) $(PEER_VENV) build *.egg-info
