@@ -59,6 +59,12 @@ $(TOOLS)/.buf-$(BUF_VERSION):
 	npm install --prefix $(TOOLS) --no-audit --no-fund --loglevel=error @bufbuild/buf@$(BUF_VERSION)
 	touch $@
 
+# The Node client of tests/test_node_client.py: a client built from proto/ alone (grpc-js, proto-loader).
+NODE_GRPC := @grpc/grpc-js@1.14.7 @grpc/proto-loader@0.8.1
+$(TOOLS)/.node-grpc:
+	npm install --prefix $(TOOLS) --no-audit --no-fund --loglevel=error $(NODE_GRPC)
+	touch $@
+
 proto-check: $(TOOLS)/.buf-$(BUF_VERSION)
 	$(BUF) lint
 	$(BUF) breaking --against proto/baseline/grpcgrade-v1.json
