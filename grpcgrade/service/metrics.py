@@ -336,6 +336,13 @@ class Metrics:
             ["face", "method", "code"],
             registry=r,
         )
+        self.http_unusable_samples = Counter(
+            "grpcgrade_http_unusable_samples",
+            "Samples an HTTP face could not grade at all (a query that does not start with its prompt, a missing "
+            "input, a field over the limits): failed samples, per face. The server log says why.",
+            ["face"],
+            registry=r,
+        )
         self.failure_budget_calls = Counter(
             "grpcgrade_failure_budget_exceeded_calls",
             "Calls ended (FAILED_PRECONDITION, or HTTP 400) because their failures passed max_failure_ratio.",
