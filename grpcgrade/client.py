@@ -34,6 +34,7 @@ from grpcgrade.service.convert import SampleColumns as SampleColumns  # a batch 
 from grpcgrade.service.convert import add_samples, as_columns, graders_list, sample_to_pb, specs_to_pb
 
 from .batch_scores import BatchScores as BatchScores  # what batch_scores returns
+from .core.context import CALLER_HEADER
 from .errors import FailureBudgetExceeded as FailureBudgetExceeded
 from .errors import GradingError as GradingError
 from .errors import ServerUnavailable, typed
@@ -294,6 +295,9 @@ def _lazy_chunks(samples: Iterable[Any], size: int, linger: float) -> Iterator[l
 
 
 class _Base:
+    """What both clients share. `caller` names this client to the server (`x-grpcgrade-caller`): its calls'
+    judgments take that caller's share of each judge model's limits (docs/llm-judges.md#fair-share)."""
+
     def __init__(
         self,
         target: Target,
@@ -306,13 +310,16 @@ class _Base:
         max_message_bytes: int = 64 * 1024 * 1024,
         server_name: str | None = None,
         unavailable_seconds: float = DEFAULT_UNAVAILABLE_SECONDS,
+        caller: str | None = None,
     ) -> None:
         self.target = channel_target(target)
         self.timeout = timeout
         self.unavailable_seconds = unavailable_seconds
         self.chunk_size = chunk_size
         self.max_in_flight = max_in_flight
-        self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        self._metadata: tuple[tuple[str, str], ...] = (("authorization", f"Bearer {token}"),) if token else ()
+        if caller:  # this client's share of the server's judge models (docs/llm-judges.md#fair-share)
+            self._metadata += ((CALLER_HEADER, caller),)
         self._credentials = credentials
         self._options = channel_options(max_message_bytes, server_name)
         self._columns_ok = True  # False once a server showed it does not read SampleColumns
