@@ -396,7 +396,7 @@ def test_make_serve_takes_port_metrics_port_and_config_and_installs_no_dev_tools
 
 def test_make_test_adds_the_dev_tools():
     lines = make_commands("test")
-    assert any("pip install" in line and "'.[server]'" in line for line in lines)
+    assert any("pip install" in line and "'.[server" in line for line in lines)
     assert any("pip install" in line and "--group dev --group docs" in line for line in lines)
     assert lines[-1].endswith("-m pytest -q")
 
@@ -438,3 +438,12 @@ def test_the_cli_reference_eval_examples_run(server, tmp_path):
         scored = [json.loads(x) for x in (tmp_path / "scored.jsonl").read_text().splitlines()]
         assert [x["sample"] for x in scored] == [{"response": "42", "reference": "42"}, {"response": "{}"}]
         assert all(x["results"] for x in scored)
+
+
+def test_make_serve_and_make_test_take_turns_with_the_venv():
+    """Started together (the Quick start's two shells), they would run two pips in one .venv at once: every
+    step that creates or installs into .venv holds the one lock."""
+    for target in ("serve", "test"):
+        writes = [line for line in make_commands(target) if "pip install" in line or "-m venv" in line]
+        assert writes
+        assert all(line.startswith("flock .venv.lock ") for line in writes), writes
