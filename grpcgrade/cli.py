@@ -225,10 +225,17 @@ def cmd_graders(args: argparse.Namespace) -> int:
                 raise RunFailed(rpc_message(exc, args.target)) from exc
         where = f"The graders, plugins and rewards of the server at {args.target}:"
     else:
-        from grpcgrade.core.registry import get_registry
-        from grpcgrade.service.catalog import list_graders
+        try:
+            from grpcgrade.core.registry import get_registry
+            from grpcgrade.service.catalog import list_graders
 
-        listing = list_graders(get_registry(), {})
+            listing = list_graders(get_registry(), {})
+        except ModuleNotFoundError as exc:  # `pip install grpcgrade`: the client, without the graders' packages
+            raise UsageError(
+                f"{exc.name} is missing: this installation is the client only, which grades nothing itself. "
+                "List a server's graders with --target HOST:PORT, or install the graders: "
+                "pip install 'grpcgrade[server]'"
+            ) from exc
         where = "The graders and plugins of this installation (a server's: --target HOST:PORT):"
     data = listing_data(listing)
     if args.json:

@@ -172,13 +172,26 @@ def call_timeout(request: pb.BatchEvaluateRequest, timeout: float) -> float:
 
 
 def channel_target(target: Target) -> str:
-    """One address, a gRPC name (`dns:///svc:50051`), or several addresses balanced round-robin."""
+    """One address, a gRPC name (`dns:///svc:50051`), or several addresses balanced round-robin. An
+    `http://host:port` URL (what an HTTP habit writes) is its `host:port`; an `https://` one is refused:
+    TLS is the client's `credentials=`, not a scheme."""
     if isinstance(target, str):
-        return target
-    addresses = list(target)
+        return _address(target)
+    addresses = [_address(a) for a in target]
     if len(addresses) == 1:
         return addresses[0]
     return "ipv4:" + ",".join(addresses)
+
+
+def _address(target: str) -> str:
+    if target.startswith("http://"):
+        return target[len("http://") :].rstrip("/")
+    if target.startswith("https://"):
+        raise ValueError(
+            f"grpcgrade: target {target!r} is an HTTPS URL; give host:port and TLS as credentials= "
+            "(grpcgrade.client.tls_credentials)"
+        )
+    return target
 
 
 def channel_options(max_message_bytes: int, server_name: str | None = None) -> list[tuple[str, Any]]:

@@ -104,3 +104,10 @@ def test_a_server_that_starts_within_unavailable_seconds_answers_the_call(tmp_pa
     (answer,) = answers
     assert not isinstance(answer, Exception), answer
     assert answer.results[0].score == 1.0
+
+
+def test_an_http_url_target_is_its_address_and_https_is_refused(client, server):
+    with GradingClient(f"http://{server.target}/") as by_url:
+        assert by_url.evaluate({"response": "{}"}, ["json_validator"]).results[0].score == 1.0
+    with pytest.raises(ValueError, match="HTTPS URL; give host:port and TLS as credentials="):
+        GradingClient(f"https://{server.target}")

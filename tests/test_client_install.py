@@ -94,3 +94,16 @@ def test_the_readmes_git_url_installs_a_working_client(tmp_path, server, oldest_
     is committed, as a git URL gives it)."""
     assert 'pip install "grpcgrade @ git+https://' in (ROOT / "README.md").read_text()
     _install_and_use(f"grpcgrade @ git+file://{ROOT}", tmp_path / "site", server, oldest_python)
+
+
+def test_graders_without_target_on_a_client_only_install_says_what_to_do(oldest_python: Path):
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    done = subprocess.run(
+        [str(oldest_python), "-m", "grpcgrade.cli", "graders"],
+        env={**env, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr
+    assert "--target HOST:PORT" in done.stderr and "grpcgrade[server]" in done.stderr
