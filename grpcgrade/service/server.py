@@ -12,6 +12,7 @@ import logging
 import math
 import os
 import signal
+import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -252,9 +253,28 @@ class Service:
         log.info("stopped")
 
 
+def _bindable(option: str, host: str, port: int) -> None:
+    """PortUnavailable now when `host:port` cannot be bound (in use, not this machine's address), with the
+    operating system's reason: grpc would say so only after its C core had logged lines of its own."""
+    if not port:
+        return
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except OSError as exc:
+        raise PortUnavailable(option, host, port, exc.strerror or str(exc)) from exc
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as grpc binds: TIME_WAIT is no obstacle
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            raise PortUnavailable(option, host, port, exc.strerror or str(exc)) from exc
+
+
 def build_server(opts: ServeOptions) -> Service:
     """Everything `serve` runs, assembled: configuration read, rewards resolved (a broken one fails here,
     not on the first call), workers started, the port bound. Raises for a bad configuration."""
+    _bindable("port", opts.host, opts.port)  # before grpc tries: its C core logs its own lines first
     registry = get_registry()
     config = read_config(opts, registry)
     configure_models(config.models, config.callers)  # before the rewards are resolved: their LLM graders look models up
