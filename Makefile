@@ -21,22 +21,26 @@ CONFIG ?=
 BUNDLED := $(filter-out plugins/grpcgrade-openjudge/,$(wildcard plugins/*/))
 OPENJUDGE_VENV := .venv-openjudge
 
-.PHONY: serve test test-openjudge proto lint typecheck proto-check bench perf-peers docs cog clean system-deps
+.PHONY: serve test test-openjudge proto lint typecheck proto-check bench perf-peers docs cog clean system-deps image-test
 
 # buf (lint and breaking-change checks of proto/) from the npm registry, pinned, into .tools/.
 BUF_VERSION := 1.75.0
 TOOLS := .tools
 BUF := $(TOOLS)/node_modules/.bin/buf
 
+# `make serve` and `make test` started together (the Quick start's two shells) share .venv: every step that
+# creates or installs into it holds one lock (flock, util-linux), so two pips never write it at once.
+LOCKED := flock $(VENV).lock
+
 $(SERVER_STAMP): pyproject.toml plugins/*/pyproject.toml
-	test -d $(VENV) || $(PY) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[server]' $(foreach p,$(BUNDLED),-e $(p))
+	$(LOCKED) sh -c 'test -d $(VENV) || $(PY) -m venv $(VENV)'
+	$(LOCKED) $(BIN)/pip install --quiet --upgrade pip
+	$(LOCKED) $(BIN)/pip install --quiet -e '.[server,math]' $(foreach p,$(BUNDLED),-e $(p))
 	touch $(SERVER_STAMP)
 
 # The development and docs tools on top (pyproject's dependency groups; pip >= 25.1 reads them).
 $(STAMP): $(SERVER_STAMP)
-	$(BIN)/pip install --quiet --group dev --group docs
+	$(LOCKED) $(BIN)/pip install --quiet --group dev --group docs
 	touch $(STAMP)
 
 serve: $(SERVER_STAMP)
@@ -109,5 +113,12 @@ cog: $(STAMP)
 system-deps:
 	apt-get update && apt-get install -y --no-install-recommends bubblewrap
 
+# The image built and run by a real container engine, then the compose stack (docs/deploy.md says what it
+# checks). As root on Debian: installs and configures podman from Debian's packages first.
+image-test: $(SERVER_STAMP)
+	bash scripts/image/engine.sh
+	$(BIN)/python scripts/image/check.py
+	$(BIN)/python scripts/image/compose.py
+
 clean:
-	rm -rf $(VENV) $(OLDEST) $(TOOLS) $(PEER_VENV) build *.egg-info
+	rm -rf $(VENV) $(VENV).lock $(OLDEST) $(TOOLS) $(PEER_VENV) build *.egg-info
