@@ -5,8 +5,11 @@ Where work runs, in the words used throughout (code, tests, docs):
   event loop; synchronous graders only when there are no workers (`--workers 0`) or the server's own
   configuration keeps them there (server-only graders). A synchronous grader on the loop would stall
   every call, health checks included, for as long as a request can make it run.
-- **in a worker**: in the worker pool. Every other synchronous grader runs in a worker, one chunk per
-  grader, beside the call's async graders; a unary call's graders go to one worker together.
+- **in a worker**: through the executor (`executors`: the local worker pool, or another implementation of
+  the interface). Every other synchronous grader runs in a worker, one chunk per grader, beside the call's
+  async graders; a unary call's graders go to one worker together.
+- **row by row**: async graders grade each sample on its own (`grade_rows`), so a slow one delays only its
+  sample; the call's window then counts samples in flight.
 - **whole chunks**: when every grader of a batch can run in a worker, whole chunks go there as the
   service's serialized samples and come back as its serialized response (see `service.wire`), so cheap
   graders use every core too.

@@ -27,6 +27,7 @@ from grpcgrade.core.canaries import CanaryResult, run_canaries, watch
 from grpcgrade.core.config import ServerConfig, load_config
 from grpcgrade.core.engine import Engine
 from grpcgrade.core.errors import ConfigError, InvalidParams, PortUnavailable, UnknownGrader
+from grpcgrade.core.executors import Executor
 from grpcgrade.core.registry import Registry, get_registry
 from grpcgrade.core.workers import WorkerPool
 from grpcgrade.llm.models import configure as configure_models
@@ -44,6 +45,7 @@ from .servicer import GradingServicer, add_to_server
 log = logging.getLogger("grpcgrade.service.server")
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["GradingService"].full_name
+POOL_HEALTH_SECONDS = 1.0  # how often the health check asks whether the worker pool can grade
 
 
 class _WatchEnded(Exception):
@@ -159,6 +161,9 @@ class Service:
     http_port: int | None = None
     #: The periodic canary runs (None without canaries), and whether a canary failed at the last run.
     canary_task: asyncio.Task[None] | None = None
+    #: Watches whether the worker pool can grade (`Executor.healthy`): the health check says so.
+    pool_task: asyncio.Task[None] | None = None
+    pool_failing: bool = False
     canaries_failing: bool = False
 
     async def start(self) -> None:
@@ -184,6 +189,8 @@ class Service:
             await self._report_canaries(await run_canaries(self.engine, canaries))
             interval = self.config.canary.interval_seconds
             self.canary_task = asyncio.create_task(watch(self.engine, canaries, interval, self._report_canaries))
+        if self.pool is not None:
+            self.pool_task = asyncio.create_task(self._watch_pool(self.pool))
         await self._set_health()
         log.info(
             "grpcgrade serving on %s:%d (%d graders, %d rewards, %d workers%s%s)",
@@ -202,10 +209,23 @@ class Service:
         """SERVING, unless a canary fails and the configuration makes that fail the health check."""
         if self.health.draining:
             return
-        failing = self.canaries_failing and self.config.canary.fail_health
+        failing = (self.canaries_failing and self.config.canary.fail_health) or self.pool_failing
         status = health_pb2.HealthCheckResponse.NOT_SERVING if failing else health_pb2.HealthCheckResponse.SERVING
         for name in ("", SERVICE_NAME):
             await self.health.set(name, status)
+
+    async def _watch_pool(self, pool: Executor) -> None:
+        """NOT_SERVING while the worker pool cannot grade (no worker stays up), SERVING again once it can."""
+        while True:
+            await asyncio.sleep(POOL_HEALTH_SECONDS)
+            failing = not pool.healthy()
+            if failing != self.pool_failing:
+                self.pool_failing = failing
+                if failing:
+                    log.error("the worker pool cannot keep a worker up: NOT_SERVING")
+                else:
+                    log.info("the worker pool is up again")
+                await self._set_health()
 
     async def _report_canaries(self, results: list[CanaryResult]) -> None:
         """A canary run's results into the metrics, and into the health service with `canary.fail_health`."""
@@ -240,6 +260,8 @@ class Service:
         """Drain: NOT_SERVING, refuse new calls, finish in-flight ones for up to the grace period."""
         grace = self.options.grace_seconds
         log.info("draining: NOT_SERVING, finishing in-flight calls for up to %.0f s", grace)
+        if self.pool_task is not None:
+            self.pool_task.cancel()
         if self.canary_task is not None:
             self.canary_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
