@@ -83,9 +83,10 @@ docs: $(STAMP)
 cog: $(STAMP)
 	$(BIN)/cog -r -I scripts $$(grep -l '\[\[\[cog' README.md docs/*.md)
 
-# What pip cannot install: bubblewrap, the code sandbox of plugins/grpcgrade-code (Debian/Ubuntu, as root).
+# What pip cannot install: bubblewrap, the code sandbox of plugins/grpcgrade-code, and libseccomp, its
+# seccomp filter's builder (Debian/Ubuntu, as root).
 system-deps:
-	apt-get update && apt-get install -y --no-install-recommends bubblewrap
+	apt-get update && apt-get install -y --no-install-recommends bubblewrap libseccomp2
 
 clean:
 	rm -rf $(VENV) $(OLDEST) $(TOOLS) $(PEER_VENV) build *.egg-info
