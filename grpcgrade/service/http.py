@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import logging
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -49,6 +50,8 @@ from grpcgrade.core.result_cache import CacheMode
 from grpcgrade.core.samples import Limits, as_text, check_fields
 
 from .metrics import Metrics
+
+log = logging.getLogger("grpcgrade.service.http")
 
 #: extra_logs key of the per-sample failure flag.
 FAILED_LOG = "grpcgrade_failed"
@@ -85,7 +88,19 @@ def _authorized(request: web.Request, tokens: Sequence[bytes]) -> bool:
             return False
     else:
         return False
-    return any(hmac.compare_digest(presented.encode(), t) for t in tokens)
+    return any(hmac.compare_digest(token_bytes(request, presented), t) for t in tokens)
+
+
+def token_bytes(request: web.Request, presented: str) -> bytes:
+    """A presented token as the bytes to compare with the configured ones (UTF-8 text). aiohttp decodes
+    headers as UTF-8 with surrogate escapes, so a header that is not UTF-8 holds surrogates no token can
+    match: it gets one log line and matches nothing (401), not an UnicodeEncodeError (500 and a traceback)."""
+    try:
+        return presented.encode()
+    except UnicodeEncodeError:
+        log.warning("HTTP %s %s from %s: its Authorization header is not UTF-8: 401",
+                    request.method, request.path, request.remote)  # fmt: skip
+        return b""
 
 
 def _strings(body: dict[str, Any], key: str, n: int | None) -> list[str] | None:

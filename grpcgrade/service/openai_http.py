@@ -34,6 +34,8 @@ from grpcgrade.graders.openai.grader import ITEM_KWARG
 from grpcgrade.graders.openai.outcome import ERROR_FLAGS
 from grpcgrade.graders.openai.schema import GraderConfigError
 
+from .http import token_bytes
+
 #: Where OpenAI serves these endpoints; mount the sub-application here.
 MOUNT_PATH = "/v1/fine_tuning/alpha/graders"
 GRADER_NAME = "openai_grader"
@@ -102,7 +104,7 @@ def _auth(request: web.Request, tokens: Sequence[bytes]) -> None:
     if not tokens:
         return
     scheme, _, token = request.headers.get("Authorization", "").partition(" ")
-    presented = token.strip().encode()
+    presented = token_bytes(request, token.strip())
     if scheme.lower() != "bearer" or not any(hmac.compare_digest(presented, t) for t in tokens):
         raise BadRequest("missing or invalid bearer token", status=401, code="invalid_api_key")
 
