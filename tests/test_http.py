@@ -129,7 +129,7 @@ def test_bad_requests_are_named(http_server):
     status, text = asyncio.run(go("/get_reward", json={"query": ["a"], "prompts": ["a", "b"]}))
     assert status == 400 and "`prompts` has 2 items but `query` has 1" in text
     status, text = asyncio.run(go("/get_reward", data=b"{not json"))
-    assert status == 400 and "not JSON" in text
+    assert (status, text) == (400, "the request body is not valid JSON")
     status, text = asyncio.run(go("/get_reward", json={"prompts": []}))
     assert status == 400 and "`query` is required" in text
     status, text = asyncio.run(go("/get_reward", json={"query": ["a"], "labels": "a"}))
@@ -139,7 +139,7 @@ def test_bad_requests_are_named(http_server):
     # JSON nested past the interpreter's recursion limit (within the body size limit): was a 500
     deep = b"[" * 50_000 + b"]" * 50_000
     status, text = asyncio.run(go("/get_reward", data=b'{"query": ["x"], "labels": ' + deep + b"}"))
-    assert (status, text) == (400, "the body's JSON is nested too deeply")
+    assert (status, text) == (400, "the request body is nested more than 100 levels deep")
 
 
 def test_http_requests_are_counted_in_the_shared_metrics(http_server):

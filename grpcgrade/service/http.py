@@ -49,6 +49,7 @@ from grpcgrade.core.guard import call_guards
 from grpcgrade.core.result_cache import CacheMode
 from grpcgrade.core.samples import Limits, as_text, check_fields
 
+from .http_limits import BodyError, json_size, mark_head_arrived, off_loop, read_json
 from .metrics import Metrics
 
 log = logging.getLogger("grpcgrade.service.http")
@@ -57,6 +58,15 @@ log = logging.getLogger("grpcgrade.service.http")
 FAILED_LOG = "grpcgrade_failed"
 #: The status a request whose client went away is counted with (nginx's "client closed request").
 CLIENT_CLOSED_REQUEST = 499
+
+
+def _status(exc: BodyError) -> web.HTTPException:
+    """A body the face cannot take, as aiohttp's exception of its status (400, 408 or 413)."""
+    kinds: dict[int, type[web.HTTPException]] = {408: web.HTTPRequestTimeout, 413: web.HTTPRequestEntityTooLarge}
+    kind = kinds.get(exc.status, web.HTTPBadRequest)
+    if kind is web.HTTPRequestEntityTooLarge:
+        return web.HTTPRequestEntityTooLarge(max_size=0, actual_size=0, text=str(exc))
+    return kind(text=str(exc))
 
 
 def response_of(query: str, prompt: str | None, suffixes: Sequence[str]) -> str:
@@ -114,9 +124,12 @@ def _strings(body: dict[str, Any], key: str, n: int | None) -> list[str] | None:
     return value
 
 
-def _labels(body: dict[str, Any], n: int) -> list[str]:
+def _labels(body: dict[str, Any], n: int, max_chars: int) -> list[str | SampleProblem]:
     """Each sample's reference. OpenRLHF sends its dataset's labels as they are (`data[label_key]`): a
-    number or a list of answers is taken as its JSON text, null as no reference (`samples.as_text`)."""
+    number or a list of answers is taken as its JSON text, null as no reference (`samples.as_text`). A
+    label whose JSON text would be over `max_chars` is its sample's problem, found without encoding it at
+    once (`json_size`): this runs off the loop for a large body, and a single C encoding of a large label
+    would hold the GIL throughout."""
     value = body.get("labels")
     if value is None:
         return [""] * n
@@ -124,7 +137,13 @@ def _labels(body: dict[str, Any], n: int) -> list[str]:
         raise web.HTTPBadRequest(text="`labels` must be a list, one label per query")
     if len(value) != n:
         raise web.HTTPBadRequest(text=f"`labels` has {len(value)} items but `query` has {n}")
-    return [as_text(label) for label in value]
+    out: list[str | SampleProblem] = []
+    for label in value:
+        if type(label) is not str and json_size(label) > max_chars:
+            out.append(SampleProblem(f"its label is over {max_chars} characters as JSON (max_field_chars)"))
+        else:
+            out.append(as_text(label))
+    return out
 
 
 class RewardHandler:
@@ -168,11 +187,9 @@ class RewardHandler:
     async def grade(self, request: web.Request, reward: str) -> web.Response:
         started = time.monotonic()
         try:
-            body = await request.json()
-        except ValueError:
-            raise web.HTTPBadRequest(text="the body is not JSON") from None
-        except RecursionError:  # nesting past the interpreter's limit: a bad body, not the server's trouble
-            raise web.HTTPBadRequest(text="the body's JSON is nested too deeply") from None
+            body, _ = await read_json(request, self.http)
+        except BodyError as exc:
+            raise _status(exc) from None
         if not isinstance(body, dict):
             raise web.HTTPBadRequest(text='the body must be a JSON object with "query", "prompts", "labels"')
         cache = body.get("cache", CacheMode.DEFAULT.value)
@@ -196,17 +213,20 @@ class RewardHandler:
                 text=f"{n} queries, over the limit max_samples_per_batch={self.limits.max_samples_per_batch}",
             )
         prompts = _strings(body, "prompts", n)
-        labels = _labels(body, n)
+        labels = await off_loop(_labels, body, n, self.limits.max_field_chars)
         deadline, failures = self._guards(body, n, started)
 
         def kwargs(i: int) -> dict[str, Any] | SampleProblem:
             try:
                 prompt = prompts[i] if prompts is not None else None
-                fields = {
+                label = labels[i]
+                if isinstance(label, SampleProblem):
+                    return label
+                fields: dict[str, Any] = {
                     "sample_id": "",
                     "query": prompt or "",
                     "response": response_of(queries[i], prompt, self.http.strip_suffixes),
-                    "reference": labels[i],
+                    "reference": label,
                     "context": "",
                     "responses": [],
                 }
@@ -262,6 +282,7 @@ def build_http_app(
 
     @web.middleware
     async def counted(request: web.Request, handler: Any) -> web.StreamResponse:
+        mark_head_arrived(request)
         status = 500
         try:
             response = await handler(request)
@@ -277,7 +298,7 @@ def build_http_app(
             if metrics is not None:
                 metrics.http_requests.labels(request.method, str(status)).inc()
 
-    app = web.Application(middlewares=[counted], client_max_size=limits.max_message_bytes)
+    app = web.Application(middlewares=[counted], client_max_size=http.max_body_bytes)
     handler = RewardHandler(engine, limits, http, default_reward, tokens, metrics)
     app.router.add_post("/get_reward", handler.default)
     app.router.add_post("/rewards/{name}/get_reward", handler.named)

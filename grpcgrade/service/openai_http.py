@@ -18,15 +18,16 @@ reports with `formula_parse_error` / `invalid_variable_error` and so does grpcgr
 from __future__ import annotations
 
 import hmac
-import json
 import time
 from collections.abc import Sequence
 from typing import Any
 
 from aiohttp import web
 
+from grpcgrade.core.config import HttpConfig
 from grpcgrade.core.engine import Engine
 from grpcgrade.core.errors import ErrorCode, InvalidParams
+from grpcgrade.core.params import MAX_PARAMS_BYTES
 from grpcgrade.core.rewards import SpecData
 from grpcgrade.core.samples import Limits
 from grpcgrade.grader import GraderError, GraderResult, GraderScore
@@ -35,12 +36,12 @@ from grpcgrade.graders.openai.outcome import ERROR_FLAGS
 from grpcgrade.graders.openai.schema import GraderConfigError
 
 from .http import token_bytes
+from .http_limits import MAX_JSON_DEPTH as MAX_JSON_DEPTH  # where callers have found it
+from .http_limits import BodyError, read_json
 
 #: Where OpenAI serves these endpoints; mount the sub-application here.
 MOUNT_PATH = "/v1/fine_tuning/alpha/graders"
 GRADER_NAME = "openai_grader"
-#: JSON nested deeper than this is refused before anything walks it (protobuf's Struct limit is the same).
-MAX_JSON_DEPTH = 100
 # grpcgrade error codes that are not an openai_grader outcome (time limit, a crash) -> OpenAI's flag
 _CODE_FLAGS: dict[str, str] = {
     ErrorCode.TIMEOUT: "unresponsive_reward_error",
@@ -65,32 +66,22 @@ class BadRequest(Exception):
         return web.json_response({"error": error}, status=self.status)
 
 
-def _depth_within(value: Any, limit: int) -> bool:
-    """True when `value` nests at most `limit` containers deep (walked without recursion)."""
-    stack = [(value, 1)]
-    while stack:
-        node, depth = stack.pop()
-        if isinstance(node, dict):
-            children: Any = node.values()
-        elif isinstance(node, list):
-            children = node
-        else:
-            continue
-        if depth > limit:
-            return False
-        stack.extend((child, depth + 1) for child in children)
-    return True
-
-
-async def _body(request: web.Request, required: tuple[str, ...], optional: tuple[str, ...] = ()) -> dict[str, Any]:
+async def _body(
+    request: web.Request, http: HttpConfig, limits: Limits, required: tuple[str, ...], optional: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """The body, read and parsed within the HTTP face's limits (off the loop when large), with its grown
+    fields size-checked: `grader` as a grader's params (MAX_PARAMS_BYTES of JSON), `item` as a sample's
+    `extra` (max_field_chars)."""
     try:
-        body = json.loads(await request.read())
-    except (ValueError, RecursionError):
-        raise BadRequest("the request body is not valid JSON") from None
+        body, sizes = await read_json(request, http, sized=("grader", "item"))
+    except BodyError as exc:
+        raise BadRequest(str(exc), status=exc.status) from None
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
-    if not _depth_within(body, MAX_JSON_DEPTH):
-        raise BadRequest(f"the request body is nested more than {MAX_JSON_DEPTH} levels deep")
+    for name, limit, what in (("grader", MAX_PARAMS_BYTES, "a grader's params"), ("item", limits.max_field_chars,
+                              "max_field_chars")):  # fmt: skip
+        if sizes.get(name, 0) > limit:
+            raise BadRequest(f"{name}: {sizes[name]} bytes as JSON, over the limit of {limit} ({what})", param=name)
     for name in required:
         if name not in body:
             raise BadRequest(f"{name}: is required", param=name)
@@ -153,19 +144,23 @@ def flagged_response(grader: Any, exc: GraderConfigError) -> dict[str, Any]:
     return run_response(failed, grader, 0.0)
 
 
-def openai_graders_app(engine: Engine, *, tokens: Sequence[str] = (), limits: Limits | None = None) -> web.Application:
+def openai_graders_app(
+    engine: Engine, *, tokens: Sequence[str] = (), limits: Limits | None = None, http: HttpConfig | None = None
+) -> web.Application:
     """The `run` and `validate` endpoints as a sub-application to mount at MOUNT_PATH.
 
     `tokens`: bearer tokens to accept (none: no check here, e.g. when the parent application authenticates).
     `limits`: the server's request limits; `model_sample` is a sample field, bounded by `max_field_chars`.
+    `http`: the HTTP face's limits on bodies (http_limits).
     """
     limits = limits or Limits()
+    http = http or HttpConfig()
     accepted = [t.encode() for t in tokens if t]
 
     async def run(request: web.Request) -> web.Response:
         try:
             _auth(request, accepted)
-            body = await _body(request, ("grader", "model_sample"), ("item",))
+            body = await _body(request, http, limits, ("grader", "model_sample"), ("item",))
             sample = body["model_sample"]
             if not isinstance(sample, str):
                 raise BadRequest("model_sample: must be a string", param="model_sample")
@@ -192,7 +187,7 @@ def openai_graders_app(engine: Engine, *, tokens: Sequence[str] = (), limits: Li
     async def validate(request: web.Request) -> web.Response:
         try:
             _auth(request, accepted)
-            body = await _body(request, ("grader",))
+            body = await _body(request, http, limits, ("grader",))
             try:
                 engine.resolve([SpecData(GRADER_NAME, {"grader": body["grader"]})])
             except InvalidParams as exc:
@@ -207,10 +202,13 @@ def openai_graders_app(engine: Engine, *, tokens: Sequence[str] = (), limits: Li
     return app
 
 
-def openai_graders_root(engine: Engine, *, tokens: Sequence[str] = (), limits: Limits | None = None) -> web.Application:
+def openai_graders_root(
+    engine: Engine, *, tokens: Sequence[str] = (), limits: Limits | None = None, http: HttpConfig | None = None
+) -> web.Application:
     """A whole application serving only the grader endpoints at MOUNT_PATH (the request body limit is the
-    root application's, so it is set here from `limits.max_message_bytes`)."""
+    root application's, so it is set here from `http.max_body_bytes`)."""
     limits = limits or Limits()
-    root = web.Application(client_max_size=limits.max_message_bytes)
-    root.add_subapp(MOUNT_PATH, openai_graders_app(engine, tokens=tokens, limits=limits))
+    http = http or HttpConfig()
+    root = web.Application(client_max_size=http.max_body_bytes)
+    root.add_subapp(MOUNT_PATH, openai_graders_app(engine, tokens=tokens, limits=limits, http=http))
     return root

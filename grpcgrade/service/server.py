@@ -11,6 +11,7 @@ import ctypes
 import logging
 import math
 import os
+import resource
 import signal
 import threading
 from dataclasses import dataclass, field
@@ -35,6 +36,7 @@ from grpcgrade.v1 import grading_pb2 as pb
 from .admin import SERVICE_NAME as ADMIN_SERVICE_NAME
 from .admin import AdminServicer
 from .http import build_http_app
+from .http_limits import ConnectionGuard
 from .interceptors import AuthInterceptor, DecodeGuardInterceptor, ObservingInterceptor
 from .metrics import Metrics
 from .openai_http import MOUNT_PATH, openai_graders_app
@@ -147,6 +149,7 @@ class Service:
     tls: bool
     http_app: web.Application | None = None
     http_runner: web.AppRunner | None = None
+    http_guard: ConnectionGuard | None = None
     #: The HTTP face's bound port once started (None without one).
     http_port: int | None = None
     #: The periodic canary runs (None without canaries), and whether a canary failed at the last run.
@@ -216,17 +219,20 @@ class Service:
     async def _start_http(self, app: web.Application) -> None:
         # handler_cancellation: a request whose client went away (OpenRLHF gives up after 180 s, then posts it
         # again) stops grading, as a cancelled gRPC call does, instead of running to an answer nobody reads.
+        # Its connections are served by http_limits' guard: a cap, a time for the request head, an idle timeout.
+        self.http_guard = ConnectionGuard(self.config.http)
         self.http_runner = web.AppRunner(
-            app, access_log=None, shutdown_timeout=self.options.grace_seconds, handler_cancellation=True
+            app,
+            shutdown_timeout=self.options.grace_seconds,
+            handler_cancellation=True,
+            **self.http_guard.connection_options(),
         )
         await self.http_runner.setup()
         host, port = self.options.http_host, self.options.http_port or 0
-        site = web.TCPSite(self.http_runner, host, port, reuse_port=False)
         try:
-            await site.start()
+            self.http_port = await self.http_guard.start(self.http_runner, host, port)
         except OSError as exc:
             raise PortUnavailable("http_port", host, port, exc.strerror or str(exc)) from exc
-        self.http_port = self.http_runner.addresses[0][1]
 
     async def stop(self) -> None:
         """Drain: NOT_SERVING, refuse new calls, finish in-flight ones for up to the grace period, all
@@ -250,6 +256,8 @@ class Service:
         """Stop accepting, let in-flight HTTP requests finish for up to `grace`, then end them. aiohttp
         spends up to its shutdown_timeout waiting for handlers and as long again for the cancelled ones to
         end: bounded here to the grace period and half a second more."""
+        if self.http_guard is not None:
+            self.http_guard.close()
         if self.http_runner is not None:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.http_runner.cleanup(), grace + 0.5)
@@ -336,7 +344,7 @@ def build_server(opts: ServeOptions) -> Service:
             config.default_reward,
             tokens=tokens,
             metrics=metrics,
-            subapps={MOUNT_PATH: openai_graders_app(engine, tokens=tokens, limits=config.limits)},
+            subapps={MOUNT_PATH: openai_graders_app(engine, tokens=tokens, limits=config.limits, http=config.http)},
         )
     return service
 
@@ -379,9 +387,27 @@ def return_large_buffers_to_the_os() -> None:
         ctypes.CDLL(None).mallopt(M_MMAP_THRESHOLD, LARGE_ALLOCATION_BYTES)
 
 
+def raise_open_files_limit() -> int:
+    """Raise this process's soft limit on open files to its hard limit, and return it. Every HTTP and gRPC
+    connection, every sandbox's pipes and every worker's take descriptors; the soft limit is often 1,024
+    (systemd, many shells) where the hard one is far higher, and running out fails whatever asks next (a
+    new client, a sandbox). Workers and sandboxes started later inherit it."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard > soft:
+        wanted = hard if hard != resource.RLIM_INFINITY else max(soft, OPEN_FILES_WANTED)
+        with contextlib.suppress(ValueError, OSError):  # some platforms refuse RLIM_INFINITY or above nr_open
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+#: The soft open-files limit asked for when the hard limit is unlimited.
+OPEN_FILES_WANTED = 1 << 20
+
+
 async def serve(opts: ServeOptions) -> int:
     """Run until SIGTERM/SIGINT, then drain."""
     return_large_buffers_to_the_os()
+    log.info("open files limit: %d", raise_open_files_limit())
     service = build_server(opts)
     try:
         await service.start()
