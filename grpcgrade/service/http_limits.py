@@ -153,7 +153,6 @@ class _Connection(web.RequestHandler):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
-        self.guard.open.add(self)
         self.head_timer = asyncio.get_running_loop().call_later(self.guard.http.header_timeout_seconds, self._late)
 
     def connection_lost(self, exc: BaseException | None) -> None:
@@ -197,6 +196,7 @@ class ConnectionGuard:
             return _Refused()
         connection = _Connection(server, loop=asyncio.get_running_loop(), **self.connection_options())
         connection.guard = self
+        self.open.add(connection)  # counted now: asyncio makes a batch of accepted connections at once
         return connection
 
     async def start(self, runner: web.AppRunner, host: str, port: int) -> int:
