@@ -15,6 +15,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from grpcgrade.service.http_limits import MAX_JSON_CONTAINERS
 from grpcgrade.service.openai_http import MOUNT_PATH
 from grpcgrade.testing import ServerProcess, free_port, start_server
 from grpcgrade.v1 import grading_pb2 as pb
@@ -137,10 +138,11 @@ def post_raw(port: int, head: bytes, body: bytes) -> tuple[bytes, float, float]:
 
 
 def test_a_body_that_is_slow_to_parse_does_not_hold_grpc_callers(hostile_server: ServerProcess) -> None:
-    """A body of 300,000 empty lists (900 kB, under the body limit): the C decoder held the event loop for
-    all of the parse (1.5 s here), during which no gRPC call could end. Parsed off the loop now, gRPC calls
-    keep ending while it is parsed; the request is then answered (400: it has no model_sample)."""
-    item = b"[" + b"[]," * 300_000 + b"[]]"
+    """A body of 90,000 empty lists (270 kB, under the body limit): the C decoder held the event loop for
+    all of the parse (0.5 s here), during which no gRPC call could end. Parsed off the loop now, gRPC calls
+    keep ending while it is parsed; the request is then answered (400: it has no model_sample). With more
+    arrays and objects than MAX_JSON_CONTAINERS it is refused as it is parsed (413)."""
+    item = b"[" + b"[]," * 90_000 + b"[]]"
     body = b'{"grader": ' + json.dumps(GRADER).encode() + b', "item": ' + item + b"}"
     with GrpcCaller(hostile_server.target) as caller:
         answer, sent, answered = post_raw(hostile_server.http_port, RUN, body)
@@ -150,6 +152,9 @@ def test_a_body_that_is_slow_to_parse_does_not_hold_grpc_callers(hostile_server:
     quarter = (answered - sent) / 4
     assert caller.between(sent + quarter, answered - quarter) > 0
     print(f"parse: {answered - sent:.2f} s; longest gRPC stall meanwhile {caller.longest_gap(sent, answered):.3f} s")
+    many = b'{"grader": {}, "item": [' + b"[]," * MAX_JSON_CONTAINERS + b"[]]}"
+    answer, *_ = post_raw(hostile_server.http_port, RUN, many)
+    assert answer.startswith(b"HTTP/1.1 413 ") and f"more than {MAX_JSON_CONTAINERS} arrays".encode() in answer
 
 
 def test_an_oversized_body_is_refused_while_grpc_callers_are_answered(hostile_server: ServerProcess) -> None:

@@ -41,6 +41,9 @@ T = TypeVar("T")
 INLINE_PARSE_BYTES = 16 * 1024
 #: JSON nested deeper than this is refused (protobuf's Struct limit is the same).
 MAX_JSON_DEPTH = 100
+#: Arrays and objects a large body may hold. Each is a Python object the garbage collector then walks on
+#: every full collection, holding the GIL (and so the event loop) throughout; trainers' bodies hold text.
+MAX_JSON_CONTAINERS = 100_000
 #: Threads parsing large bodies at once; more wait their turn (each holds the GIL a share of the time).
 PARSE_THREADS = 2
 
@@ -58,9 +61,25 @@ class BodyError(ValueError):
 
 
 def _bytecode_decoder() -> json.JSONDecoder:
-    """The standard library's decoder with its pure-Python scanner (the C one holds the GIL throughout)."""
+    """The standard library's decoder with its pure-Python scanner (the C one holds the GIL throughout),
+    counting the arrays and objects it makes: past MAX_JSON_CONTAINERS it stops (413)."""
     decoder = json.JSONDecoder()
-    decoder.parse_string = json.decoder.py_scanstring  # type: ignore[attr-defined]  # read by the scanner
+    made = 0
+
+    def counted(parse: Callable[..., Any]) -> Callable[..., Any]:
+        def parse_counted(*args: Any, **kwargs: Any) -> Any:
+            nonlocal made
+            made += 1
+            if made > MAX_JSON_CONTAINERS:
+                raise BodyError(f"the request body has more than {MAX_JSON_CONTAINERS} arrays and objects", 413)
+            return parse(*args, **kwargs)
+
+        return parse_counted
+
+    # py_make_scanner reads these from the decoder once, when it is made.
+    decoder.parse_object = counted(decoder.parse_object)  # type: ignore[attr-defined]  # the stubs omit them
+    decoder.parse_array = counted(decoder.parse_array)  # type: ignore[attr-defined]  # the stubs omit them
+    decoder.parse_string = json.decoder.py_scanstring  # type: ignore[attr-defined]
     decoder.scan_once = json.scanner.py_make_scanner(decoder)  # type: ignore[attr-defined]
     return decoder
 
@@ -98,6 +117,8 @@ def parse_body(raw: bytes, sized: Sequence[str] = ()) -> tuple[Any, dict[str, in
         body = json.loads(text) if len(raw) <= INLINE_PARSE_BYTES else _bytecode_decoder().decode(text)
     except RecursionError:  # nesting past the interpreter's limit: a bad body, not the server's trouble
         raise too_deep from None
+    except BodyError:
+        raise
     except ValueError:
         raise BodyError("the request body is not valid JSON") from None
     if not depth_within(body, MAX_JSON_DEPTH):
