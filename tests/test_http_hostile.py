@@ -15,8 +15,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from grpcgrade.service.http_limits import MAX_JSON_CONTAINERS
-from grpcgrade.service.openai_http import MOUNT_PATH
+from grpcgrade.service.http.limits import MAX_JSON_CONTAINERS
+from grpcgrade.service.http.openai_graders import MOUNT_PATH
 from grpcgrade.testing import ServerProcess, free_port, start_server
 from grpcgrade.v1 import grading_pb2 as pb
 from grpcgrade.v1 import grading_pb2_grpc as pb_grpc

@@ -36,11 +36,11 @@ from grpcgrade.v1 import grading_pb2 as pb
 
 from .admin import SERVICE_NAME as ADMIN_SERVICE_NAME
 from .admin import AdminServicer
+from .callers import CallerInterceptor
 from .http import build_http_app
-from .http_limits import ConnectionGuard
+from .http.limits import ConnectionGuard
 from .interceptors import AuthInterceptor, DecodeGuardInterceptor, ObservingInterceptor
 from .metrics import Metrics
-from .openai_http import MOUNT_PATH, openai_graders_app
 from .servicer import GradingServicer, add_to_server
 
 log = logging.getLogger("grpcgrade.service.server")
@@ -220,7 +220,7 @@ class Service:
     async def _start_http(self, app: web.Application) -> None:
         # handler_cancellation: a request whose client went away (OpenRLHF gives up after 180 s, then posts it
         # again) stops grading, as a cancelled gRPC call does, instead of running to an answer nobody reads.
-        # Its connections are served by http_limits' guard: a cap, a time for the request head, an idle timeout.
+        # Its connections are served by http.limits' guard: a cap, a time for the request head, an idle timeout.
         self.http_guard = ConnectionGuard(self.config.http)
         self.http_runner = web.AppRunner(
             app,
@@ -269,7 +269,7 @@ def build_server(opts: ServeOptions) -> Service:
     not on the first call), workers started, the port bound. Raises for a bad configuration."""
     registry = get_registry()
     config = read_config(opts, registry)
-    configure_models(config.models)  # before the rewards are resolved: their LLM graders look models up
+    configure_models(config.models, config.callers)  # before the rewards are resolved: their LLM graders look models up
     metrics = Metrics() if opts.metrics_port else None
     workers = os.cpu_count() or 1 if opts.workers is None else opts.workers
     pool = WorkerPool(workers) if workers > 0 else None
@@ -301,6 +301,7 @@ def build_server(opts: ServeOptions) -> Service:
     tokens = _tokens(opts.auth_token_file)
     if tokens:
         interceptors.append(AuthInterceptor(tokens))
+    interceptors.append(CallerInterceptor())  # who calls: the judges' fair share
     interceptors.append(DecodeGuardInterceptor())  # innermost: after auth, inside the logging and metrics
     max_bytes = config.limits.max_message_bytes
     server = grpc.aio.server(
@@ -345,7 +346,6 @@ def build_server(opts: ServeOptions) -> Service:
             config.default_reward,
             tokens=tokens,
             metrics=metrics,
-            subapps={MOUNT_PATH: openai_graders_app(engine, tokens=tokens, limits=config.limits, http=config.http)},
         )
     return service
 
@@ -402,7 +402,7 @@ def raise_open_files_limit() -> int:
 
 
 #: How long a thread holding the GIL keeps it while the event loop waits for it (CPython's default: 5 ms).
-#: A thread parsing a large HTTP body (http_limits) would otherwise delay each of the loop's steps by up
+#: A thread parsing a large HTTP body (http.limits) would otherwise delay each of the loop's steps by up
 #: to 5 ms, and a gRPC call takes several: measured, gRPC calls answered during such a parse went from
 #: 57-86/s to 180-220/s with this.
 GIL_SWITCH_SECONDS = 0.0005

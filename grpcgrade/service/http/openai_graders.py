@@ -5,8 +5,8 @@ server once they point `base_url` at it: the request and response bodies are Ope
 (`openai.types.fine_tuning.alpha.grader_run_*`, `grader_validate_*`), and errors come as OpenAI's error
 object, whose `param` is the JSON path of the bad field.
 
-`openai_graders_app` is an aiohttp.web sub-application meant to be mounted at `MOUNT_PATH` on the server's
-HTTP face; it grades through the server's engine (its registry and cache, worker pool, time limits and
+`openai_graders_app` is an aiohttp.web sub-application the HTTP face (`build_http_app`) mounts at
+`MOUNT_PATH`; it grades through the server's engine (its registry and cache, worker pool, time limits and
 metrics), so an HTTP run is graded exactly as a gRPC one with grader `openai_grader`.
 
 What differs from OpenAI: when a grader fails on the sample, `reward` is null (OpenAI puts a number beside
@@ -17,7 +17,6 @@ reports with `formula_parse_error` / `invalid_variable_error` and so does grpcgr
 
 from __future__ import annotations
 
-import hmac
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -35,17 +34,21 @@ from grpcgrade.graders.openai.grader import ITEM_KWARG
 from grpcgrade.graders.openai.outcome import ERROR_FLAGS
 from grpcgrade.graders.openai.schema import GraderConfigError
 
-from .http import token_bytes
-from .http_limits import MAX_JSON_DEPTH as MAX_JSON_DEPTH  # where callers have found it
-from .http_limits import BodyError, read_json
+from ..callers import caller_middleware
+from .common import MAX_JSON_DEPTH, BodyError, authorized, faced, read_json
+
+__all__ = ["MAX_JSON_DEPTH", "MOUNT_PATH", "openai_graders_app", "openai_graders_root", "run_response"]
 
 #: Where OpenAI serves these endpoints; mount the sub-application here.
 MOUNT_PATH = "/v1/fine_tuning/alpha/graders"
 GRADER_NAME = "openai_grader"
+#: The `face` label of these endpoints' requests.
+FACE = "openai_graders"
 # grpcgrade error codes that are not an openai_grader outcome (time limit, a crash) -> OpenAI's flag
 _CODE_FLAGS: dict[str, str] = {
     ErrorCode.TIMEOUT: "unresponsive_reward_error",
     ErrorCode.INVALID_SAMPLE: "sample_parse_error",
+    ErrorCode.RATE_LIMITED: "model_grader_server_error",  # the judge model's provider limits held it back
 }
 _DETAIL_FIELDS = {
     "model_grader_server_error_details": None,
@@ -69,9 +72,9 @@ class BadRequest(Exception):
 async def _body(
     request: web.Request, http: HttpConfig, limits: Limits, required: tuple[str, ...], optional: tuple[str, ...] = ()
 ) -> dict[str, Any]:
-    """The body, read and parsed within the HTTP face's limits (off the loop when large), with its grown
-    fields size-checked: `grader` as a grader's params (MAX_PARAMS_BYTES of JSON), `item` as a sample's
-    `extra` (max_field_chars)."""
+    """The body, read and parsed within the HTTP face's limits (off the loop when large), with the fields it
+    passes on whole size-checked: `grader` as a grader's params (MAX_PARAMS_BYTES of JSON), `item` as a
+    sample's `extra` (max_field_chars)."""
     try:
         body, sizes = await read_json(request, http, sized=("grader", "item"))
     except BodyError as exc:
@@ -92,11 +95,7 @@ async def _body(
 
 
 def _auth(request: web.Request, tokens: Sequence[bytes]) -> None:
-    if not tokens:
-        return
-    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
-    presented = token_bytes(request, token.strip())
-    if scheme.lower() != "bearer" or not any(hmac.compare_digest(presented, t) for t in tokens):
+    if tokens and not authorized(request, tokens):
         raise BadRequest("missing or invalid bearer token", status=401, code="invalid_api_key")
 
 
@@ -151,7 +150,7 @@ def openai_graders_app(
 
     `tokens`: bearer tokens to accept (none: no check here, e.g. when the parent application authenticates).
     `limits`: the server's request limits; `model_sample` is a sample field, bounded by `max_field_chars`.
-    `http`: the HTTP face's limits on bodies (http_limits).
+    `http`: the HTTP face's limits on bodies (`limits.py`; the defaults when None).
     """
     limits = limits or Limits()
     http = http or HttpConfig()
@@ -197,8 +196,8 @@ def openai_graders_app(
         return web.json_response({"grader": body["grader"]})
 
     app = web.Application()
-    app.router.add_post("/run", run)
-    app.router.add_post("/validate", validate)
+    app.router.add_post("/run", faced(FACE, run))
+    app.router.add_post("/validate", faced(FACE, validate))
     return app
 
 
@@ -209,6 +208,6 @@ def openai_graders_root(
     root application's, so it is set here from `http.max_body_bytes`)."""
     limits = limits or Limits()
     http = http or HttpConfig()
-    root = web.Application(client_max_size=http.max_body_bytes)
+    root = web.Application(middlewares=[caller_middleware], client_max_size=http.max_body_bytes)
     root.add_subapp(MOUNT_PATH, openai_graders_app(engine, tokens=tokens, limits=limits, http=http))
     return root

@@ -1,5 +1,5 @@
 """What bounds the HTTP face against hostile clients: its bodies, how long they take to arrive and to read,
-and its connections (issue 33; docs/security.md lists every limit).
+and its connections (docs/security.md lists every limit with its default).
 
 The HTTP face runs on the gRPC server's event loop, so nothing a client sends may hold that loop:
 
@@ -34,7 +34,7 @@ from aiohttp import web
 
 from grpcgrade.core.config import HttpConfig
 
-log = logging.getLogger("grpcgrade.service.http")
+log = logging.getLogger("grpcgrade.http")
 T = TypeVar("T")
 
 #: Bodies up to this size are parsed on the loop by the C decoder: a few milliseconds at worst.
