@@ -231,3 +231,16 @@ def test_the_server_raises_its_soft_open_files_limit(hostile_server: ServerProce
     (line,) = [row for row in limits.splitlines() if row.startswith("Max open files")]
     soft, hard = line.split()[3:5]
     assert soft == hard, line
+
+
+def test_the_http_bounds_are_configured_and_checked() -> None:
+    from grpcgrade.core.config import HttpConfig, parse_config
+    from grpcgrade.core.errors import ConfigError
+
+    http = parse_config({"http": {"max_body_bytes": 1024, "idle_timeout_seconds": 0.5, "max_connections": 3}}).http
+    assert (http.max_body_bytes, http.idle_timeout_seconds, http.max_connections) == (1024, 0.5, 3)
+    assert http.header_timeout_seconds == HttpConfig().header_timeout_seconds
+    assert HttpConfig().max_body_bytes < 64 * 1024 * 1024
+    for key, value in (("max_connections", 0), ("max_body_bytes", 1.5), ("header_timeout_seconds", -1)):
+        with pytest.raises(ConfigError, match=f"http: {key}"):
+            parse_config({"http": {key: value}})
