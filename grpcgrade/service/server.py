@@ -414,18 +414,21 @@ OPEN_FILES_WANTED = 1 << 20
 async def serve(opts: ServeOptions) -> int:
     """Run until SIGTERM/SIGINT, then drain."""
     return_large_buffers_to_the_os()
-    log.info("open files limit: %d", raise_open_files_limit())
+    open_files = raise_open_files_limit()
     sys.setswitchinterval(GIL_SWITCH_SECONDS)
     service = build_server(opts)
     try:
         await service.start()
     except BaseException:
+        if service.http_guard is not None:
+            service.http_guard.close()
         if service.http_runner is not None:
             await service.http_runner.cleanup()
         await service.server.stop(None)
         if service.pool is not None:
             service.pool.close(patience=0)
         raise
+    log.info("open files limit: %d", open_files)  # once serving: a refused start's message stays alone
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
