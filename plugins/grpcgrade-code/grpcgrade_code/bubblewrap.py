@@ -3,7 +3,8 @@
 Isolation is bubblewrap's, a small, well-kept setuid-free tool (Flatpak's), rather than hand-rolled
 namespaces. Each run gets:
 
-* new user, PID, network, IPC, UTS and cgroup namespaces, and no way to create further user namespaces:
+* new user, PID, network, IPC, UTS and cgroup namespaces, and no way to create further user namespaces
+  (a seccomp filter, `seccomp.py`, which also works in a container):
   no network at all (only a loopback of its own), no view of the server's processes;
 * as its whole filesystem, read-only, only what its runtime needs of the host's /usr (`mounts.py`: the
   shared libraries, the runtime and the directories it reads) with the /bin, /lib symlinks into it, a
@@ -41,6 +42,7 @@ from .languages import BOX, FILE_SIZE_MARKERS, MEMORY_MARKERS, RUNTIME_PATH, Lan
 from .mounts import binds
 from .process import Exit, StuckSandbox, run_process
 from .sandbox import COMPILE_LIMITS, Limits, Outcome, Program, RunResult, SandboxUnavailable, Slots
+from .seccomp import no_user_namespaces
 from .syscalls import SeccompMissing, filter_program
 
 #: The user a server running as root hands the sandbox to.
@@ -49,6 +51,12 @@ SANDBOX_UID = 65534
 READY = b"grpcgrade-sandbox-ready\n"
 #: How much of bwrap's own complaint goes into a SandboxUnavailable message.
 MESSAGE_CHARS = 300
+#: What a sandbox that cannot start needs, said in its SandboxUnavailable message.
+CONTAINER_HINT = (
+    "in a container, the sandbox needs seccomp and AppArmor unconfined (docker/podman run --security-opt "
+    "seccomp=unconfined --security-opt apparmor=unconfined; Kubernetes: seccompProfile and appArmorProfile "
+    "Unconfined); see docs/deploy.md"
+)
 PRLIMIT = "/usr/bin/prlimit"
 #: util-linux's setpriv starts bwrap: with a parent-death signal, so the sandbox dies with the server even
 #: when the server is killed, and for a root server as SANDBOX_UID. Not Popen(user=...), which must fork()
@@ -141,6 +149,7 @@ class BubblewrapBackend:
         self._links = _host_links()
         self._binds = {name: binds(lang.needs) for name, lang in self._languages.items()}
         self._as_root = os.geteuid() == 0
+        self._seccomp = no_user_namespaces()
 
     def languages(self) -> frozenset[str]:
         return frozenset(name for name, lang in self._languages.items() if os.access(lang.runtime, os.X_OK))
@@ -184,21 +193,20 @@ class BubblewrapBackend:
         files: dict[str, tuple[int, int]],
         limits: Limits,
         lang: Language,
-        fds: tuple[int, int],
+        info: int,
+        seccomp: tuple[int, ...],
     ) -> list[str]:
-        """The bwrap command line; `files` maps each sandbox path to (an fd holding its content, its mode),
-        `fds` are bwrap's info pipe and the fd holding the seccomp filter."""
-        info, seccomp = fds
+        """The bwrap command line; `files` maps each sandbox path to (an fd holding its content, its mode);
+        `seccomp` are fds each holding a filter (the kernel applies them all: the strictest answer wins)."""
         assert self._bwrap is not None
         memory = limits.memory_mb << 20
         argv = [
             self._bwrap,
             "--unshare-all",
             "--unshare-user",
-            "--disable-userns",
+            *(arg for fd in seccomp for arg in ("--add-seccomp-fd", str(fd))),
             "--die-with-parent",
             "--info-fd", str(info),
-            "--seccomp", str(seccomp),
             "--new-session",
             "--cap-drop", "ALL",
             "--hostname", "sandbox",
@@ -247,18 +255,18 @@ class BubblewrapBackend:
         made: list[int] = []
         try:  # out of fds or memory here is the server's trouble, not the program's
             fds = {path: (_kept(made, _memfd(data)), mode) for path, (data, mode) in files.items()}
-            seccomp = _kept(made, _memfd(filter_program()))
+            seccomp = tuple(_kept(made, _memfd(program)) for program in (self._seccomp, filter_program()))
             info_read, info_write = (_kept(made, fd) for fd in os.pipe())
         except (OSError, SeccompMissing) as exc:
             for fd in made:
                 os.close(fd)
             raise SandboxUnavailable(f"the sandbox could not be prepared: {exc}") from exc
         try:  # run_process owns and closes every one of these fds
-            argv = self._argv(command, fds, limits, lang, (info_write, seccomp))
+            argv = self._argv(command, fds, limits, lang, info_write, seccomp)
             user = [f"--reuid={SANDBOX_UID}", f"--regid={SANDBOX_UID}", "--clear-groups"] if self._as_root else []
             argv = [SETPRIV, "--pdeathsig=SIGKILL", *user, "--no-new-privs", "--", *argv]
             output_limits = (limits.output_bytes + len(READY), limits.output_bytes)
-            passed = [fd for fd, _ in fds.values()] + [info_write, seccomp]
+            passed = [fd for fd, _ in fds.values()] + [info_write, *seccomp]
             done = await run_process(argv, passed, info_read, stdin, output_limits, limits.time_seconds)
         except OSError as exc:
             raise SandboxUnavailable(f"bwrap could not be started: {exc}") from exc
@@ -267,5 +275,5 @@ class BubblewrapBackend:
         if not done.stdout.startswith(READY) or done.status is None:
             said = _text(done.stderr)[:MESSAGE_CHARS].strip() or "no message"
             reason = "did not start in time" if done.timed_out else f"failed to start (status {done.status}): {said}"
-            raise SandboxUnavailable(f"the sandbox {reason}")
+            raise SandboxUnavailable(f"the sandbox {reason}; {CONTAINER_HINT}")
         return replace(done, stdout=done.stdout[len(READY) :])

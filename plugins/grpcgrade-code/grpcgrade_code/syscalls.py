@@ -5,9 +5,10 @@ process is not counted: a `memfd_create` file, a System V shared-memory segment 
 message queue. Each survives its creator and can be made again and again up to the open-files limit, so a
 program limited to 512 MiB made gigabytes of it. A memory cgroup would count that memory; without one
 (this plugin does not require the host to delegate one), these calls are refused by a seccomp filter that
-bwrap installs in the sandbox before the program starts (`bwrap --seccomp`). They fail with ENOMEM, the
-errno of a failed allocation, so the run's verdict is `memory_limit` like any other allocation refused at
-the limit. Sandboxed programs (solutions to programming problems) have no use for them.
+bwrap installs in the sandbox before the program starts (`--add-seccomp-fd`, beside `seccomp.py`'s
+filter). They fail with ENOMEM, the errno of a failed allocation, so the run's verdict is `memory_limit`
+like any other allocation refused at the limit. Sandboxed programs (solutions to programming problems)
+have no use for them.
 
 The filter is built with libseccomp (through `pyseccomp`, its ctypes binding) rather than by hand-writing
 BPF: libseccomp knows each architecture's syscall numbers and checks the architecture of every call, so a
