@@ -109,9 +109,10 @@ docs: $(STAMP)
 cog: $(STAMP)
 	$(BIN)/cog -r -I scripts $$(grep -l '\[\[\[cog' README.md docs/*.md)
 
-# What pip cannot install: bubblewrap, the code sandbox of plugins/grpcgrade-code (Debian/Ubuntu, as root).
+# What pip cannot install: bubblewrap, the code sandbox of plugins/grpcgrade-code, and libseccomp, its
+# seccomp filter's builder (Debian/Ubuntu, as root).
 system-deps:
-	apt-get update && apt-get install -y --no-install-recommends bubblewrap
+	apt-get update && apt-get install -y --no-install-recommends bubblewrap libseccomp2
 
 # The image built and run by a real container engine, then the compose stack (docs/deploy.md says what it
 # checks). As root on Debian: installs and configures podman from Debian's packages first.

@@ -72,6 +72,15 @@ HTTP_DOCS = {
     "(see [Reward guard](reward-guard.md#step-budget))",
     "max_failure_ratio": "the failure budget of a request whose body has no `max_failure_ratio`; null: none "
     "(see [Reward guard](reward-guard.md#failure-budget))",
+    "max_body_bytes": "the largest request body: a larger declared one is refused 413 before it is read, a larger "
+    "chunked one as it passes the limit (see [Security](security.md))",
+    "body_timeout_seconds": "seconds a request's body may take to arrive once its head has; past it, 408",
+    "header_timeout_seconds": "seconds a new connection may take to send its first complete request head; past "
+    "it, the connection is closed",
+    "idle_timeout_seconds": "seconds a keep-alive connection may sit idle (or take to send its next request head) "
+    "before it is closed",
+    "max_connections": "HTTP connections open at once; past it, a new connection is closed at once (gRPC's "
+    "are not counted)",
 }
 
 #: What each request limit bounds. A limit missing here fails generation.

@@ -77,6 +77,15 @@ class HttpConfig:
     strip_suffixes: tuple[str, ...] = DEFAULT_STRIP_SUFFIXES
     budget_seconds: float = 0.0
     max_failure_ratio: float | None = None
+    # What bounds a hostile client (grpcgrade.service.http.limits, docs/security.md): a body, far below
+    # gRPC's message limit (the face's requests are one sample or one trainer batch of text), the time it
+    # may take to arrive, the time a connection may take to send its request head and sit idle, and how
+    # many connections may be open at once.
+    max_body_bytes: int = 8 * 1024 * 1024
+    body_timeout_seconds: float = 60.0
+    header_timeout_seconds: float = 10.0
+    idle_timeout_seconds: float = 15.0
+    max_connections: int = 512
 
 
 @dataclass
@@ -313,7 +322,7 @@ def parse_http(raw: Any, source: str) -> HttpConfig:
         return HttpConfig()
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: http must be a mapping")
-    allowed = ("failure_reward", "strip_suffixes", "budget_seconds", "max_failure_ratio")
+    allowed = ("failure_reward", "strip_suffixes", "budget_seconds", "max_failure_ratio", *HTTP_BOUNDS)
     unknown = set(raw) - set(allowed)
     if unknown:
         raise ConfigError(f"{source}: http: unknown key {sorted(unknown)[0]!r} (allowed: {', '.join(allowed)})")
@@ -335,12 +344,27 @@ def parse_http(raw: Any, source: str) -> HttpConfig:
         call_guards(float(budget), None if ratio is None else float(ratio), 0, 0.0)
     except InvalidParams as exc:
         raise ConfigError(f"{source}: http: {exc}") from None
+    bounds: dict[str, Any] = {}
+    for key, kind in HTTP_BOUNDS.items():
+        if key in raw:
+            bounds[key] = _number(raw[key], f"{source}: http: {key}", kind, 1 if kind is int else 0.001)
     return HttpConfig(
         failure_reward=failure,
         strip_suffixes=tuple(suffixes),
         budget_seconds=float(budget),
         max_failure_ratio=None if ratio is None else float(ratio),
+        **bounds,
     )
+
+
+#: The HTTP face's bounds on hostile clients, each a positive number of this type.
+HTTP_BOUNDS: dict[str, type[int] | type[float]] = {
+    "max_body_bytes": int,
+    "body_timeout_seconds": float,
+    "header_timeout_seconds": float,
+    "idle_timeout_seconds": float,
+    "max_connections": int,
+}
 
 
 def load_config(path: str | Path) -> ServerConfig:

@@ -21,6 +21,7 @@ from ..callers import caller_middleware
 from ..metrics import Metrics
 from . import openai_graders, openrlhf
 from .common import FACE_KEY, NO_FACE, FaceContext, Handler
+from .limits import mark_head_arrived
 
 #: The status a request whose client went away is counted with (nginx's "client closed request").
 CLIENT_CLOSED_REQUEST = 499
@@ -41,6 +42,7 @@ def build_http_app(
 
     @web.middleware
     async def counted(request: web.Request, handler: Handler) -> web.StreamResponse:
+        mark_head_arrived(request)
         status = 500
         try:
             response = await handler(request)
@@ -57,8 +59,10 @@ def build_http_app(
                 face = request.get(FACE_KEY, NO_FACE)
                 metrics.http_requests.labels(face, request.method, str(status)).inc()
 
-    app = web.Application(middlewares=[counted, caller_middleware], client_max_size=limits.max_message_bytes)
+    app = web.Application(middlewares=[counted, caller_middleware], client_max_size=http.max_body_bytes)
     ctx = FaceContext(engine, limits, http, default_reward, tokens, metrics)
     openrlhf.add_routes(app, ctx)
-    app.add_subapp(openai_graders.MOUNT_PATH, openai_graders.openai_graders_app(engine, tokens=tokens, limits=limits))
+    app.add_subapp(
+        openai_graders.MOUNT_PATH, openai_graders.openai_graders_app(engine, tokens=tokens, limits=limits, http=http)
+    )
     return app

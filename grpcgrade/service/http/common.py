@@ -10,7 +10,6 @@ step budget and failure ratio, worker pool and grader metrics as the gRPC servic
 from __future__ import annotations
 
 import hmac
-import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -35,21 +34,18 @@ from grpcgrade.core.samples import (
 from grpcgrade.grader import GraderResult
 
 from ..metrics import Metrics
+from .limits import MAX_JSON_DEPTH, BodyError, depth_within, read_json
+
+__all__ = ["MAX_JSON_DEPTH", "BodyError", "depth_within", "read_json"]  # where the faces have found them
 
 log = logging.getLogger("grpcgrade.http")
 
-#: JSON nested deeper than this is refused before anything walks it (protobuf's Struct limit is the same).
-MAX_JSON_DEPTH = 100
 #: The request key a face's handlers record their face under, for the request counter's `face` label.
 FACE_KEY = web.RequestKey("grpcgrade_face", str)
 #: The `face` label of a request no face answered (an unknown path).
 NO_FACE = "none"
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-class BodyError(ValueError):
-    """The body is not JSON a face can read; each face answers it in its own error format."""
 
 
 def sample_fields(
@@ -106,38 +102,6 @@ def _complete(fields: dict[str, Any], required: dict[str, str]) -> dict[str, Any
     return fields
 
 
-def depth_within(value: Any, limit: int) -> bool:
-    """True when `value` nests at most `limit` containers deep (walked without recursion)."""
-    stack = [(value, 1)]
-    while stack:
-        node, depth = stack.pop()
-        if isinstance(node, dict):
-            children: Any = node.values()
-        elif isinstance(node, list):
-            children = node
-        else:
-            continue
-        if depth > limit:
-            return False
-        stack.extend((child, depth + 1) for child in children)
-    return True
-
-
-async def read_json(request: web.Request) -> Any:
-    """The request's body as JSON (its size already bounded by the application's `client_max_size`);
-    BodyError naming what is wrong with it."""
-    too_deep = BodyError(f"the request body is nested more than {MAX_JSON_DEPTH} levels deep")
-    try:
-        body = json.loads(await request.read())
-    except ValueError:
-        raise BodyError("the request body is not valid JSON") from None
-    except RecursionError:  # nesting past the interpreter's limit: a bad body, not the server's trouble
-        raise too_deep from None
-    if not depth_within(body, MAX_JSON_DEPTH):
-        raise too_deep
-    return body
-
-
 def authorized(request: web.Request, secrets: Sequence[bytes]) -> bool:
     """`Authorization: Bearer TOKEN`, or Basic auth whose password is the token (what aiohttp sends for a
     URL like `http://trainer:TOKEN@host/...`, for trainers that cannot set headers)."""
@@ -152,7 +116,27 @@ def authorized(request: web.Request, secrets: Sequence[bytes]) -> bool:
             return False
     else:
         return False
-    return any(hmac.compare_digest(presented.encode(), t) for t in secrets)
+    return any(hmac.compare_digest(token_bytes(request, presented), t) for t in secrets)
+
+
+def token_bytes(request: web.Request, presented: str) -> bytes:
+    """A presented token as the bytes to compare with the configured ones (UTF-8 text). aiohttp decodes
+    headers as UTF-8 with surrogate escapes, so a header that is not UTF-8 holds surrogates no token can
+    match: it gets one log line and matches nothing (401), not an UnicodeEncodeError (500 and a traceback)."""
+    try:
+        return presented.encode()
+    except UnicodeEncodeError:
+        log.warning("HTTP %s %s from %s: its Authorization header is not UTF-8: 401",
+                    request.method, request.path, request.remote)  # fmt: skip
+        return b""
+
+
+def http_error(exc: BodyError) -> web.HTTPException:
+    """A body a face cannot take, as aiohttp's exception of its status (400, 408 or 413), in plain text."""
+    if exc.status == 413:
+        return web.HTTPRequestEntityTooLarge(max_size=0, actual_size=0, text=str(exc))
+    kind = web.HTTPRequestTimeout if exc.status == 408 else web.HTTPBadRequest
+    return kind(text=str(exc))
 
 
 def faced(face: str, handler: Handler) -> Handler:
@@ -211,9 +195,9 @@ class FaceContext:
     async def json_object(self, request: web.Request, what: str) -> dict[str, Any]:
         """The body as a JSON object (400 naming the problem; `what` says what the object holds)."""
         try:
-            body = await read_json(request)
+            body, _ = await read_json(request, self.http)
         except BodyError as exc:
-            raise web.HTTPBadRequest(text=str(exc)) from None
+            raise http_error(exc) from None
         if not isinstance(body, dict):
             raise web.HTTPBadRequest(text=f"the body must be a JSON object with {what}")
         return body

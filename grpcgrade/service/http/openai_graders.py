@@ -26,8 +26,10 @@ from typing import Any
 
 from aiohttp import web
 
+from grpcgrade.core.config import HttpConfig
 from grpcgrade.core.engine import Engine
 from grpcgrade.core.errors import ErrorCode, InvalidParams, SampleProblem
+from grpcgrade.core.params import MAX_PARAMS_BYTES
 from grpcgrade.core.rewards import SpecData
 from grpcgrade.core.samples import Limits, check_fields
 from grpcgrade.grader import GraderError, GraderResult, GraderScore
@@ -70,13 +72,23 @@ class BadRequest(Exception):
         return web.json_response({"error": error}, status=self.status)
 
 
-async def _body(request: web.Request, required: tuple[str, ...], optional: tuple[str, ...] = ()) -> dict[str, Any]:
+async def _body(
+    request: web.Request, http: HttpConfig, limits: Limits, required: tuple[str, ...], optional: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """The body, read and parsed within the HTTP face's limits (off the loop when large), with the fields it
+    passes on whole size-checked: `grader` as a grader's params (MAX_PARAMS_BYTES of JSON), `item` and
+    `tool_calls` as a sample's `extra` (max_field_chars)."""
     try:
-        body = await read_json(request)
+        body, sizes = await read_json(request, http, sized=("grader", "item", "tool_calls"))
     except BodyError as exc:
-        raise BadRequest(str(exc)) from None
+        raise BadRequest(str(exc), status=exc.status) from None
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
+    bounds = (("grader", MAX_PARAMS_BYTES, "a grader's params"), ("item", limits.max_field_chars, "max_field_chars"),
+              ("tool_calls", limits.max_field_chars, "max_field_chars"))  # fmt: skip
+    for name, limit, what in bounds:
+        if sizes.get(name, 0) > limit:
+            raise BadRequest(f"{name}: {sizes[name]} bytes as JSON, over the limit of {limit} ({what})", param=name)
     for name in required:
         if name not in body:
             raise BadRequest(f"{name}: is required", param=name)
@@ -135,19 +147,23 @@ def flagged_response(grader: Any, exc: GraderConfigError) -> dict[str, Any]:
     return run_response(failed, grader, 0.0)
 
 
-def openai_graders_app(engine: Engine, *, tokens: Sequence[str] = (), limits: Limits | None = None) -> web.Application:
+def openai_graders_app(
+    engine: Engine, *, tokens: Sequence[str] = (), limits: Limits | None = None, http: HttpConfig | None = None
+) -> web.Application:
     """The `run` and `validate` endpoints as a sub-application to mount at MOUNT_PATH.
 
     `tokens`: bearer tokens to accept (none: no check here, e.g. when the parent application authenticates).
     `limits`: the server's request limits; `model_sample` is a sample field, bounded by `max_field_chars`.
+    `http`: the HTTP face's limits on bodies (`limits.py`; the defaults when None).
     """
     limits = limits or Limits()
+    http = http or HttpConfig()
     accepted = [t.encode() for t in tokens if t]
 
     async def run(request: web.Request) -> web.Response:
         try:
             _auth(request, accepted)
-            body = await _body(request, ("grader", "model_sample"), ("item", "tool_calls"))
+            body = await _body(request, http, limits, ("grader", "model_sample"), ("item", "tool_calls"))
             sample = body["model_sample"]
             if not isinstance(sample, str):
                 raise BadRequest("model_sample: must be a string", param="model_sample")
@@ -184,7 +200,7 @@ def openai_graders_app(engine: Engine, *, tokens: Sequence[str] = (), limits: Li
     async def validate(request: web.Request) -> web.Response:
         try:
             _auth(request, accepted)
-            body = await _body(request, ("grader",))
+            body = await _body(request, http, limits, ("grader",))
             try:
                 engine.resolve([SpecData(GRADER_NAME, {"grader": body["grader"]})])
             except InvalidParams as exc:
@@ -199,10 +215,13 @@ def openai_graders_app(engine: Engine, *, tokens: Sequence[str] = (), limits: Li
     return app
 
 
-def openai_graders_root(engine: Engine, *, tokens: Sequence[str] = (), limits: Limits | None = None) -> web.Application:
+def openai_graders_root(
+    engine: Engine, *, tokens: Sequence[str] = (), limits: Limits | None = None, http: HttpConfig | None = None
+) -> web.Application:
     """A whole application serving only the grader endpoints at MOUNT_PATH (the request body limit is the
-    root application's, so it is set here from `limits.max_message_bytes`)."""
+    root application's, so it is set here from `http.max_body_bytes`)."""
     limits = limits or Limits()
-    root = web.Application(middlewares=[caller_middleware], client_max_size=limits.max_message_bytes)
-    root.add_subapp(MOUNT_PATH, openai_graders_app(engine, tokens=tokens, limits=limits))
+    http = http or HttpConfig()
+    root = web.Application(middlewares=[caller_middleware], client_max_size=http.max_body_bytes)
+    root.add_subapp(MOUNT_PATH, openai_graders_app(engine, tokens=tokens, limits=limits, http=http))
     return root
