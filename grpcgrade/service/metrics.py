@@ -263,6 +263,12 @@ class Metrics:
             ["face", "method", "code"],
             registry=r,
         )
+        self.http_failed_samples = Counter(
+            "grpcgrade_http_failed_samples",
+            "Samples an HTTP face answered as failed (no grader's reward), per face and reward.",
+            ["face", "reward"],
+            registry=r,
+        )
         self.failure_budget_calls = Counter(
             "grpcgrade_failure_budget_exceeded_calls",
             "Calls ended (FAILED_PRECONDITION, or HTTP 400) because their failures passed max_failure_ratio.",

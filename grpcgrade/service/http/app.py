@@ -18,7 +18,7 @@ from grpcgrade.core.engine import Engine
 from grpcgrade.core.samples import Limits
 
 from ..metrics import Metrics
-from . import openai_graders, openrlhf
+from . import openai_graders, openrlhf, slime
 from .common import FACE_KEY, NO_FACE, FaceContext, Handler
 
 #: The status a request whose client went away is counted with (nginx's "client closed request").
@@ -34,7 +34,7 @@ def build_http_app(
     tokens: Sequence[str] = (),
     metrics: Metrics | None = None,
 ) -> web.Application:
-    """The HTTP face's application: OpenRLHF's reward routes and OpenAI's grader endpoints (at
+    """The HTTP face's application: each trainer's reward routes (OpenRLHF's, slime's) and OpenAI's grader endpoints (at
     `openai_graders.MOUNT_PATH`), all checking the same `tokens` (each answering in its own protocol's
     error format)."""
 
@@ -58,6 +58,7 @@ def build_http_app(
 
     app = web.Application(middlewares=[counted], client_max_size=limits.max_message_bytes)
     ctx = FaceContext(engine, limits, http, default_reward, tokens, metrics)
-    openrlhf.add_routes(app, ctx)
+    for face in (openrlhf, slime):
+        face.add_routes(app, ctx)
     app.add_subapp(openai_graders.MOUNT_PATH, openai_graders.openai_graders_app(engine, tokens=tokens, limits=limits))
     return app

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -23,7 +24,7 @@ from grpcgrade.core.errors import InvalidParams, SampleProblem, TooManyFailures,
 from grpcgrade.core.guard import FailureTally, call_guards
 from grpcgrade.core.result_cache import CacheMode
 from grpcgrade.core.samples import Limits, add_extra, check_fields
-from grpcgrade.grader import GraderResult
+from grpcgrade.grader import GraderError, GraderResult
 
 from ..metrics import Metrics
 
@@ -33,6 +34,8 @@ MAX_JSON_DEPTH = 100
 FACE_KEY = web.RequestKey("grpcgrade_face", str)
 #: The `face` label of a request no face answered (an unknown path).
 NO_FACE = "none"
+
+log = logging.getLogger("grpcgrade.service.http")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -57,6 +60,24 @@ def sample_fields(
     if extra:
         add_extra(fields, dict(extra))
     return fields
+
+
+def message_text(content: Any) -> str:
+    """A chat message's text: its content string, or its text parts joined (OpenAI's content-part lists:
+    `{"type": "text" | "input_text" | "output_text", "text": ...}`); anything else is no text."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(part["text"] for part in content if isinstance(part, dict) and isinstance(part.get("text"), str))
+    return ""
+
+
+def last_user_text(messages: Sequence[Any]) -> str:
+    """The last user message's text in a chat (the question a trainer's prompt asks); "" without one."""
+    for message in reversed(messages):
+        if isinstance(message, dict) and message.get("role") == "user":
+            return message_text(message.get("content"))
+    return ""
 
 
 def depth_within(value: Any, limit: int) -> bool:
@@ -124,6 +145,17 @@ class Graded(NamedTuple):
 
     reward: float | None
     results: list[GraderResult]
+
+    def error(self) -> GraderError | None:
+        """The first grader's error (what a face reports for a failed sample)."""
+        return next((r for r in self.results if isinstance(r, GraderError)), None)
+
+    def why(self) -> str:
+        """A failed sample's cause in one line: `grader CODE: message`."""
+        error = self.error()
+        if error is None:
+            return "no grader answered"
+        return f"{error.name} {error.code}: {error.error[:200]}"
 
 
 @dataclass
@@ -210,6 +242,7 @@ class FaceContext:
 
     async def grade(
         self,
+        face: str,
         reward: str,
         jobs: list[Job],
         samples: Sequence[dict[str, Any] | SampleProblem],
@@ -218,7 +251,8 @@ class FaceContext:
         """Every sample graded with the reward's `jobs`: the one engine call of every face. A sample given
         as its SampleProblem, or whose fields are past the limits, is a failed sample (no other sample pays
         for it). A request past its failure ratio is 400 `FAILED_PRECONDITION: ...` naming the grader and
-        its most frequent error code."""
+        its most frequent error code. Failed samples are counted per face and reward
+        (`grpcgrade_http_failed_samples_total`) and logged, one WARNING line per request."""
         n = len(samples)
 
         def checked(i: int) -> dict[str, Any] | SampleProblem:
@@ -245,4 +279,12 @@ class FaceContext:
             if self.metrics is not None:
                 self.metrics.failure_budget_calls.inc()
             raise web.HTTPBadRequest(text=f"FAILED_PRECONDITION: {exc}") from None
+        failed = [g for g in out if g.reward is None]
+        if failed:
+            if self.metrics is not None:
+                self.metrics.http_failed_samples.labels(face, reward).inc(len(failed))
+            log.warning(
+                "%s face: %d of %d samples of reward %r failed (answered as the face's failure value); first: %s",
+                face, len(failed), n, reward, failed[0].why(),
+            )  # fmt: skip
         return out
