@@ -18,7 +18,7 @@ from grpcgrade.core.engine import Engine
 from grpcgrade.core.samples import Limits
 
 from ..metrics import Metrics
-from . import openai_graders, openrlhf, slime
+from . import nemo_gym, openai_graders, openrlhf, slime
 from .common import FACE_KEY, NO_FACE, FaceContext, Handler
 
 #: The status a request whose client went away is counted with (nginx's "client closed request").
@@ -34,9 +34,9 @@ def build_http_app(
     tokens: Sequence[str] = (),
     metrics: Metrics | None = None,
 ) -> web.Application:
-    """The HTTP face's application: each trainer's reward routes (OpenRLHF's, slime's) and OpenAI's grader endpoints (at
-    `openai_graders.MOUNT_PATH`), all checking the same `tokens` (each answering in its own protocol's
-    error format)."""
+    """The HTTP face's application: each trainer's reward routes (OpenRLHF's, slime's, NeMo Gym's) and
+    OpenAI's grader endpoints (at `openai_graders.MOUNT_PATH`), all checking the same `tokens` (each
+    answering in its own protocol's error format)."""
 
     @web.middleware
     async def counted(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -58,7 +58,7 @@ def build_http_app(
 
     app = web.Application(middlewares=[counted], client_max_size=limits.max_message_bytes)
     ctx = FaceContext(engine, limits, http, default_reward, tokens, metrics)
-    for face in (openrlhf, slime):
+    for face in (openrlhf, slime, nemo_gym):
         face.add_routes(app, ctx)
     app.add_subapp(openai_graders.MOUNT_PATH, openai_graders.openai_graders_app(engine, tokens=tokens, limits=limits))
     return app

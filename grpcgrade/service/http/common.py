@@ -23,7 +23,7 @@ from grpcgrade.core.engine import Batch, Engine, GradedChunk, Job
 from grpcgrade.core.errors import InvalidParams, SampleProblem, TooManyFailures, UnknownGrader, UnknownReward
 from grpcgrade.core.guard import FailureTally, call_guards
 from grpcgrade.core.result_cache import CacheMode
-from grpcgrade.core.samples import Limits, add_extra, check_fields
+from grpcgrade.core.samples import TEXT_FIELDS, Limits, add_extra, check_fields
 from grpcgrade.grader import GraderError, GraderResult
 
 from ..metrics import Metrics
@@ -60,6 +60,22 @@ def sample_fields(
     if extra:
         add_extra(fields, dict(extra))
     return fields
+
+
+#: The keys `sample_fields` gives every sample; any other key came from its `extra`.
+STANDARD_KEYS = frozenset(("sample_id", *TEXT_FIELDS, "responses"))
+
+
+def check_sample(fields: dict[str, Any], limits: Limits) -> None:
+    """SampleProblem for a standard field over `max_field_chars`, or for `extra` (the other keys) whose JSON
+    is longer: grader input, so the gRPC service's limit holds for it too."""
+    check_fields({k: v for k, v in fields.items() if k in STANDARD_KEYS}, limits)
+    extra = {k: v for k, v in fields.items() if k not in STANDARD_KEYS}
+    size = len(json.dumps(extra)) if extra else 0
+    if size > limits.max_field_chars:
+        raise SampleProblem(
+            f"field 'extra' takes {size} characters, over the limit max_field_chars={limits.max_field_chars}"
+        )
 
 
 def message_text(content: Any) -> str:
@@ -260,7 +276,7 @@ class FaceContext:
             if isinstance(sample, SampleProblem):
                 return sample
             try:
-                check_fields(sample, self.limits)
+                check_sample(sample, self.limits)
             except SampleProblem as exc:
                 return exc
             return sample
