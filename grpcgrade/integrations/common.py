@@ -9,6 +9,7 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
+from grpcgrade.core.chat import last_text as last_text  # prompts and completions as chats
 from grpcgrade.core.samples import INPUT_FIELDS, SAMPLE_FIELDS, plain
 from grpcgrade.core.samples import as_text as as_text  # the integrations' rule for a field's text
 from grpcgrade.v1 import grading_pb2 as pb
@@ -69,3 +70,11 @@ def score_of(result: pb.EvaluateResponse, key: str) -> float | None:
     if found is None or found.HasField("error") or found.rank:
         return None
     return found.score
+
+
+def failure_of(result: pb.EvaluateResponse) -> str:
+    """Why a sample has no reward, in one line: the first failed grader's `key CODE: message`."""
+    for r in result.results:
+        if r.HasField("error"):
+            return f"{r.key or r.grader} {r.error.code}: {r.error.message[:200]}"
+    return "no reward (no grader failed: a gate or an empty result)"

@@ -78,24 +78,6 @@ def check_sample(fields: dict[str, Any], limits: Limits) -> None:
         )
 
 
-def message_text(content: Any) -> str:
-    """A chat message's text: its content string, or its text parts joined (OpenAI's content-part lists:
-    `{"type": "text" | "input_text" | "output_text", "text": ...}`); anything else is no text."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(part["text"] for part in content if isinstance(part, dict) and isinstance(part.get("text"), str))
-    return ""
-
-
-def last_user_text(messages: Sequence[Any]) -> str:
-    """The last user message's text in a chat (the question a trainer's prompt asks); "" without one."""
-    for message in reversed(messages):
-        if isinstance(message, dict) and message.get("role") == "user":
-            return message_text(message.get("content"))
-    return ""
-
-
 def depth_within(value: Any, limit: int) -> bool:
     """True when `value` nests at most `limit` containers deep (walked without recursion)."""
     stack = [(value, 1)]

@@ -34,9 +34,10 @@ from typing import Any
 
 from aiohttp import web
 
+from grpcgrade.core.chat import last_text, message_text
 from grpcgrade.core.samples import INPUT_FIELDS, SAMPLE_FIELDS, as_text
 
-from .common import FaceContext, faced, last_user_text, message_text, sample_fields
+from .common import FaceContext, faced, sample_fields
 
 #: The `face` label of this protocol's requests.
 FACE = "nemo_gym"
@@ -95,7 +96,7 @@ def query_of(params: Mapping[str, Any]) -> str:
     given = params.get("input")
     if isinstance(given, str):
         return given
-    return last_user_text(given) if isinstance(given, list) else ""
+    return last_text(given, "user") if isinstance(given, list) else ""
 
 
 class NemoGymFace:

@@ -29,9 +29,10 @@ from typing import Any
 
 from aiohttp import web
 
+from grpcgrade.core.chat import last_text
 from grpcgrade.core.samples import as_text
 
-from .common import FaceContext, Graded, faced, last_user_text, sample_fields
+from .common import FaceContext, Graded, faced, sample_fields
 
 #: The `face` label of this protocol's requests.
 FACE = "slime"
@@ -41,7 +42,7 @@ FORMS = ("number", "dict")
 
 def _query(prompt: Any) -> str:
     if isinstance(prompt, list):
-        return last_user_text(prompt)
+        return last_text(prompt, "user")
     if prompt is None or isinstance(prompt, str):
         return prompt or ""
     raise web.HTTPBadRequest(text="`prompt` must be a string or a list of chat messages")
