@@ -32,12 +32,14 @@ from grpcgrade.grader import (
     is_finite_score,
 )
 
+from .context import SAMPLE_TIME_LIMIT
 from .errors import (
     MAX_ERROR_CHARS,
     NOT_A_RESULT,
     ErrorCode,
     GraderCancelled,
     GraderOverBudget,
+    GraderRateLimited,
     GraderTimeout,
     SampleProblem,
     describe,
@@ -362,7 +364,11 @@ def _shown(score: object) -> str:
 
 def error_from(grader: BaseGrader, exc: BaseException, timeout: float | None) -> GraderError:
     if isinstance(exc, GraderTimeout):
-        return GraderError(grader.name, f"grader ran past its time limit of {timeout:g} s", code=ErrorCode.TIMEOUT)
+        limit = timeout if timeout is not None else SAMPLE_TIME_LIMIT.get()  # a grader that bounds its own time
+        said = f" of {limit:g} s" if limit is not None else ""
+        return GraderError(grader.name, f"grader ran past its time limit{said}", code=ErrorCode.TIMEOUT)
+    if isinstance(exc, GraderRateLimited):
+        return GraderError(grader.name, describe(exc, MAX_ERROR_CHARS), code=ErrorCode.RATE_LIMITED)
     if isinstance(exc, RecursionError):
         return GraderError(grader.name, "input nested too deeply to grade", code=ErrorCode.INVALID_SAMPLE)
     said = describe(exc, MAX_ERROR_CHARS)  # one whose message cannot be read still fails only its sample
@@ -426,8 +432,11 @@ async def grade_async(
     grader: BaseGrader, batch: list[dict[str, Any]], timeout: float | None, deadline: float | None = None
 ) -> list[GraderResult]:
     """Grade a chunk with an async grader: the samples run concurrently, each under the time limit; those
-    still running when the call's `deadline` passes are stopped with BUDGET_EXCEEDED."""
+    still running when the call's `deadline` passes are stopped with BUDGET_EXCEEDED. A grader that bounds
+    its own time gets the limit as `context.SAMPLE_TIME_LIMIT` instead (an LLM judge counts it from its
+    first attempt, not from its wait for a turn under its model's limits)."""
     if grader.bounds_own_time:
+        SAMPLE_TIME_LIMIT.set(timeout)  # in this task's context, which each sample's task copies
         timeout = None
 
     def timed_out() -> GraderError:

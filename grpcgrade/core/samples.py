@@ -7,6 +7,7 @@ every grader; the other samples of the batch are graded as usual.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +24,42 @@ REFERENCE_ALIASES = ("reference_response", "ground_truth")
 REFERENCE_ALIASES_SET = frozenset(REFERENCE_ALIASES)
 #: The names a grader may declare for the sample's own fields; an `extra` key may not take one.
 INPUT_FIELDS = frozenset((*TEXT_FIELDS, "responses", *REFERENCE_ALIASES))
+#: The agent inputs (docs/agents.md): JSON lists in the OpenAI chat format, a grader input only when the sample
+#: sets them. Before they had Sample fields of their own they travelled in `extra`, which still works: an
+#: `extra` key of one of these names is refused only when the sample also sets the field.
+AGENT_FIELDS = ("messages", "tool_calls", "tool_definitions")
+AGENT_FIELDS_SET = frozenset(AGENT_FIELDS)
+
+
+#: What a sample carries under each name a grader may require: the aliases are its `reference`.
+_CARRIED_AS = {alias: "reference" for alias in REFERENCE_ALIASES}
+
+
+def requirements(inputs: Iterable[tuple[str, Inputs]]) -> dict[str, str]:
+    """Each input the graders (name, declared inputs) require, as the sample carries it, with the first
+    grader that requires it: what a sample must carry to be graded by all of them."""
+    out: dict[str, str] = {}
+    for name, declared in inputs:
+        for needed in sorted(declared.required):
+            out.setdefault(_CARRIED_AS.get(needed, needed), name)
+    return out
+
+
+def missing_input(carried: Iterable[str], required: dict[str, str]) -> SampleProblem | None:
+    """The problem of a sample that lacks a required input (None when it has them all): it names the input,
+    the grader that reads it and the keys the sample did carry, which is usually the fix (a dataset's
+    `answer` column meant as `reference`)."""
+    have = set(carried)
+    missing = [k for k in required if k not in have]
+    if not missing:
+        return None
+    name = missing[0]
+    shown = sorted(have - {"sample_id", "responses"}) or ["nothing"]
+    also = f" (and {', '.join(repr(m) for m in missing[1:])})" if len(missing) > 1 else ""
+    return SampleProblem(
+        f"missing input {name!r}{also}, which grader {required[name]!r} requires; the sample carried: "
+        f"{', '.join(shown)}. An empty string that is sent is graded; a field left out is not"
+    )
 
 
 @dataclass(frozen=True)
@@ -106,9 +143,16 @@ def check_fields(fields: dict[str, Any], limits: Limits) -> None:
             check_field(name, value, limits)
 
 
+def check_agent_input(name: str, size: int, limits: Limits) -> None:
+    """An agent input (`size`: its encoding's bytes) is held to the limit of every other field."""
+    if size > limits.max_field_chars:
+        limit = limits.max_field_chars
+        raise SampleProblem(f"field {name!r} takes {size} bytes, over the limit max_field_chars={limit}")
+
+
 def add_extra(fields: dict[str, Any], extra: dict[str, Any]) -> None:
     """Every other grader input joins the standard fields, which it may not replace."""
-    clash = INPUT_FIELDS.intersection(extra)
+    clash = INPUT_FIELDS.intersection(extra) or AGENT_FIELDS_SET.intersection(extra, fields)
     if clash:
         raise SampleProblem(f"extra key {sorted(clash)[0]!r} collides with a standard sample field")
     fields.update(extra)

@@ -168,7 +168,8 @@ class SampleBuilder:
         # Derived from TRL's own argument, not a dataset column: `extra_columns` does not narrow it away (a
         # length gate would read a missing count as over the cap).
         want_tokens = ids is not None and "completion_tokens" not in columns
-        texts: dict[str, Sequence[str]] = {"query": prompts if all_text(prompts) else [prompt_text(p) for p in prompts]}
+        queries = prompts if all_text(prompts) else [prompt_text(p) for p in prompts]
+        texts: dict[str, Sequence[str | None]] = {"query": queries}
         tool_calls: list[list[Any]] | None = None
         if all_text(completions):  # standard completions: the texts as they are
             texts["response"] = completions
@@ -176,12 +177,17 @@ class SampleBuilder:
             parsed = [completion_text(c) for c in completions]
             texts["response"] = [text for text, _ in parsed]
             tool_calls = [calls for _, calls in parsed]
+        gaps = False  # a None in a mapped column: that sample does not carry the field (see docs/calling.md)
         for field, column in fields.items():
             values = columns[column]
+            if all_text(values):
+                texts[field] = values
+                continue
+            gaps = gaps or None in values
             if field == "query":
-                texts[field] = [as_text(v) if v is None else prompt_text(v) for v in values]
+                texts[field] = [None if v is None else prompt_text(v) for v in values]
             else:
-                texts[field] = values if all_text(values) else [as_text(v) for v in values]
+                texts[field] = [None if v is None else as_text(v) for v in values]
         extras: list[dict[str, Any]] | None = None
         if extra_names or want_tokens or (tool_calls is not None and any(tool_calls)):
             extras = [usable_extra((name, columns[name][i]) for name in extra_names) for i in range(n)]
@@ -194,7 +200,7 @@ class SampleBuilder:
                         extra["tool_calls"] = json_value(calls)
                     except (TypeError, ValueError):
                         extra["tool_calls"] = json.loads(json.dumps(calls, default=str))
-        return SampleColumns.of_text(texts, extras)  # every column is n texts by now
+        return SampleColumns.of_text(texts, extras, gaps)  # every column is n texts (or None) by now
 
 
 def report(table: BatchScores, kwargs: Mapping[str, Any]) -> None:

@@ -13,7 +13,7 @@ from grpcgrade.core.budget import OutputBudget
 from grpcgrade.core.engine import Batch, Chunk, Engine, Job, WholeChunk
 from grpcgrade.core.errors import MAX_DETAIL_CHARS, InvalidParams, TooManyFailures, UnknownGrader, UnknownReward
 from grpcgrade.core.guard import FailureTally, call_guards
-from grpcgrade.core.samples import Limits
+from grpcgrade.core.samples import Limits, requirements
 from grpcgrade.core.workers import Work
 from grpcgrade.grader import GraderMode
 from grpcgrade.v1 import grading_pb2 as pb
@@ -35,6 +35,11 @@ from .metrics import Metrics
 from .wire import ReceivedBatch, quarantine_failures, wire_work
 
 Request = pb.EvaluateRequest | ReceivedBatch
+
+
+def _required(jobs: list[Job]) -> dict[str, str]:
+    """The inputs a sample of this call must carry, with the grader that requires each."""
+    return requirements((job.grader.name, job.inputs) for job in jobs)
 
 
 def _full(request: Request) -> bool:
@@ -143,7 +148,7 @@ class GradingServicer(pb_grpc.GradingServiceServicer):
 
     async def Evaluate(self, request: pb.EvaluateRequest, context: grpc.aio.ServicerContext) -> pb.EvaluateResponse:
         jobs, timeout = await self._resolve(request, context)
-        chunk = [(0, sample_kwargs(request.sample, self.limits))]
+        chunk = [(0, sample_kwargs(request.sample, self.limits, required=_required(jobs)))]
         self._in_flight(1)
         try:
             graded = await self.engine.grade_chunk(jobs, chunk, timeout, request.reward, nbytes=request.ByteSize())
@@ -176,6 +181,7 @@ class GradingServicer(pb_grpc.GradingServiceServicer):
                 f"{self.limits.max_samples_per_batch}; split the batch (the Python client does)",
             )
         jobs, timeout = await self._resolve(request, context)
+        request.rows.required = _required(jobs)
         if request.view == pb.RESULT_VIEW_COLUMNS:
             listwise = next((job for job in jobs if job.grader.mode is GraderMode.LISTWISE), None)
             if listwise is not None:

@@ -17,6 +17,7 @@ from grpcgrade.core.config import HttpConfig
 from grpcgrade.core.engine import Engine
 from grpcgrade.core.samples import Limits
 
+from ..callers import caller_middleware
 from ..metrics import Metrics
 from . import nemo_gym, openai_graders, openrlhf, slime
 from .common import FACE_KEY, NO_FACE, FaceContext, Handler
@@ -56,7 +57,7 @@ def build_http_app(
                 face = request.get(FACE_KEY, NO_FACE)
                 metrics.http_requests.labels(face, request.method, str(status)).inc()
 
-    app = web.Application(middlewares=[counted], client_max_size=limits.max_message_bytes)
+    app = web.Application(middlewares=[counted, caller_middleware], client_max_size=limits.max_message_bytes)
     ctx = FaceContext(engine, limits, http, default_reward, tokens, metrics)
     for face in (openrlhf, slime, nemo_gym):
         face.add_routes(app, ctx)

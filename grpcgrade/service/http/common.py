@@ -23,10 +23,12 @@ from grpcgrade.core.engine import Batch, Engine, GradedChunk, Job
 from grpcgrade.core.errors import InvalidParams, SampleProblem, TooManyFailures, UnknownGrader, UnknownReward
 from grpcgrade.core.guard import FailureTally, call_guards
 from grpcgrade.core.result_cache import CacheMode
-from grpcgrade.core.samples import TEXT_FIELDS, Limits, add_extra, check_fields
+from grpcgrade.core.samples import TEXT_FIELDS, Limits, add_extra, check_fields, missing_input, requirements
 from grpcgrade.grader import GraderError, GraderResult
 
 from ..metrics import Metrics
+
+log = logging.getLogger("grpcgrade.http")
 
 #: JSON nested deeper than this is refused before anything walks it (protobuf's Struct limit is the same).
 MAX_JSON_DEPTH = 100
@@ -45,18 +47,20 @@ class BodyError(ValueError):
 
 
 def sample_fields(
-    response: str, query: str = "", reference: str = "", context: str = "", extra: Mapping[str, Any] | None = None
+    response: str,
+    query: str | None = None,
+    reference: str | None = None,
+    context: str | None = None,
+    extra: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A sample's keyword arguments as the graders take them (the gRPC Sample's fields, `extra` beside
-    them); SampleProblem when an `extra` key would replace a standard field."""
-    fields: dict[str, Any] = {
-        "sample_id": "",
-        "query": query,
-        "response": response,
-        "reference": reference,
-        "context": context,
-        "responses": [],
-    }
+    them); SampleProblem when an `extra` key would replace a standard field. A text field given as None is
+    one the trainer did not send: `FaceContext.grade` answers INVALID_SAMPLE when a grader requires it, as
+    the gRPC service does for an unset field, and gives it to the others as ""."""
+    fields: dict[str, Any] = {"sample_id": "", "response": response, "responses": []}
+    for name, value in (("query", query), ("reference", reference), ("context", context)):
+        if value is not None:
+            fields[name] = value
     if extra:
         add_extra(fields, dict(extra))
     return fields
@@ -76,6 +80,18 @@ def check_sample(fields: dict[str, Any], limits: Limits) -> None:
         raise SampleProblem(
             f"field 'extra' takes {size} characters, over the limit max_field_chars={limits.max_field_chars}"
         )
+
+
+def _complete(fields: dict[str, Any], required: dict[str, str]) -> dict[str, Any]:
+    """`fields` with every text field a grader may read (unsent ones as ""), or SampleProblem when one the
+    graders require was not sent."""
+    if required:
+        problem = missing_input(fields.keys(), required)
+        if problem is not None:
+            raise problem
+    for name in TEXT_FIELDS:
+        fields.setdefault(name, "")
+    return fields
 
 
 def depth_within(value: Any, limit: int) -> bool:
@@ -240,11 +256,11 @@ class FaceContext:
 
     async def grade(
         self,
-        face: str,
         reward: str,
         jobs: list[Job],
         samples: Sequence[dict[str, Any] | SampleProblem],
         guards: tuple[float | None, FailureTally | None] = (None, None),
+        face: str = "",
     ) -> list[Graded]:
         """Every sample graded with the reward's `jobs`: the one engine call of every face. A sample given
         as its SampleProblem, or whose fields are past the limits, is a failed sample (no other sample pays
@@ -252,16 +268,19 @@ class FaceContext:
         its most frequent error code. Failed samples are counted per face and reward
         (`grpcgrade_http_failed_samples_total`) and logged, one WARNING line per request."""
         n = len(samples)
+        required = requirements((job.grader.name, job.inputs) for job in jobs)
+        unusable: list[SampleProblem] = []
 
         def checked(i: int) -> dict[str, Any] | SampleProblem:
             sample = samples[i]
-            if isinstance(sample, SampleProblem):
-                return sample
             try:
+                if isinstance(sample, SampleProblem):
+                    raise sample
                 check_sample(sample, self.limits)
+                return _complete(sample, required)
             except SampleProblem as exc:
+                unusable.append(exc)
                 return exc
-            return sample
 
         out = [Graded(None, []) for _ in range(n)]
         batch = Batch(n, lambda a, b: [(i, checked(i)) for i in range(a, b)])
@@ -277,12 +296,30 @@ class FaceContext:
             if self.metrics is not None:
                 self.metrics.failure_budget_calls.inc()
             raise web.HTTPBadRequest(text=f"FAILED_PRECONDITION: {exc}") from None
+        finally:
+            self._report(face, unusable, n)
         failed = [g for g in out if g.reward is None]
         if failed:
             if self.metrics is not None:
-                self.metrics.http_failed_samples.labels(face, reward).inc(len(failed))
+                self.metrics.http_failed_samples.labels(face or NO_FACE, reward).inc(len(failed))
             log.warning(
                 "%s face: %d of %d samples of reward %r failed (answered as the face's failure value); first: %s",
-                face, len(failed), n, reward, failed[0].why(),
+                face or "HTTP", len(failed), n, reward, failed[0].why(),
             )  # fmt: skip
         return out
+
+    def _report(self, face: str, unusable: list[SampleProblem], n: int) -> None:
+        """Samples that could not be graded at all (a query without its prompt, a missing input, a field over
+        the limits): logged once per request with the first reason, and counted per face, so a tokenizer
+        that does not round-trip the prompt shows at once instead of as a quietly lower reward."""
+        if not unusable:
+            return
+        log.warning(
+            "%s face: %d of %d samples could not be graded (failed samples); the first: %s",
+            face or "HTTP",
+            len(unusable),
+            n,
+            unusable[0],
+        )
+        if self.metrics is not None:
+            self.metrics.http_unusable_samples.labels(face or NO_FACE).inc(len(unusable))

@@ -12,8 +12,10 @@ plus fields NeMo Gym averages into its metrics when numeric (`reward_profile.com
 
 - The sample: `response` is the text of the assistant `message` items' `output_text` parts; `query` the
   last user input's text (`input` a string is itself); `reference` the task's `expected_answer`
-  (`samples.as_text`); `function_call` output items become `extra.tool_calls` in the Chat Completions
-  shape (`{"id", "type": "function", "function": {"name", "arguments"}}`); every other task field goes to
+  (`samples.as_text`; without one, a grader that requires a reference answers INVALID_SAMPLE);
+  `function_call` output items become the `tool_calls` agent input (docs/agents.md) in the Chat
+  Completions shape (`{"id", "type": "function", "function": {"name", "arguments"}}`); every other task
+  field goes to
   `extra` as it is; `completion_tokens` is the output items' `generation_token_ids` count when NeMo-RL
   sends them, else `response.usage.output_tokens`.
 - The answer adds `reward`, `reward_components` ({grader key: score or null}) and `grpcgrade_failed`
@@ -124,11 +126,11 @@ class NemoGymFace:
         tokens = completion_tokens(response, items)
         if tokens is not None:
             extra["completion_tokens"] = tokens
-        sample = sample_fields(
-            response_text(items), query=query_of(params), reference=as_text(body.get(REFERENCE_KEY)), extra=extra
-        )
+        answer_given = body.get(REFERENCE_KEY)
+        reference = None if answer_given is None else as_text(answer_given)  # none: INVALID_SAMPLE if required
+        sample = sample_fields(response_text(items), query=query_of(params), reference=reference, extra=extra)
         guards = ctx.guards({}, 1, started, ratio=False)
-        (graded,) = await ctx.grade(FACE, name, jobs, [sample], guards)
+        (graded,) = await ctx.grade(name, jobs, [sample], guards, FACE)
         answer = dict(body)
         answer["reward"] = ctx.http.failure_reward if graded.reward is None else graded.reward
         keys = [job.spec.label for job in jobs]

@@ -72,17 +72,18 @@ def _strings(body: dict[str, Any], key: str, n: int | None) -> list[str] | None:
     return value
 
 
-def _labels(body: dict[str, Any], n: int) -> list[str]:
+def _labels(body: dict[str, Any], n: int) -> list[str | None]:
     """Each sample's reference. OpenRLHF sends its dataset's labels as they are (`data[label_key]`): a
-    number or a list of answers is taken as its JSON text, null as no reference (`samples.as_text`)."""
+    number or a list of answers is taken as its JSON text (`samples.as_text`); null, or no `labels`, is no
+    reference (a grader that requires one answers INVALID_SAMPLE)."""
     value = body.get("labels")
     if value is None:
-        return [""] * n
+        return [None] * n
     if not isinstance(value, list):
         raise web.HTTPBadRequest(text="`labels` must be a list, one label per query")
     if len(value) != n:
         raise web.HTTPBadRequest(text=f"`labels` has {len(value)} items but `query` has {n}")
-    return [as_text(label) for label in value]
+    return [None if label is None else as_text(label) for label in value]
 
 
 class OpenRLHFFace:
@@ -113,9 +114,9 @@ class OpenRLHFFace:
                 response = response_of(queries[i], prompt, ctx.http.strip_suffixes)
             except SampleProblem as exc:
                 return exc
-            return sample_fields(response, query=prompt or "", reference=labels[i])
+            return sample_fields(response, query=prompt, reference=labels[i])
 
-        graded = await ctx.grade(FACE, reward, jobs, [sample(i) for i in range(n)], guards)
+        graded = await ctx.grade(reward, jobs, [sample(i) for i in range(n)], guards, FACE)
         out = [ctx.http.failure_reward if g.reward is None else g.reward for g in graded]
         failed = [float(g.reward is None) for g in graded]
         return web.json_response({"rewards": out, "scores": out, "extra_logs": {FAILED_LOG: failed}})

@@ -9,7 +9,8 @@ slime reads `reward[KEY]`. A failed request is retried up to 10 times with backo
 
 - The sample: `response` is the response; `prompt` the query (a string as it is; a list of chat messages,
   slime's prompt without a chat template applied, gives its last user message's text); `label` the
-  reference (`samples.as_text`: a number or a list as its JSON text).
+  reference (`samples.as_text`: a number or a list as its JSON text; null or absent: no reference, so a
+  grader that requires one answers INVALID_SAMPLE, as over gRPC).
 - The answer is the reward as a JSON number. With `?form=dict` in the URL, a JSON object for
   `--reward-key reward`: `{"reward": R, "grpcgrade_failed": 0 or 1, "graders": {KEY: score or null},
   "error": "grader CODE: message" (failed samples only)}`.
@@ -40,11 +41,11 @@ FACE = "slime"
 FORMS = ("number", "dict")
 
 
-def _query(prompt: Any) -> str:
+def _query(prompt: Any) -> str | None:
     if isinstance(prompt, list):
         return last_text(prompt, "user")
     if prompt is None or isinstance(prompt, str):
-        return prompt or ""
+        return prompt
     raise web.HTTPBadRequest(text="`prompt` must be a string or a list of chat messages")
 
 
@@ -78,9 +79,11 @@ class SlimeFace:
         response = body.get("response")
         if not isinstance(response, str):
             raise web.HTTPBadRequest(text="`response` is required: a string")
-        sample = sample_fields(response, query=_query(body.get("prompt")), reference=as_text(body.get("label")))
+        label = body.get("label")
+        reference = None if label is None else as_text(label)  # no label: no reference (INVALID_SAMPLE if required)
+        sample = sample_fields(response, query=_query(body.get("prompt")), reference=reference)
         guards = ctx.guards(_guard_options(request), 1, started, ratio=False)
-        (graded,) = await ctx.grade(FACE, name, jobs, [sample], guards)
+        (graded,) = await ctx.grade(name, jobs, [sample], guards, FACE)
         value = ctx.http.failure_reward if graded.reward is None else graded.reward
         if form == "number":
             return web.json_response(value)
