@@ -21,27 +21,14 @@ rollout (`rollout/rejected` in AReaL's stats): the sample is left out, never tra
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 from typing import Any
 
-from grpcgrade.client import GradingClient
-from grpcgrade.integrations.common import as_text, failure_of, reward_of, usable_extra
-
-_clients: dict[tuple[str, str | None, float], GradingClient] = {}
-_clients_lock = threading.Lock()
+from grpcgrade.integrations.common import as_text, failure_of, reward_of, shared_client, usable_extra
 
 
 class SampleFailed(RuntimeError):
     """A sample whose graders failed: it has no reward, and AReaL rejects its rollout."""
-
-
-def _client(target: str, token: str | None, timeout: float) -> GradingClient:
-    key = (target, token, timeout)
-    with _clients_lock:
-        if key not in _clients:
-            _clients[key] = GradingClient(target, token=token, timeout=timeout)
-        return _clients[key]
 
 
 class RewardFunction:
@@ -75,7 +62,7 @@ class RewardFunction:
             "completion_tokens": len(completion_ids),
             **usable_extra(data.items(), skip=frozenset((self.reference_key, "completion_tokens"))),
         }
-        result = _client(self.target, self.token, self.timeout).evaluate(sample, reward=self.reward)
+        result = shared_client(self.target, self.token, self.timeout).evaluate(sample, reward=self.reward)
         value = reward_of(result)
         if value is None:
             raise SampleFailed(f"grpcgrade: the sample's graders failed ({failure_of(result)}); it has no reward")

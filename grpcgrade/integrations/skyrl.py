@@ -21,31 +21,17 @@ computed. SkyRL sends no token counts: configure the server's tokenizer for leng
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Mapping
 from typing import Any
 
 from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput
 
-from grpcgrade.client import GradingClient
-from grpcgrade.integrations.common import as_text, failure_of, last_text, log, reward_of, usable_extra
+from grpcgrade.integrations.common import as_text, failure_of, last_text, log, reward_of, shared_client, usable_extra
 
 #: The id `register()` gives the environment (`environment.env_class` in SkyRL's configuration).
 ENV_ID = "grpcgrade"
 #: metadata / metrics key of the failure flag.
 FAILED_KEY = "grpcgrade_failed"
-
-_clients: dict[tuple[str, str | None, float], GradingClient] = {}
-_clients_lock = threading.Lock()
-
-
-def _client(target: str, token: str | None, timeout: float) -> GradingClient:
-    """One client per target in the process: SkyRL makes an environment per prompt, not a channel each."""
-    key = (target, token, timeout)
-    with _clients_lock:
-        if key not in _clients:
-            _clients[key] = GradingClient(target, token=token, timeout=timeout)
-        return _clients[key]
 
 
 def _setting(config: Any, name: str, default: Any) -> Any:
@@ -67,7 +53,7 @@ class GrpcgradeEnv(BaseTextEnv):
         if not self.reward_name:
             raise ValueError("grpcgrade: env_config.reward is required (a reward configured on the server)")
         token = _setting(env_config, "token", None)
-        self.client = _client(self.target, token, float(_setting(env_config, "timeout", 60.0)))
+        self.client = shared_client(self.target, token, float(_setting(env_config, "timeout", 60.0)))
         self.failure_reward = float(_setting(env_config, "failure_reward", 0.0))
         spec = extras.get("reward_spec") or {}
         self.reference = as_text(spec.get("ground_truth") if isinstance(spec, Mapping) else None)
