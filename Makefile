@@ -15,22 +15,32 @@ PORT ?= 50051
 METRICS_PORT ?= 9090
 CONFIG ?=
 
-.PHONY: serve test test-trainers proto lint typecheck proto-check bench perf-peers docs cog clean system-deps
+# The plugins `make serve` and `make test` install. grpcgrade-openjudge is not among them: py-openjudge (~700 MB
+# with pandas, scikit-learn, dashscope...) pins math-verify < 0.8, which grpcgrade-math-verify's 0.8.0 excludes, so
+# it gets an environment of its own (`make test-openjudge`, which .ci/run runs).
+BUNDLED := $(filter-out plugins/grpcgrade-openjudge/,$(wildcard plugins/*/))
+OPENJUDGE_VENV := .venv-openjudge
+
+.PHONY: serve test test-trainers test-openjudge proto lint typecheck proto-check bench perf-peers docs cog clean system-deps image-test
 
 # buf (lint and breaking-change checks of proto/) from the npm registry, pinned, into .tools/.
 BUF_VERSION := 1.75.0
 TOOLS := .tools
 BUF := $(TOOLS)/node_modules/.bin/buf
 
+# `make serve` and `make test` started together (the Quick start's two shells) share .venv: every step that
+# creates or installs into it holds one lock (flock, util-linux), so two pips never write it at once.
+LOCKED := flock $(VENV).lock
+
 $(SERVER_STAMP): pyproject.toml plugins/*/pyproject.toml
-	test -d $(VENV) || $(PY) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[server,math]' $(foreach p,$(wildcard plugins/*/),-e $(p))
+	$(LOCKED) sh -c 'test -d $(VENV) || $(PY) -m venv $(VENV)'
+	$(LOCKED) $(BIN)/pip install --quiet --upgrade pip
+	$(LOCKED) $(BIN)/pip install --quiet -e '.[server,math]' $(foreach p,$(BUNDLED),-e $(p))
 	touch $(SERVER_STAMP)
 
 # The development and docs tools on top (pyproject's dependency groups; pip >= 25.1 reads them).
 $(STAMP): $(SERVER_STAMP)
-	$(BIN)/pip install --quiet --group dev --group docs
+	$(LOCKED) $(BIN)/pip install --quiet --group dev --group docs
 	touch $(STAMP)
 
 serve: $(SERVER_STAMP)
@@ -59,21 +69,31 @@ NEMO_GYM_REQS := 'openai<=2.7.2' 'anthropic<=0.109.2' tqdm pydantic pydantic_cor
 	'python-multipart>=0.0.22' wandb 'GitPython>=3.1.50' gprof2dot pydot
 
 $(TRAINERS_STAMP): Makefile pyproject.toml
-	test -d $(TRAINERS) || $(PY) -m venv $(TRAINERS)
-	$(TRAINERS)/bin/pip install --quiet --upgrade pip
-	$(TRAINERS)/bin/pip install --quiet -e . $(TRAINER_PINS)
-	$(TRAINERS)/bin/pip install --quiet --no-deps $(AREAL_PIN)
+	flock $(TRAINERS).lock sh -c 'test -d $(TRAINERS) || $(PY) -m venv $(TRAINERS)'
+	flock $(TRAINERS).lock $(TRAINERS)/bin/pip install --quiet --upgrade pip
+	flock $(TRAINERS).lock $(TRAINERS)/bin/pip install --quiet -e . $(TRAINER_PINS)
+	flock $(TRAINERS).lock $(TRAINERS)/bin/pip install --quiet --no-deps $(AREAL_PIN)
 	touch $(TRAINERS_STAMP)
 
 $(NEMO_GYM_STAMP): Makefile
-	test -d $(NEMO_GYM) || $(PY) -m venv $(NEMO_GYM)
-	$(NEMO_GYM)/bin/pip install --quiet --upgrade pip
-	$(NEMO_GYM)/bin/pip install --quiet --no-deps --ignore-requires-python $(NEMO_GYM_PIN)
-	$(NEMO_GYM)/bin/pip install --quiet $(NEMO_GYM_REQS)
+	flock $(NEMO_GYM).lock sh -c 'test -d $(NEMO_GYM) || $(PY) -m venv $(NEMO_GYM)'
+	flock $(NEMO_GYM).lock $(NEMO_GYM)/bin/pip install --quiet --upgrade pip
+	flock $(NEMO_GYM).lock $(NEMO_GYM)/bin/pip install --quiet --no-deps --ignore-requires-python $(NEMO_GYM_PIN)
+	flock $(NEMO_GYM).lock $(NEMO_GYM)/bin/pip install --quiet $(NEMO_GYM_REQS)
 	touch $(NEMO_GYM_STAMP)
 
 test-trainers: $(STAMP) $(TRAINERS_STAMP) $(NEMO_GYM_STAMP)
 	$(BIN)/python -m pytest -q -m trainers
+
+# The bridge plugin in its own environment: the server, the plugin (py-openjudge pulled in by pip), pytest.
+$(OPENJUDGE_VENV)/.installed: pyproject.toml plugins/grpcgrade-openjudge/pyproject.toml
+	test -d $(OPENJUDGE_VENV) || $(PY) -m venv $(OPENJUDGE_VENV)
+	$(OPENJUDGE_VENV)/bin/pip install --quiet --upgrade pip
+	$(OPENJUDGE_VENV)/bin/pip install --quiet -e '.[server]' -e plugins/grpcgrade-openjudge 'pytest>=8,<10'
+	touch $@
+
+test-openjudge: $(OPENJUDGE_VENV)/.installed
+	$(OPENJUDGE_VENV)/bin/python -m pytest -q -p no:cacheprovider -c plugins/grpcgrade-openjudge/pyproject.toml -m openjudge plugins/grpcgrade-openjudge/tests
 
 $(OLDEST_STAMP): Makefile
 	test -d $(OLDEST) || $(PY) -m venv $(OLDEST)
@@ -92,6 +112,12 @@ typecheck: $(STAMP)
 
 $(TOOLS)/.buf-$(BUF_VERSION):
 	npm install --prefix $(TOOLS) --no-audit --no-fund --loglevel=error @bufbuild/buf@$(BUF_VERSION)
+	touch $@
+
+# The Node client of tests/test_node_client.py: a client built from proto/ alone (grpc-js, proto-loader).
+NODE_GRPC := @grpc/grpc-js@1.14.7 @grpc/proto-loader@0.8.1
+$(TOOLS)/.node-grpc:
+	npm install --prefix $(TOOLS) --no-audit --no-fund --loglevel=error $(NODE_GRPC)
 	touch $@
 
 proto-check: $(TOOLS)/.buf-$(BUF_VERSION)
@@ -122,5 +148,12 @@ cog: $(STAMP)
 system-deps:
 	apt-get update && apt-get install -y --no-install-recommends bubblewrap
 
+# The image built and run by a real container engine, then the compose stack (docs/deploy.md says what it
+# checks). As root on Debian: installs and configures podman from Debian's packages first.
+image-test: $(SERVER_STAMP)
+	bash scripts/image/engine.sh
+	$(BIN)/python scripts/image/check.py
+	$(BIN)/python scripts/image/compose.py
+
 clean:
-	rm -rf $(VENV) $(OLDEST) $(TOOLS) $(PEER_VENV) build *.egg-info
+	rm -rf $(VENV) $(VENV).lock $(OLDEST) $(TOOLS) $(PEER_VENV) build *.egg-info

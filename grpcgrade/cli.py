@@ -119,6 +119,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         http_port=args.http_port,
         tls_key=args.tls_key,
         tls_client_ca=args.tls_client_ca,
+        tokenizer=args.tokenizer,
     )
     for flag, path in (
         ("--config", opts.config),
@@ -224,10 +225,17 @@ def cmd_graders(args: argparse.Namespace) -> int:
                 raise RunFailed(rpc_message(exc, args.target)) from exc
         where = f"The graders, plugins and rewards of the server at {args.target}:"
     else:
-        from grpcgrade.core.registry import get_registry
-        from grpcgrade.service.catalog import list_graders
+        try:
+            from grpcgrade.core.registry import get_registry
+            from grpcgrade.service.catalog import list_graders
 
-        listing = list_graders(get_registry(), {})
+            listing = list_graders(get_registry(), {})
+        except ModuleNotFoundError as exc:  # `pip install grpcgrade`: the client, without the graders' packages
+            raise UsageError(
+                f"{exc.name} is missing: this installation is the client only, which grades nothing itself. "
+                "List a server's graders with --target HOST:PORT, or install the graders: "
+                "pip install 'grpcgrade[server]'"
+            ) from exc
         where = "The graders and plugins of this installation (a server's: --target HOST:PORT):"
     data = listing_data(listing)
     if args.json:
@@ -603,6 +611,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--http-port", type=int, default=None, help="HTTP/JSON face for OpenRLHF's remote reward (default: off)"
     )
+    p.add_argument(
+        "--tokenizer",
+        metavar="SPEC",
+        help="count a sample's completion_tokens when the trainer sends none (length gates): tiktoken:ENCODING "
+        "or the path of a model's tokenizer.json; overrides the config's `tokenizer:`",
+    )
     p.add_argument("--tls-cert", metavar="FILE", help="serve TLS with this certificate (PEM), with --tls-key")
     p.add_argument("--tls-key", metavar="FILE", help="the server certificate's private key (PEM)")
     p.add_argument("--tls-client-ca", metavar="FILE", help="require client certificates signed by this CA (mutual TLS)")
@@ -691,7 +705,13 @@ def build_parser() -> argparse.ArgumentParser:
         "of what its limit allows",
     )
     p.add_argument("--judge-samples", type=int, default=2_000, help="with --goals: LLM judgments (0: skip)")
-    p.add_argument("--judge-rpm", type=float, default=6000.0, help="with --judges: the endpoint's requests/minute")
+    p.add_argument(
+        "--judge-rpm",
+        type=float,
+        default=6000.0,
+        help="with --judges: the endpoint's requests/minute (0: no limit, every judgment in flight at once, each "
+        "answered in 1 s: the judge client's own cost)",
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=cmd_bench)
 

@@ -30,6 +30,8 @@ rewards:
     graders: [{name: string_match, params: {case_sensitive: true}}]
   napping:
     graders: [{name: napper}]
+  tools:
+    graders: [{name: tool_call_valid}]
 """
 TOKEN = "s3cret-token"
 TEMPLATE = "<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n"
@@ -206,3 +208,35 @@ def test_openai_grader_endpoints_are_mounted_on_the_same_port(http_server):
     assert status == 401 and body["error"]["code"] == "invalid_api_key"  # OpenAI's error object, its own auth
     # counted under its own face, a refused request too
     assert http_server.metric("grpcgrade_http_requests_total", face="openai_graders", code="401") == refused + 1
+
+
+def test_agent_inputs_travel_per_sample(http_server):
+    """The body's `tool_calls` and `tool_definitions` (docs/agents.md): one entry per query, null for none."""
+    weather = {"name": "weather", "parameters": {"type": "object", "required": ["city"]}}
+    good = {"type": "function", "function": {"name": "weather", "arguments": '{"city": "Oslo"}'}}
+    bad = {"type": "function", "function": {"name": "weather", "arguments": "{}"}}
+    body = {
+        "query": ["a", "b", "c"],
+        "tool_calls": [[good], [bad], None],
+        "tool_definitions": [[weather], [weather], [weather]],
+    }
+    reply = post(authed(http_server.http, "/rewards/tools/get_reward"), body)
+    # valid; a defined tool with arguments its schema refuses (half credit); no tool_calls sent: INVALID_SAMPLE
+    assert reply["rewards"] == [1.0, 0.5, -1.0]
+    assert reply["extra_logs"]["grpcgrade_failed"] == [0.0, 0.0, 1.0]
+
+
+def test_bad_agent_inputs_are_named(http_server):
+    async def status(body: dict) -> tuple[int, str]:
+        url = authed(http_server.http, "/rewards/tools/get_reward")
+        async with aiohttp.ClientSession() as session, session.post(url, json=body) as r:
+            return r.status, await r.text()
+
+    assert asyncio.run(status({"query": ["a"], "tool_calls": [[], []]})) == (
+        400,
+        "`tool_calls` must be a list with one entry per sample (1)",
+    )
+    assert asyncio.run(status({"query": ["a"], "messages": ["hi"]})) == (
+        400,
+        "`messages[0]` must be a list (or null), not str",
+    )

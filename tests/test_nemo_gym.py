@@ -14,17 +14,19 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from grpcgrade.core.tokens import count_tokens
 from grpcgrade.service.http.nemo_gym import tool_calls
 from grpcgrade.testing import free_port, start_server
 
 CONFIG = """
 default_reward: capped
+tokenizer: tiktoken:cl100k_base
 http: {failure_reward: -1.0}
 rewards:
   capped:
     graders:
       - {name: math_exact}
-      - {name: completion_length_cap, params: {max_completion_tokens: 5}, gate: true}
+      - {name: completion_length_cap, params: {max_completion_tokens: 8}, gate: true}
   flaky:
     graders: [{name: misbehave, params: {heavy: false}}]
 """
@@ -72,14 +74,14 @@ def direct(srv, reward: str, rollouts: list[dict]) -> list[float | None]:
         return client.batch_scores(rows, reward=reward).rewards
 
 
-def verify_body(rollout: dict, usage_tokens: int | None = None) -> dict:
+def verify_body(rollout: dict, usage_tokens: int | None = None, counts: bool = True) -> dict:
     """A BaseVerifyRequest's JSON as NeMo Gym's agent dumps it (the fields that matter here)."""
     output = [{"type": "function_call", "call_id": "c1", "name": "calc", "arguments": "{}"}] * bool(
         rollout.get("tool_call")
     )
     message = {"id": "m1", "type": "message", "role": "assistant", "status": "completed",
                "content": [{"type": "output_text", "text": rollout["text"], "annotations": []}]}  # fmt: skip
-    if usage_tokens is None:
+    if usage_tokens is None and counts:
         message["generation_token_ids"] = rollout["token_ids"]
     response = {"id": "r", "object": "response", "output": [*output, message]}
     if usage_tokens is not None:
@@ -109,6 +111,22 @@ def test_verify_echoes_the_request_with_rewards_equal_to_direct_grading(gym_serv
     # usage.output_tokens counts when no generation_token_ids come
     status, answer = asyncio.run(_post(f"{base}/rewards/capped/verify", verify_body(ROLLOUTS[0], usage_tokens=9)))
     assert (status, answer["reward"]) == (200, 0.0)
+
+
+def test_a_rollout_without_counts_is_counted_by_the_configured_tokenizer(gym_server):
+    base = f"http://127.0.0.1:{gym_server.http_port}"
+    short = {"question": "What is 8*9?", "text": "<think>r</think>72", "token_ids": [], "expected_answer": "72"}
+    long = {**short, "text": "<think>" + "let me think " * 5 + "</think>72"}
+    counts = [count_tokens(r["text"], "tiktoken:cl100k_base") for r in (short, long)]
+    assert counts[0] <= 8 < counts[1]  # the gate's cap, between them
+    rows = [{"query": r["question"], "response": r["text"], "reference": "72", "completion_tokens": c}
+            for r, c in zip((short, long), counts, strict=True)]  # fmt: skip
+    with gym_server.client(token=TOKEN) as client:
+        expected = client.batch_scores(rows, reward="capped").rewards
+    assert expected == [1.0, 0.0]  # the long one gated out by the tokenizer's count
+    for rollout, reward in zip((short, long), expected, strict=True):
+        status, answer = asyncio.run(_post(f"{base}/verify", verify_body(rollout, counts=False)))
+        assert (status, answer["reward"]) == (200, reward)
 
 
 def test_a_failed_rollout_is_flagged_in_the_answer(gym_server):

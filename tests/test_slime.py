@@ -13,6 +13,7 @@ import asyncio
 import aiohttp
 import pytest
 
+from grpcgrade.core.tokens import count_tokens
 from grpcgrade.testing import free_port, start_server
 
 CONFIG = """
@@ -25,6 +26,15 @@ rewards:
       - {name: number_only}
   flaky:
     graders: [{name: misbehave, params: {heavy: false}}]
+  capped:
+    graders:
+      - {name: math_exact}
+      - {name: completion_length_cap, params: {max_completion_tokens: 8}, gate: true}
+  counted:
+    tokenizer: tiktoken:cl100k_base
+    graders:
+      - {name: math_exact}
+      - {name: completion_length_cap, params: {max_completion_tokens: 8}, gate: true}
 """
 TOKEN = "slime-token"
 SAMPLES = [  # (prompt, response, label) as slime's Sample holds them
@@ -125,3 +135,29 @@ def test_slime_requests_are_refused_clearly(slime_server):
     status, text = asyncio.run(go(f"{base}/slime?budget_seconds=soon", json={"response": "1"}, headers=auth))
     assert (status, text) == (400, "`budget_seconds` must be a number")
     assert slime_server.metric("grpcgrade_http_requests_total", face="slime", code="400") >= 3
+
+
+def test_a_length_gate_counts_with_the_configured_tokenizer_or_is_refused(slime_server):
+    samples = [
+        ("What is 8*9?", "<think>r</think>72", "72"),
+        ("What is 8*9?", "<think>" + "hm " * 9 + "</think>72", "72"),
+    ]
+    counts = [count_tokens(response, "tiktoken:cl100k_base") for _, response, _ in samples]
+    assert counts[0] <= 8 < counts[1]  # the gate's cap, between them
+    rows = [
+        {"query": q, "response": r, "reference": a, "completion_tokens": c}
+        for (q, r, a), c in zip(samples, counts, strict=True)
+    ]
+    with slime_server.client(token=TOKEN) as client:
+        expected = client.batch_scores(rows, reward="capped").rewards
+    assert expected == [1.0, 0.0]
+    assert asyncio.run(slime_remote_rm(f"{slime_server.rm_url}/rewards/counted/slime", samples)) == expected
+
+    async def refused():
+        async with aiohttp.ClientSession() as session:
+            url = f"{slime_server.rm_url}/rewards/capped/slime"
+            async with session.post(url, json={"prompt": "q", "response": "72", "label": "72"}) as resp:
+                return resp.status, await resp.text()
+
+    status, text = asyncio.run(refused())
+    assert status == 400 and "slime's remote reward model never sends" in text and "--tokenizer" in text

@@ -134,9 +134,12 @@ def check_field(name: str, value: str, limits: Limits) -> None:
 
 
 def check_fields(fields: dict[str, Any], limits: Limits) -> None:
-    """Raise for the first standard field or `responses` item over `max_field_chars`."""
+    """Raise for the first standard field or `responses` item over `max_field_chars` (an agent input: its JSON
+    text)."""
     for name, value in fields.items():
-        if isinstance(value, list):
+        if name in AGENT_FIELDS_SET:
+            check_agent_input(name, len(json.dumps(value, default=str).encode()), limits)
+        elif isinstance(value, list):
             for i, item in enumerate(value):
                 check_field(f"{name}[{i}]", item, limits)
         else:

@@ -12,12 +12,13 @@ from typing import Any
 
 from grpcgrade.client import GradingClient
 from grpcgrade.core.chat import last_text as last_text  # prompts and completions as chats
-from grpcgrade.core.samples import INPUT_FIELDS, SAMPLE_FIELDS, plain
+from grpcgrade.core.samples import AGENT_FIELDS, INPUT_FIELDS, SAMPLE_FIELDS, plain
 from grpcgrade.core.samples import as_text as as_text  # the integrations' rule for a field's text
+from grpcgrade.core.tokens import TOKENIZER_PARAM
 from grpcgrade.v1 import grading_pb2 as pb
 
 #: Names a grader gets from the sample itself; a trainer's column or field of that name never goes to `extra`.
-RESERVED = frozenset(INPUT_FIELDS) | frozenset(SAMPLE_FIELDS)
+RESERVED = frozenset(INPUT_FIELDS) | frozenset(SAMPLE_FIELDS) | frozenset(AGENT_FIELDS)
 
 
 #: Values that are their own JSON form (a float only when finite): no round trip through `json`.
@@ -61,6 +62,20 @@ def usable_extra(items: Iterable[tuple[str, Any]], skip: frozenset[str] = frozen
     return out
 
 
+def agent_inputs(items: Iterable[tuple[str, Any]]) -> dict[str, list[Any]]:
+    """The agent inputs (`messages`, `tool_calls`, `tool_definitions`) among a trainer's values: each that is
+    a list with a JSON form, for the sample's own fields. Anything else of those names is dropped, as
+    `usable_extra` drops what cannot travel."""
+    out = {}
+    for name, value in items:
+        if name in AGENT_FIELDS and isinstance(value, list | tuple):
+            try:
+                out[name] = json_value(list(value))
+            except (TypeError, ValueError):
+                continue
+    return out
+
+
 def reward_of(result: pb.EvaluateResponse) -> float | None:
     """The sample's reward, None when a grader failed (the sample is to be masked)."""
     return result.reward if result.HasField("reward") and math.isfinite(result.reward) else None
@@ -94,3 +109,23 @@ def shared_client(target: str, token: str | None, timeout: float) -> GradingClie
         if key not in _clients:
             _clients[key] = GradingClient(target, token=token, timeout=timeout)
         return _clients[key]
+
+
+def uncounted_gates(catalog: pb.ListGradersResponse, reward: str) -> list[str]:
+    """The graders of configured `reward` that gate on a token count and have no tokenizer to make one, as
+    the server's catalog shows them (the server fills its `--tokenizer` into their params): for a trainer
+    path that sends no counts, each would cut every reward to its `min_reward` (`core.tokens.uncounted`)."""
+    takes: set[str] = set()
+    for grader in catalog.graders:
+        if any(p.name == TOKENIZER_PARAM for p in grader.params):
+            takes.update((grader.name, *grader.aliases))
+    found = next((r for r in catalog.rewards if r.name == reward), None)
+    out = []
+    for spec in found.graders if found is not None else ():
+        params = spec.params.fields
+        if spec.name not in takes or (TOKENIZER_PARAM in params and params[TOKENIZER_PARAM].string_value):
+            continue
+        missing_fails = params.get("treat_missing_as_fail")
+        if missing_fails is None or missing_fails.bool_value:
+            out.append(spec.key or spec.name)
+    return out

@@ -382,8 +382,12 @@ def spec_to_pb(spec: str | Mapping[str, Any] | pb.GraderSpec) -> pb.GraderSpec:
     if isinstance(spec, str):
         return pb.GraderSpec(name=spec)
     out = pb.GraderSpec(name=spec["name"], key=spec.get("key", ""), gate=bool(spec.get("gate", False)))
-    if spec.get("params"):
-        out.params.update(spec["params"])
+    params = spec.get("params")
+    if params is not None and not isinstance(params, Mapping):
+        hint = " (parse the JSON text first: json.loads)" if isinstance(params, (str, bytes)) else ""
+        raise TypeError(f"grader {spec['name']!r}: params must be a mapping, not {type(params).__name__}{hint}")
+    if params:
+        out.params.update(params)
     if spec.get("weight") is not None:
         out.weight = float(spec["weight"])
     return out
@@ -434,7 +438,8 @@ def all_text(values: Iterable[Any]) -> bool:
 
 class SampleColumns(Sequence[dict[str, Any]]):
     """Samples as columns: one list of texts per Sample field, as a trainer holds them, and optionally
-    each sample's `extra` (a dict, or None) and `responses`.
+    each sample's `extra` (a dict, or None), `responses` and agent inputs (`agent`: a dict of `messages`,
+    `tool_calls`, `tool_definitions` lists, or None; samples with them travel as messages, not columns).
 
     A request is filled from columns with one keyword call into protobuf's C code per sample, without a
     dict or a message of its own per sample (`add_samples`), which is most of a cheap batch's client cost.
@@ -466,6 +471,7 @@ class SampleColumns(Sequence[dict[str, Any]]):
         self.gaps = any(None in col for col in self.fields.values())
         self.extra = extra if extra is not None and any(extra) else None
         self.responses = responses if responses is not None and any(responses) else None
+        self.agent: Sequence[Mapping[str, Any] | None] | None = None
 
     @classmethod
     def of_text(
@@ -483,7 +489,15 @@ class SampleColumns(Sequence[dict[str, Any]]):
         out.n = len(next(iter(fields.values()))) if fields else len(extra or ())
         out.extra = extra if extra is not None and any(extra) else None
         out.responses = None
+        out.agent = None
         return out
+
+    def with_agent(self, agent: Sequence[Mapping[str, Any] | None]) -> SampleColumns:
+        """These columns with each sample's agent inputs (a dict of AGENT_FIELDS lists, or None)."""
+        if len(agent) != self.n:
+            raise ValueError(f"SampleColumns: {len(agent)} agent inputs for {self.n} samples")
+        self.agent = agent if any(agent) else None
+        return self
 
     def __len__(self) -> int:
         return self.n
@@ -495,6 +509,7 @@ class SampleColumns(Sequence[dict[str, Any]]):
             out.gaps = self.gaps
             out.extra = self.extra[index] if self.extra is not None else None
             out.responses = self.responses[index] if self.responses is not None else None
+            out.agent = self.agent[index] if self.agent is not None else None
             out.n = len(range(*index.indices(self.n)))
             return out
         sample: dict[str, Any] = {k: v[index] for k, v in self.fields.items() if v[index] is not None}
@@ -502,14 +517,16 @@ class SampleColumns(Sequence[dict[str, Any]]):
             sample["extra"] = dict(self.extra[index])
         if self.responses is not None and self.responses[index]:
             sample["responses"] = list(self.responses[index])
+        if self.agent is not None and self.agent[index]:
+            sample.update(self.agent[index])
         return sample
 
     @property
     def columnar(self) -> bool:
-        """Whether the samples fit a request's SampleColumns: no listwise `responses`, no field absent from
-        some samples only (a column is sent for all or none), and some column to count them by (n samples of
+        """Whether the samples fit a request's SampleColumns: no listwise `responses` or agent inputs, no field
+        absent from some samples only (a column is sent for all or none), and some column to count them by (n samples of
         no field at all have no column)."""
-        return self.responses is None and not self.gaps and bool(self.fields or self.extra)
+        return self.responses is None and self.agent is None and not self.gaps and bool(self.fields or self.extra)
 
     def fill_columns(self, out: pb.SampleColumns) -> None:
         """Every sample into a request's SampleColumns: a C call per column, and a Struct per row only
@@ -527,6 +544,10 @@ class SampleColumns(Sequence[dict[str, Any]]):
         add = container.add
         names = tuple(self.fields)
         columns = [self.fields[k] for k in names]
+        if self.agent is not None:  # rare (agent rollouts): a sample dict each, by `sample_to_pb`'s rules
+            for i in range(self.n):
+                _fill_sample(add(), self[i])
+            return
         if self.extra is None and self.responses is None:
             if names == ("query", "response", "reference"):  # TRL's prompt, completion and answer
                 for q, r, ref in zip(*columns, strict=True):
@@ -584,5 +605,18 @@ def add_samples(container: Any, samples: Sequence[Mapping[str, Any] | pb.Sample]
             _fill_sample(add(), sample)
 
 
-def specs_to_pb(graders: Iterable[str | Mapping[str, Any] | pb.GraderSpec] | None) -> list[pb.GraderSpec]:
-    return [spec_to_pb(g) for g in graders or ()]
+GraderArg = str | Mapping[str, Any] | pb.GraderSpec
+
+
+def graders_list(graders: Iterable[GraderArg] | GraderArg | None) -> list[GraderArg]:
+    """A call's `graders` as a list: one grader given on its own (a name, a dict, a spec) is a list of one,
+    not a name read letter by letter."""
+    if graders is None:
+        return []
+    if isinstance(graders, (str, Mapping, pb.GraderSpec)):
+        return [graders]
+    return list(graders)
+
+
+def specs_to_pb(graders: Iterable[GraderArg] | GraderArg | None) -> list[pb.GraderSpec]:
+    return [spec_to_pb(g) for g in graders_list(graders)]

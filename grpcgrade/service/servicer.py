@@ -12,9 +12,9 @@ import grpc
 from grpcgrade.core.budget import OutputBudget
 from grpcgrade.core.engine import Batch, Chunk, Engine, Job, WholeChunk
 from grpcgrade.core.errors import MAX_DETAIL_CHARS, InvalidParams, TooManyFailures, UnknownGrader, UnknownReward
+from grpcgrade.core.executors import Work
 from grpcgrade.core.guard import FailureTally, call_guards
 from grpcgrade.core.samples import Limits, requirements
-from grpcgrade.core.workers import Work
 from grpcgrade.grader import GraderMode
 from grpcgrade.v1 import grading_pb2 as pb
 from grpcgrade.v1 import grading_pb2_grpc as pb_grpc

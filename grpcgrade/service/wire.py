@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from grpcgrade.core.errors import InvalidParams, SampleProblem
+from grpcgrade.core.executors import Work
 from grpcgrade.core.grading import (
     Stats,
     column_inputs,
@@ -36,7 +37,6 @@ from grpcgrade.core.registry import get_registry
 from grpcgrade.core.result_cache import QUARANTINE_CODES
 from grpcgrade.core.rewards import Result, RewardStats, SpecData, reward_stats, rewards
 from grpcgrade.core.samples import Limits, requirements
-from grpcgrade.core.workers import Work
 from grpcgrade.grader import BaseGrader, GraderError
 from grpcgrade.v1 import grading_pb2 as pb
 
@@ -334,8 +334,8 @@ def wire_work(
             stats.append(RewardStats(reward, EMPTY, 1))
         return out.SerializeToString(), stats
 
-    args = (specs, data, start, view, limits, timeout, reward, deadline)
-    return Work(grade_wire, args, stop - start, timeout, split, failed, _join)
+    args = (specs, data, start, view, limits, timeout, reward)
+    return Work(grade_wire, args, stop - start, timeout, split, failed, _join, deadline)
 
 
 def quarantine_failures(payload: bytes) -> list[tuple[int, int, GraderError]]:

@@ -23,7 +23,16 @@ from grpcgrade.core.engine import Batch, Engine, GradedChunk, Job
 from grpcgrade.core.errors import InvalidParams, SampleProblem, TooManyFailures, UnknownGrader, UnknownReward
 from grpcgrade.core.guard import FailureTally, call_guards
 from grpcgrade.core.result_cache import CacheMode
-from grpcgrade.core.samples import TEXT_FIELDS, Limits, add_extra, check_fields, missing_input, requirements
+from grpcgrade.core.samples import (
+    AGENT_FIELDS,
+    TEXT_FIELDS,
+    Limits,
+    add_extra,
+    check_fields,
+    missing_input,
+    requirements,
+)
+from grpcgrade.core.tokens import no_tokenizer_message, uncounted
 from grpcgrade.grader import GraderError, GraderResult
 
 from ..metrics import Metrics
@@ -52,6 +61,7 @@ def sample_fields(
     reference: str | None = None,
     context: str | None = None,
     extra: Mapping[str, Any] | None = None,
+    agent: Mapping[str, list[Any]] | None = None,
 ) -> dict[str, Any]:
     """A sample's keyword arguments as the graders take them (the gRPC Sample's fields, `extra` beside
     them); SampleProblem when an `extra` key would replace a standard field. A text field given as None is
@@ -61,13 +71,15 @@ def sample_fields(
     for name, value in (("query", query), ("reference", reference), ("context", context)):
         if value is not None:
             fields[name] = value
+    if agent:  # docs/agents.md: messages, tool_calls, tool_definitions (size-checked with the other fields)
+        fields.update(agent)
     if extra:
         add_extra(fields, dict(extra))
     return fields
 
 
 #: The keys `sample_fields` gives every sample; any other key came from its `extra`.
-STANDARD_KEYS = frozenset(("sample_id", *TEXT_FIELDS, "responses"))
+STANDARD_KEYS = frozenset(("sample_id", *TEXT_FIELDS, "responses", *AGENT_FIELDS))
 
 
 def check_sample(fields: dict[str, Any], limits: Limits) -> None:
@@ -80,6 +92,25 @@ def check_sample(fields: dict[str, Any], limits: Limits) -> None:
         raise SampleProblem(
             f"field 'extra' takes {size} characters, over the limit max_field_chars={limits.max_field_chars}"
         )
+
+
+def agent_columns(body: Mapping[str, Any], n: int) -> list[dict[str, list[Any]]]:
+    """Each sample's agent inputs from a body's `messages`, `tool_calls` and `tool_definitions` keys: each, when
+    given, a list with one entry per sample, that sample's list (or null: not sent). 400 naming the key
+    otherwise."""
+    out: list[dict[str, list[Any]]] = [{} for _ in range(n)]
+    for name in AGENT_FIELDS:
+        column = body.get(name)
+        if column is None:
+            continue
+        if not isinstance(column, list) or len(column) != n:
+            raise web.HTTPBadRequest(text=f"`{name}` must be a list with one entry per sample ({n})")
+        for i, value in enumerate(column):
+            if value is not None and not isinstance(value, list):
+                raise web.HTTPBadRequest(text=f"`{name}[{i}]` must be a list (or null), not {type(value).__name__}")
+            if value is not None:
+                out[i][name] = value
+    return out
 
 
 def _complete(fields: dict[str, Any], required: dict[str, str]) -> dict[str, Any]:
@@ -228,6 +259,13 @@ class FaceContext:
             raise web.HTTPNotFound(text=str(exc)) from None
         except InvalidParams as exc:
             raise web.HTTPBadRequest(text=str(exc)) from None
+
+    def require_counts(self, reward: str, jobs: list[Job], path: str) -> None:
+        """400 naming `--tokenizer` when the reward gates on a token count that `path` (a trainer's protocol
+        that never sends counts) cannot give and the server has no tokenizer to make."""
+        gates = [job.spec.name for job in jobs if uncounted(job.grader)]
+        if gates:  # every reward would be cut to the gate's min_reward
+            raise web.HTTPBadRequest(text=no_tokenizer_message(reward, gates, path))
 
     def check_count(self, n: int, what: str) -> None:
         """413 past `max_samples_per_batch`."""

@@ -20,6 +20,8 @@ slime reads `reward[KEY]`. A failed request is retried up to 10 times with backo
   error code; the dict form says so too (`grpcgrade_failed` 1 and `error`).
 - The reward guard: `http.budget_seconds` (or `?budget_seconds=S` in the URL) bounds each sample; no
   failure ratio, since a request holds one sample.
+- Token counts: slime sends none, so a reward gating on `completion_tokens` is refused (400 naming
+  `--tokenizer`) unless the server has a tokenizer to count the response with.
 - Auth: Basic auth from the URL (`http://slime:TOKEN@host:port/slime`), which aiohttp sends.
 """
 
@@ -76,6 +78,7 @@ class SlimeFace:
             raise web.HTTPBadRequest(text=f"`form` must be one of {', '.join(FORMS)}, got {form[:40]!r}")
         body = await ctx.json_object(request, '"prompt", "response", "label"')
         jobs = ctx.resolve(name)
+        ctx.require_counts(name, jobs, "slime's remote reward model")
         response = body.get("response")
         if not isinstance(response, str):
             raise web.HTTPBadRequest(text="`response` is required: a string")
