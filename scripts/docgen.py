@@ -65,8 +65,9 @@ CANARY_DOCS = {
 
 #: What each setting of the HTTP face means. A setting missing here fails generation.
 HTTP_DOCS = {
-    "failure_reward": "the reward a failed sample gets over HTTP, where OpenRLHF needs a number (it is also "
-    "flagged in `extra_logs.grpcgrade_failed`)",
+    "failure_reward": "the reward a failed sample gets over HTTP, where the trainer needs a number (OpenRLHF, "
+    "slime, NeMo Gym); it is also flagged in the answer (`grpcgrade_failed`), counted and logged "
+    "([Trainers](trainers.md))",
     "strip_suffixes": "trailing end-of-turn tokens removed, repeatedly, from each decoded query before grading",
     "budget_seconds": "the step budget of a request whose body has no `budget_seconds`; 0: none "
     "(see [Reward guard](reward-guard.md#step-budget))",

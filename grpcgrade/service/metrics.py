@@ -332,6 +332,12 @@ class Metrics:
             ["face", "method", "code"],
             registry=r,
         )
+        self.http_failed_samples = Counter(
+            "grpcgrade_http_failed_samples",
+            "Samples an HTTP face answered as failed (no grader's reward), per face and reward.",
+            ["face", "reward"],
+            registry=r,
+        )
         self.http_unusable_samples = Counter(
             "grpcgrade_http_unusable_samples",
             "Samples an HTTP face could not grade at all (a query that does not start with its prompt, a missing "

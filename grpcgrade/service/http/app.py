@@ -19,7 +19,7 @@ from grpcgrade.core.samples import Limits
 
 from ..callers import caller_middleware
 from ..metrics import Metrics
-from . import openai_graders, openrlhf
+from . import nemo_gym, openai_graders, openrlhf, slime
 from .common import FACE_KEY, NO_FACE, FaceContext, Handler
 from .limits import mark_head_arrived
 
@@ -36,9 +36,9 @@ def build_http_app(
     tokens: Sequence[str] = (),
     metrics: Metrics | None = None,
 ) -> web.Application:
-    """The HTTP face's application: OpenRLHF's reward routes and OpenAI's grader endpoints (at
-    `openai_graders.MOUNT_PATH`), all checking the same `tokens` (each answering in its own protocol's
-    error format)."""
+    """The HTTP face's application: each trainer's reward routes (OpenRLHF's, slime's, NeMo Gym's) and
+    OpenAI's grader endpoints (at `openai_graders.MOUNT_PATH`), all checking the same `tokens` (each
+    answering in its own protocol's error format)."""
 
     @web.middleware
     async def counted(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -61,7 +61,8 @@ def build_http_app(
 
     app = web.Application(middlewares=[counted, caller_middleware], client_max_size=http.max_body_bytes)
     ctx = FaceContext(engine, limits, http, default_reward, tokens, metrics)
-    openrlhf.add_routes(app, ctx)
+    for face in (openrlhf, slime, nemo_gym):
+        face.add_routes(app, ctx)
     app.add_subapp(
         openai_graders.MOUNT_PATH, openai_graders.openai_graders_app(engine, tokens=tokens, limits=limits, http=http)
     )

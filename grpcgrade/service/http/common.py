@@ -31,7 +31,8 @@ from grpcgrade.core.samples import (
     missing_input,
     requirements,
 )
-from grpcgrade.grader import GraderResult
+from grpcgrade.core.tokens import no_tokenizer_message, uncounted
+from grpcgrade.grader import GraderError, GraderResult
 
 from ..metrics import Metrics
 from .limits import MAX_JSON_DEPTH, BodyError, depth_within, read_json
@@ -44,6 +45,8 @@ log = logging.getLogger("grpcgrade.http")
 FACE_KEY = web.RequestKey("grpcgrade_face", str)
 #: The `face` label of a request no face answered (an unknown path).
 NO_FACE = "none"
+
+log = logging.getLogger("grpcgrade.service.http")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -69,6 +72,22 @@ def sample_fields(
     if extra:
         add_extra(fields, dict(extra))
     return fields
+
+
+#: The keys `sample_fields` gives every sample; any other key came from its `extra`.
+STANDARD_KEYS = frozenset(("sample_id", *TEXT_FIELDS, "responses", *AGENT_FIELDS))
+
+
+def check_sample(fields: dict[str, Any], limits: Limits) -> None:
+    """SampleProblem for a standard field over `max_field_chars`, or for `extra` (the other keys) whose JSON
+    is longer: grader input, so the gRPC service's limit holds for it too."""
+    check_fields({k: v for k, v in fields.items() if k in STANDARD_KEYS}, limits)
+    extra = {k: v for k, v in fields.items() if k not in STANDARD_KEYS}
+    size = len(json.dumps(extra)) if extra else 0
+    if size > limits.max_field_chars:
+        raise SampleProblem(
+            f"field 'extra' takes {size} characters, over the limit max_field_chars={limits.max_field_chars}"
+        )
 
 
 def agent_columns(body: Mapping[str, Any], n: int) -> list[dict[str, list[Any]]]:
@@ -156,6 +175,17 @@ class Graded(NamedTuple):
     reward: float | None
     results: list[GraderResult]
 
+    def error(self) -> GraderError | None:
+        """The first grader's error (what a face reports for a failed sample)."""
+        return next((r for r in self.results if isinstance(r, GraderError)), None)
+
+    def why(self) -> str:
+        """A failed sample's cause in one line: `grader CODE: message`."""
+        error = self.error()
+        if error is None:
+            return "no grader answered"
+        return f"{error.name} {error.code}: {error.error[:200]}"
+
 
 @dataclass
 class FaceContext:
@@ -214,6 +244,13 @@ class FaceContext:
         except InvalidParams as exc:
             raise web.HTTPBadRequest(text=str(exc)) from None
 
+    def require_counts(self, reward: str, jobs: list[Job], path: str) -> None:
+        """400 naming `--tokenizer` when the reward gates on a token count that `path` (a trainer's protocol
+        that never sends counts) cannot give and the server has no tokenizer to make."""
+        gates = [job.spec.name for job in jobs if uncounted(job.grader)]
+        if gates:  # every reward would be cut to the gate's min_reward
+            raise web.HTTPBadRequest(text=no_tokenizer_message(reward, gates, path))
+
     def check_count(self, n: int, what: str) -> None:
         """413 past `max_samples_per_batch`."""
         if n > self.limits.max_samples_per_batch:
@@ -250,7 +287,8 @@ class FaceContext:
         """Every sample graded with the reward's `jobs`: the one engine call of every face. A sample given
         as its SampleProblem, or whose fields are past the limits, is a failed sample (no other sample pays
         for it). A request past its failure ratio is 400 `FAILED_PRECONDITION: ...` naming the grader and
-        its most frequent error code."""
+        its most frequent error code. Failed samples are counted per face and reward
+        (`grpcgrade_http_failed_samples_total`) and logged, one WARNING line per request."""
         n = len(samples)
         required = requirements((job.grader.name, job.inputs) for job in jobs)
         unusable: list[SampleProblem] = []
@@ -260,7 +298,7 @@ class FaceContext:
             try:
                 if isinstance(sample, SampleProblem):
                     raise sample
-                check_fields(sample, self.limits)
+                check_sample(sample, self.limits)
                 return _complete(sample, required)
             except SampleProblem as exc:
                 unusable.append(exc)
@@ -282,6 +320,14 @@ class FaceContext:
             raise web.HTTPBadRequest(text=f"FAILED_PRECONDITION: {exc}") from None
         finally:
             self._report(face, unusable, n)
+        failed = [g for g in out if g.reward is None]
+        if failed:
+            if self.metrics is not None:
+                self.metrics.http_failed_samples.labels(face or NO_FACE, reward).inc(len(failed))
+            log.warning(
+                "%s face: %d of %d samples of reward %r failed (answered as the face's failure value); first: %s",
+                face or "HTTP", len(failed), n, reward, failed[0].why(),
+            )  # fmt: skip
         return out
 
     def _report(self, face: str, unusable: list[SampleProblem], n: int) -> None:
