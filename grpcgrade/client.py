@@ -34,6 +34,7 @@ from grpcgrade.service.convert import SampleColumns as SampleColumns  # a batch 
 from grpcgrade.service.convert import add_samples, as_columns, sample_to_pb, specs_to_pb
 
 from .batch_scores import BatchScores as BatchScores  # what batch_scores returns
+from .core.retry import backoff
 from .v1 import grading_pb2 as pb
 from .v1 import grading_pb2_grpc as pb_grpc
 
@@ -110,6 +111,28 @@ def _surfaced(exc: grpc.RpcError) -> grpc.RpcError:
     if callable(code) and code() == grpc.StatusCode.FAILED_PRECONDITION:
         return FailureBudgetExceeded(exc.details() or "")
     return exc
+
+
+#: The trailer a server's refusal for load carries (`grpc-retry-pushback-ms`, see docs/security.md).
+PUSHBACK_KEY = "grpc-retry-pushback-ms"
+
+
+def refusal_pause(exc: grpc.RpcError, attempt: int, deadline: float) -> float | None:
+    """How long to wait before sending again a call the server refused for load (RESOURCE_EXHAUSTED with
+    its retry hint: nothing of it was graded), backing off from the hint with jitter as attempts go on; None
+    for any other error, or when the pause would pass `deadline` (`time.monotonic()`)."""
+    code, trailers = getattr(exc, "code", None), getattr(exc, "trailing_metadata", None)
+    if not callable(code) or code() != grpc.StatusCode.RESOURCE_EXHAUSTED or not callable(trailers):
+        return None
+    hint = next((v for k, v in trailers() or () if k == PUSHBACK_KEY), None)
+    try:
+        seconds = int(hint) / 1000 if hint is not None else -1.0
+    except ValueError:
+        return None
+    if seconds < 0:  # no hint (another RESOURCE_EXHAUSTED), or the server says not to retry
+        return None
+    pause = backoff(attempt, max(seconds, 0.001), after=seconds / 2)
+    return pause if time.monotonic() + pause < deadline else None
 
 
 def set_guards(
@@ -404,7 +427,17 @@ class GradingClient(_Base):
     ) -> pb.EvaluateResponse:
         request = self._evaluate_request(sample, graders, reward, grader_timeout, view)
         request.cache = cache_mode(cache)
-        return self.stub.Evaluate(request, timeout=timeout or self.timeout, metadata=self._metadata)
+        deadline = time.monotonic() + (timeout or self.timeout)
+        attempt = 0
+        while True:  # a refusal for load is sent again after the server's hint, until the deadline
+            try:
+                return self.stub.Evaluate(request, timeout=deadline - time.monotonic(), metadata=self._metadata)
+            except grpc.RpcError as exc:
+                pause = refusal_pause(exc, attempt, deadline)
+                if pause is None:
+                    raise
+            time.sleep(pause)
+            attempt += 1
 
     def batch_evaluate(
         self,
@@ -479,7 +512,7 @@ class GradingClient(_Base):
         lock = threading.Lock()
         started = time.monotonic()
 
-        def run(start: int, part: Sequence[Any], columns: bool = True) -> None:
+        def run(start: int, part: Sequence[Any], columns: bool = True, attempt: int = 0) -> None:
             nonlocal done
             request = self._batch_request(part, graders, reward, grader_timeout, view, columns)
             set_guards(request, started, *guards)
@@ -488,7 +521,12 @@ class GradingClient(_Base):
             try:
                 got = place(start, stream)
             except grpc.RpcError as exc:
-                raise _surfaced(exc) from None
+                pause = refusal_pause(exc, attempt, started + deadline)
+                if pause is None:
+                    raise _surfaced(exc) from None
+                time.sleep(pause)  # refused for load before anything was graded: sent again
+                run(start, part, columns, attempt + 1)
+                return
             if self._no_columns(request, got, len(part)):
                 run(start, part, columns=False)
                 return
@@ -651,7 +689,17 @@ class AsyncGradingClient(_Base):
     ) -> pb.EvaluateResponse:
         request = self._evaluate_request(sample, graders, reward, grader_timeout, view)
         request.cache = cache_mode(cache)
-        return await self.stub.Evaluate(request, timeout=timeout or self.timeout, metadata=self._metadata)
+        deadline = time.monotonic() + (timeout or self.timeout)
+        attempt = 0
+        while True:  # a refusal for load is sent again after the server's hint, until the deadline
+            try:
+                return await self.stub.Evaluate(request, timeout=deadline - time.monotonic(), metadata=self._metadata)
+            except grpc.RpcError as exc:
+                pause = refusal_pause(exc, attempt, deadline)
+                if pause is None:
+                    raise
+            await asyncio.sleep(pause)
+            attempt += 1
 
     async def batch_evaluate(
         self,
@@ -713,8 +761,9 @@ class AsyncGradingClient(_Base):
         done = 0
         started = time.monotonic()
 
-        async def run(start: int, part: Sequence[Any], columns: bool = True) -> None:
+        async def run(start: int, part: Sequence[Any], columns: bool = True, attempt: int = 0) -> None:
             nonlocal done
+            pause = None
             async with gate:
                 request = self._batch_request(part, graders, reward, grader_timeout, view, columns)
                 set_guards(request, started, *guards)
@@ -729,8 +778,13 @@ class AsyncGradingClient(_Base):
                         if on_progress:
                             on_progress(done, len(samples))
                 except grpc.RpcError as exc:
-                    raise _surfaced(exc) from None
-            if self._no_columns(request, got, len(part)):
+                    pause = refusal_pause(exc, attempt, started + deadline) if not got else None
+                    if pause is None:
+                        raise _surfaced(exc) from None
+            if pause is not None:  # refused for load before anything was graded: sent again
+                await asyncio.sleep(pause)
+                await run(start, part, columns, attempt + 1)
+            elif self._no_columns(request, got, len(part)):
                 await run(start, part, columns=False)
 
         await asyncio.gather(*(run(s, p) for s, p in _chunks(samples, self.chunk_size)))

@@ -82,6 +82,16 @@ LIMIT_DOCS = {
     "the call ends with `RESOURCE_EXHAUSTED` and its graded answers are dropped (see [Security](security.md))",
     "max_buffered_output_bytes": "graded answers waiting for their readers, server-wide; while spent, calls "
     "wait before starting new chunks (see [Security](security.md))",
+    "max_concurrent_calls": "gRPC calls and HTTP requests handled at once; past it a call is refused at once with "
+    "`RESOURCE_EXHAUSTED` (HTTP 503) and the retry hint, never cancelled "
+    "(see [Security](security.md#a-crowd-of-callers))",
+    "max_queued_samples": "samples accepted and not yet answered, over every call; a call that would pass it is "
+    "refused as above (one that finds nothing queued is admitted whatever its size)",
+    "max_memory_bytes": "the server process's resident memory past which calls are refused as above; 0: no such limit",
+    "max_pending_calls": "calls gRPC's core holds before the server takes them up (it cancels calls past its own "
+    "limit: 1,000 to 3,000 by default, the CANCELLED calls of a crowd)",
+    "retry_after_seconds": "the retry hint of a refusal: gRPC's `grpc-retry-pushback-ms` trailer, HTTP's "
+    "`Retry-After` (whole seconds, at least 1); the Python client waits about this long, longer as refusals repeat",
 }
 
 #: What each model setting does. A setting missing here fails generation.

@@ -102,6 +102,8 @@ TOP_KEYS = (
     *("rewards", "limits", "grader_timeout_seconds", "models", "default_reward", "http", "canary"),
     *("cache", "quarantine"),
 )
+#: The limits whose 0 means none.
+ZERO_IS_NO_LIMIT = ("max_memory_bytes",)
 SPEC_KEYS = ("name", "params", "key", "weight", "gate")
 REWARD_KEYS = ("graders", "description", "canaries")
 #: A canary's keys (`rewards.NAME.canaries[i]`), and the `canary:` section's.
@@ -238,7 +240,7 @@ def parse_config(data: dict[str, Any], source: str = "config") -> ServerConfig:
         **{
             k: _number(v, f"{source}: limits.{k}", float, 0.001)
             if kinds[k] == "float"
-            else _number(v, f"{source}: limits.{k}", int, 1)
+            else _number(v, f"{source}: limits.{k}", int, 0 if k in ZERO_IS_NO_LIMIT else 1)
             for k, v in raw_limits.items()
         }
     )

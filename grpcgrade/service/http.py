@@ -41,14 +41,23 @@ from typing import Any
 
 from aiohttp import BasicAuth, web
 
+from grpcgrade.core.admission import Admission
 from grpcgrade.core.config import HttpConfig
 from grpcgrade.core.engine import Batch, Engine, GradedChunk
-from grpcgrade.core.errors import InvalidParams, SampleProblem, TooManyFailures, UnknownGrader, UnknownReward
+from grpcgrade.core.errors import (
+    InvalidParams,
+    Overloaded,
+    SampleProblem,
+    TooManyFailures,
+    UnknownGrader,
+    UnknownReward,
+)
 from grpcgrade.core.guard import call_guards
 from grpcgrade.core.result_cache import CacheMode
 from grpcgrade.core.samples import Limits, as_text, check_fields
 
 from .metrics import Metrics
+from .overload import admission_middleware, service_unavailable
 
 #: extra_logs key of the per-sample failure flag.
 FAILED_LOG = "grpcgrade_failed"
@@ -123,7 +132,9 @@ class RewardHandler:
         default_reward: str,
         tokens: Sequence[str],
         metrics: Metrics | None = None,
+        admission: Admission | None = None,
     ) -> None:
+        self.admission = admission or Admission(limits)
         self.engine = engine
         self.limits = limits
         self.http = http
@@ -203,6 +214,10 @@ class RewardHandler:
         rewards: list[float | None] = [None] * n
         batch = Batch(n, lambda a, b: [(i, kwargs(i)) for i in range(a, b)])
         try:
+            self.admission.reserve(n)
+        except Overloaded as exc:
+            raise service_unavailable(exc) from None
+        try:
             async for graded in self.engine.grade_batch(
                 jobs, batch, self.engine.chunks(jobs, n), reward=reward, deadline=deadline, failures=failures
             ):
@@ -213,6 +228,8 @@ class RewardHandler:
             if self.metrics is not None:
                 self.metrics.failure_budget_calls.inc()
             raise web.HTTPBadRequest(text=f"FAILED_PRECONDITION: {exc}") from None
+        finally:
+            self.admission.release(n)
         out = [self.http.failure_reward if r is None else r for r in rewards]
         failed = [float(r is None) for r in rewards]
         return web.json_response({"rewards": out, "scores": out, "extra_logs": {FAILED_LOG: failed}})
@@ -240,6 +257,7 @@ def build_http_app(
     tokens: Sequence[str] = (),
     metrics: Metrics | None = None,
     subapps: Mapping[str, web.Application] | None = None,
+    admission: Admission | None = None,
 ) -> web.Application:
     """The HTTP face's application; `subapps` ({"/prefix": app}) are mounted beside the reward routes and
     share the request counting. Each checks the same `tokens` itself (answering in its own protocol's
@@ -262,8 +280,9 @@ def build_http_app(
             if metrics is not None:
                 metrics.http_requests.labels(request.method, str(status)).inc()
 
-    app = web.Application(middlewares=[counted], client_max_size=limits.max_message_bytes)
-    handler = RewardHandler(engine, limits, http, default_reward, tokens, metrics)
+    admitted = admission_middleware(admission or Admission(limits))
+    app = web.Application(middlewares=[counted, admitted], client_max_size=limits.max_message_bytes)
+    handler = RewardHandler(engine, limits, http, default_reward, tokens, metrics, admission)
     app.router.add_post("/get_reward", handler.default)
     app.router.add_post("/rewards/{name}/get_reward", handler.named)
     for prefix, sub in (subapps or {}).items():

@@ -20,6 +20,7 @@ from aiohttp import web
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from grpcgrade.core.admission import Admission
 from grpcgrade.core.cached_grading import CachedGrading
 from grpcgrade.core.canaries import CanaryResult, run_canaries, watch
 from grpcgrade.core.config import ServerConfig, load_config
@@ -283,12 +284,15 @@ def build_server(opts: ServeOptions) -> Service:
         interceptors.append(AuthInterceptor(tokens))
     interceptors.append(DecodeGuardInterceptor())  # innermost: after auth, inside the logging and metrics
     max_bytes = config.limits.max_message_bytes
+    pending = config.limits.max_pending_calls  # past gRPC's own pending limit its core cancels calls (admission)
     server = grpc.aio.server(
         interceptors=interceptors,
         options=[
             ("grpc.so_reuseport", 0),  # a second server on the same port fails instead of sharing it
             ("grpc.max_receive_message_length", max_bytes),
             ("grpc.max_send_message_length", max_bytes),
+            ("grpc.server.max_pending_requests", pending),
+            ("grpc.server.max_pending_requests_hard_limit", pending),
             ("grpc.keepalive_time_ms", 60_000),
             ("grpc.keepalive_timeout_ms", 20_000),
             ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
@@ -297,7 +301,10 @@ def build_server(opts: ServeOptions) -> Service:
             *opts.extra_options,
         ],
     )
-    add_to_server(GradingServicer(engine, config.limits, metrics), server)
+    admission = Admission(config.limits)
+    if metrics is not None:
+        metrics.watch_admission(admission)
+    add_to_server(GradingServicer(engine, config.limits, metrics, admission), server)
     admin_pb2_grpc.add_AdminServiceServicer_to_server(AdminServicer(cached, registry), server)
     health_servicer = DrainingHealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -326,6 +333,7 @@ def build_server(opts: ServeOptions) -> Service:
             tokens=tokens,
             metrics=metrics,
             subapps={MOUNT_PATH: openai_graders_app(engine, tokens=tokens, limits=config.limits)},
+            admission=admission,
         )
     return service
 

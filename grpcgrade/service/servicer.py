@@ -9,9 +9,17 @@ from typing import Any
 
 import grpc
 
+from grpcgrade.core.admission import Admission
 from grpcgrade.core.budget import OutputBudget
 from grpcgrade.core.engine import Batch, Chunk, Engine, Job, WholeChunk
-from grpcgrade.core.errors import MAX_DETAIL_CHARS, InvalidParams, TooManyFailures, UnknownGrader, UnknownReward
+from grpcgrade.core.errors import (
+    MAX_DETAIL_CHARS,
+    InvalidParams,
+    Overloaded,
+    TooManyFailures,
+    UnknownGrader,
+    UnknownReward,
+)
 from grpcgrade.core.guard import FailureTally, call_guards
 from grpcgrade.core.samples import Limits
 from grpcgrade.core.workers import Work
@@ -32,6 +40,7 @@ from .convert import (
     spec_from_pb,
 )
 from .metrics import Metrics
+from .overload import refuse_overloaded
 from .wire import ReceivedBatch, quarantine_failures, wire_work
 
 Request = pb.EvaluateRequest | ReceivedBatch
@@ -108,10 +117,13 @@ def add_to_server(servicer: GradingServicer, server: grpc.aio.Server) -> None:
 
 
 class GradingServicer(pb_grpc.GradingServiceServicer):
-    def __init__(self, engine: Engine, limits: Limits, metrics: Metrics | None = None) -> None:
+    def __init__(
+        self, engine: Engine, limits: Limits, metrics: Metrics | None = None, admission: Admission | None = None
+    ) -> None:
         self.engine = engine
         self.limits = limits
         self.metrics = metrics
+        self.admission = admission or Admission(limits)
         self.budget = OutputBudget(limits.max_buffered_output_bytes)
 
     def _in_flight(self, delta: int) -> None:
@@ -142,13 +154,18 @@ class GradingServicer(pb_grpc.GradingServiceServicer):
         return [(job.spec.label, job.grader.name) for job in jobs]
 
     async def Evaluate(self, request: pb.EvaluateRequest, context: grpc.aio.ServicerContext) -> pb.EvaluateResponse:
-        jobs, timeout = await self._resolve(request, context)
-        chunk = [(0, sample_kwargs(request.sample, self.limits))]
+        try:
+            self.admission.enter(1)
+        except Overloaded as exc:
+            await refuse_overloaded(context, exc)
         self._in_flight(1)
         try:
+            jobs, timeout = await self._resolve(request, context)
+            chunk = [(0, sample_kwargs(request.sample, self.limits))]
             graded = await self.engine.grade_chunk(jobs, chunk, timeout, request.reward, nbytes=request.ByteSize())
         finally:
             self._in_flight(-1)
+            self.admission.leave(1)
         response = pb.EvaluateResponse()
         results = [column[0] for column in graded.columns]
         fill_response(response, request.sample.id, self._labels(jobs), results, graded.rewards[0], _full(request))
@@ -175,6 +192,19 @@ class GradingServicer(pb_grpc.GradingServiceServicer):
                 f"{n} samples in one batch, over the limit max_samples_per_batch="
                 f"{self.limits.max_samples_per_batch}; split the batch (the Python client does)",
             )
+        try:
+            self.admission.enter(n)
+        except Overloaded as exc:
+            await refuse_overloaded(context, exc)
+        try:
+            await self._answer_batch(request, context, n, started)
+        finally:
+            self.admission.leave(n)
+
+    async def _answer_batch(
+        self, request: ReceivedBatch, context: grpc.aio.ServicerContext, n: int, started: float
+    ) -> None:
+        """BatchEvaluate's work once the call is admitted."""
         jobs, timeout = await self._resolve(request, context)
         if request.view == pb.RESULT_VIEW_COLUMNS:
             listwise = next((job for job in jobs if job.grader.mode is GraderMode.LISTWISE), None)
