@@ -25,7 +25,7 @@ BUF := $(TOOLS)/node_modules/.bin/buf
 $(SERVER_STAMP): pyproject.toml plugins/*/pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[server]' $(foreach p,$(wildcard plugins/*/),-e $(p))
+	$(BIN)/pip install --quiet -e '.[server,math]' $(foreach p,$(wildcard plugins/*/),-e $(p))
 	touch $(SERVER_STAMP)
 
 # The development and docs tools on top (pyproject's dependency groups; pip >= 25.1 reads them).

@@ -93,7 +93,10 @@ def test_labels_of_any_json_type_are_references(http_server):
     (null: none), as the TRL and veRL integrations take such values; before, one label that was not a string
     answered the whole request 400, and OpenRLHF's executor only logs that and leaves its samples unrewarded."""
     labels = [72, 0.5, ["4", 4], {"answer": "é"}, None, True, "text"]
-    texts = ["" if label is None else label if isinstance(label, str) else json.dumps(label) for label in labels]
+    texts = [
+        "" if label is None else label if isinstance(label, str) else json.dumps(label, ensure_ascii=False)
+        for label in labels
+    ]
     body = {"query": texts + ["73"], "labels": labels + [72]}
     reply = post(authed(http_server.http, "/rewards/exact/get_reward"), body)
     assert reply["rewards"] == [1.0] * len(labels) + [0.0]
@@ -129,7 +132,7 @@ def test_bad_requests_are_named(http_server):
     status, text = asyncio.run(go("/get_reward", json={"query": ["a"], "prompts": ["a", "b"]}))
     assert status == 400 and "`prompts` has 2 items but `query` has 1" in text
     status, text = asyncio.run(go("/get_reward", data=b"{not json"))
-    assert status == 400 and "not JSON" in text
+    assert (status, text) == (400, "the request body is not valid JSON")
     status, text = asyncio.run(go("/get_reward", json={"prompts": []}))
     assert status == 400 and "`query` is required" in text
     status, text = asyncio.run(go("/get_reward", json={"query": ["a"], "labels": "a"}))
@@ -139,13 +142,13 @@ def test_bad_requests_are_named(http_server):
     # JSON nested past the interpreter's recursion limit (within the body size limit): was a 500
     deep = b"[" * 50_000 + b"]" * 50_000
     status, text = asyncio.run(go("/get_reward", data=b'{"query": ["x"], "labels": ' + deep + b"}"))
-    assert (status, text) == (400, "the body's JSON is nested too deeply")
+    assert (status, text) == (400, "the request body is nested more than 100 levels deep")
 
 
 def test_http_requests_are_counted_in_the_shared_metrics(http_server):
-    before = http_server.metric("grpcgrade_http_requests_total", code="200")
+    before = http_server.metric("grpcgrade_http_requests_total", face="openrlhf", code="200")
     post(authed(http_server.http, "/get_reward"), {"query": ["1"], "labels": ["1"]})
-    assert http_server.metric("grpcgrade_http_requests_total", code="200") == before + 1
+    assert http_server.metric("grpcgrade_http_requests_total", face="openrlhf", code="200") == before + 1
     assert http_server.metric("grpcgrade_evaluations_total", grader="number_only") >= 1
 
 
@@ -170,7 +173,7 @@ def test_a_request_its_client_gave_up_on_stops_grading_and_counts_as_499(http_se
 
 
 def test_openai_grader_endpoints_are_mounted_on_the_same_port(http_server):
-    from grpcgrade.service.openai_http import MOUNT_PATH
+    from grpcgrade.service.http.openai_graders import MOUNT_PATH
 
     grader = {"type": "string_check", "name": "exact", "input": "{{ sample.output_text }}", "reference": "x"}
     grader["operation"] = "eq"
@@ -181,7 +184,10 @@ def test_openai_grader_endpoints_are_mounted_on_the_same_port(http_server):
             async with session.post(url, json={"grader": grader}, headers=headers) as r:
                 return r.status, await r.json()
 
+    refused = http_server.metric("grpcgrade_http_requests_total", face="openai_graders", code="401")
     status, body = asyncio.run(go({"Authorization": f"Bearer {TOKEN}"}))
     assert status == 200 and body == {"grader": grader}
     status, body = asyncio.run(go({}))
     assert status == 401 and body["error"]["code"] == "invalid_api_key"  # OpenAI's error object, its own auth
+    # counted under its own face, a refused request too
+    assert http_server.metric("grpcgrade_http_requests_total", face="openai_graders", code="401") == refused + 1

@@ -26,7 +26,7 @@ from grpcgrade.core.samples import Limits
 from grpcgrade.grader import GraderError
 from grpcgrade.graders.openai.outcome import ERROR_FLAGS
 from grpcgrade.llm import models
-from grpcgrade.service.openai_http import MAX_JSON_DEPTH, MOUNT_PATH, openai_graders_root, run_response
+from grpcgrade.service.http.openai_graders import MAX_JSON_DEPTH, MOUNT_PATH, openai_graders_root, run_response
 from grpcgrade.testing import free_port
 
 TOKEN = "test-token-for-graders"

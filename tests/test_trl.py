@@ -255,3 +255,14 @@ def test_several_reward_functions_from_graders_need_no_server_without_check():
         f"127.0.0.1:{free_port()}", ["shout", {"name": "tidy", "key": "t", "gate": True}], check=False
     )
     assert [f.__name__ for f in funcs] == ["grpcgrade_shout"]
+
+
+def test_a_float_answer_column_is_the_whole_number_it_holds(server):
+    """A parquet float column reaches TRL as Python floats (`datasets` converts): `72.0` is the answer 72,
+    graded as the text "72" would be."""
+    reward = reward_function(server.target, reward="gsm8k")
+    ids = [list(range(40))] * 2
+    as_floats = trl_rewards([reward], [{"prompt": "q", "answer": 72.0}] * 2, ["q"] * 2, list(GSM8K), ids)
+    as_text = trl_rewards([reward], [{"prompt": "q", "answer": "72"}] * 2, ["q"] * 2, list(GSM8K), ids)
+    assert as_text == [[pytest.approx(1.0)], [pytest.approx(0.5)]]
+    assert as_floats == as_text

@@ -137,3 +137,30 @@ def test_coalescer_answers_each_caller_and_a_failed_call_reaches_all_of_its_call
     results, batches = asyncio.run(go(["no_such_grader"], 5))
     assert batches == 2
     assert all(isinstance(r, grpc.RpcError) and r.code() == grpc.StatusCode.NOT_FOUND for r in results)
+
+
+def test_numpy_labels_and_extra_info_as_veRL_hands_them(server, caplog):
+    """veRL's dataset values arrive as numpy (its DataProto holds non-tensor columns as object arrays): an
+    `np.int64` label, a float label from a parquet float column, numpy values in `extra_info`. Each must
+    grade as the plain value would: `compute_score` with the plain values is the reference."""
+    np = pytest.importorskip("numpy")  # scikit-learn's dependency in the dev group: always there in the suite
+    fn = verl_wrap(compute_score, {"target": server.target, "reward": "gsm8k"})
+    answer = "<think>\nr\n</think>\n72"
+    items = [
+        ("gsm8k", answer, np.int64(72), {"index": np.int64(0), "completion_tokens": np.int64(10)}),
+        ("gsm8k", answer, 72.0, {"index": 1, "completion_tokens": 10}),
+        ("gsm8k", answer, np.float64(72.0), {"index": 2, "completion_tokens": np.int32(10)}),
+        ("gsm8k", answer, np.array([72]), {"index": 3, "completion_tokens": 10}),
+    ]
+    plain = [("gsm8k", answer, "72", {"index": i, "completion_tokens": 10}) for i in range(4)]
+    rewards, extra = reward_loop(fn, items)
+    expected, _ = reward_loop(fn, plain)
+    assert expected == [pytest.approx(1.0)] * 4  # math_exact, number_only, think_format all pass; no gate
+    assert rewards == expected
+    assert extra["grpcgrade/completion_length_cap"] == [1.0] * 4  # the numpy counts reached the gate
+    # a value with no JSON form is dropped, and said so once per name
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="grpcgrade.integrations"):
+        reward_loop(fn, [("gsm8k", answer, "72", {"completion_tokens": 10, "blob_no_json": object()})] * 2)
+    dropped = [r for r in caplog.records if "blob_no_json" in r.getMessage()]
+    assert len(dropped) == 1 and "no JSON form" in dropped[0].getMessage()

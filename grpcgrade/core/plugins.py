@@ -31,6 +31,7 @@ DEFAULT_PLUGINS = {
     "kolibrify": "grpcgrade.graders.kolibrify",
     "llm": "grpcgrade.graders.llm",
     "openai": "grpcgrade.graders.openai",
+    "agent": "grpcgrade.graders.agent",
 }
 
 

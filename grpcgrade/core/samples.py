@@ -23,6 +23,11 @@ REFERENCE_ALIASES = ("reference_response", "ground_truth")
 REFERENCE_ALIASES_SET = frozenset(REFERENCE_ALIASES)
 #: The names a grader may declare for the sample's own fields; an `extra` key may not take one.
 INPUT_FIELDS = frozenset((*TEXT_FIELDS, "responses", *REFERENCE_ALIASES))
+#: The agent inputs (docs/agents.md): JSON lists in the OpenAI chat format, a grader input only when the sample
+#: sets them. Before they had Sample fields of their own they travelled in `extra`, which still works: an
+#: `extra` key of one of these names is refused only when the sample also sets the field.
+AGENT_FIELDS = ("messages", "tool_calls", "tool_definitions")
+AGENT_FIELDS_SET = frozenset(AGENT_FIELDS)
 
 
 @dataclass(frozen=True)
@@ -51,14 +56,54 @@ class Limits:
     retry_after_seconds: float = 0.5
 
 
+def plain(value: Any) -> Any:
+    """`value` with numpy's scalars and arrays as the Python values they hold (`.item()`, `.tolist()`),
+    through lists, tuples and dicts; anything else as it is. veRL hands a dataset's values as numpy: an
+    `np.int64(72)` label, an array of accepted answers. numpy is recognised by its module, never imported:
+    the client installs without it."""
+    kind = type(value)
+    if kind in _SCALARS:
+        return value
+    if kind.__module__ == "numpy":
+        if hasattr(value, "tolist"):  # an ndarray, or a scalar (whose `tolist` is its `item`)
+            return plain(value.tolist())
+        return value
+    if kind is list or kind is tuple:
+        return [plain(v) for v in value]
+    if kind is dict:
+        return {k: plain(v) for k, v in value.items()}
+    return value
+
+
+_SCALARS = frozenset((str, int, float, bool, type(None)))
+
+
+def _whole(value: Any) -> Any:
+    """Whole floats as ints, through lists and dicts: a parquet float column's `72.0` is the answer 72."""
+    if type(value) is float:
+        return int(value) if value.is_integer() else value
+    if type(value) is list:
+        return [_whole(v) for v in value]
+    if type(value) is dict:
+        return {k: _whole(v) for k, v in value.items()}
+    return value
+
+
 def as_text(value: Any) -> str:
-    """A field's text from a trainer's dataset value: strings as they are, None as no text, anything else
-    (a numeric answer, a list of accepted answers) as JSON, so a grader parsing it reads what the dataset
-    held. The trainers' integrations and the HTTP face (OpenRLHF sends its dataset's labels as they are)
-    follow this one rule."""
+    """A field's text from a trainer's dataset value, one rule for every way in (the trainers'
+    integrations, the HTTP faces): a string as it is; None as no text (callers that can tell leave the
+    field out instead: see docs/calling.md, missing inputs); numpy scalars and arrays as their Python
+    values (`plain`); a whole float as its integer text (`72.0` -> "72", which `math_exact` matches
+    against "72"); anything else (a number, a list of accepted answers, a dict) as JSON, with whole floats
+    inside as integers too, so a grader parsing it reads what the dataset held."""
+    if type(value) is str:
+        return value
     if value is None:
         return ""
-    return value if isinstance(value, str) else json.dumps(value, default=str)
+    value = _whole(plain(value))
+    if isinstance(value, str):  # numpy's str_, or a str subclass
+        return str(value)
+    return json.dumps(value, default=str, ensure_ascii=False)
 
 
 def check_field(name: str, value: str, limits: Limits) -> None:
@@ -78,9 +123,16 @@ def check_fields(fields: dict[str, Any], limits: Limits) -> None:
             check_field(name, value, limits)
 
 
+def check_agent_input(name: str, size: int, limits: Limits) -> None:
+    """An agent input (`size`: its encoding's bytes) is held to the limit of every other field."""
+    if size > limits.max_field_chars:
+        limit = limits.max_field_chars
+        raise SampleProblem(f"field {name!r} takes {size} bytes, over the limit max_field_chars={limit}")
+
+
 def add_extra(fields: dict[str, Any], extra: dict[str, Any]) -> None:
     """Every other grader input joins the standard fields, which it may not replace."""
-    clash = INPUT_FIELDS.intersection(extra)
+    clash = INPUT_FIELDS.intersection(extra) or AGENT_FIELDS_SET.intersection(extra, fields)
     if clash:
         raise SampleProblem(f"extra key {sorted(clash)[0]!r} collides with a standard sample field")
     fields.update(extra)

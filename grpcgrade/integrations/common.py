@@ -4,11 +4,12 @@ becomes a reward or a mask."""
 from __future__ import annotations
 
 import json
+import logging
 import math
 from collections.abc import Iterable
 from typing import Any
 
-from grpcgrade.core.samples import INPUT_FIELDS, SAMPLE_FIELDS
+from grpcgrade.core.samples import INPUT_FIELDS, SAMPLE_FIELDS, plain
 from grpcgrade.core.samples import as_text as as_text  # the integrations' rule for a field's text
 from grpcgrade.v1 import grading_pb2 as pb
 
@@ -21,23 +22,39 @@ _PLAIN = frozenset({str, int, bool, type(None)})
 
 
 def json_value(value: Any) -> Any:
-    """`value` as JSON data (tuples become lists), or TypeError/ValueError when it has no JSON form."""
+    """`value` as JSON data (tuples become lists, numpy values their Python values: `samples.plain`), or
+    TypeError/ValueError when it has no JSON form."""
     if type(value) in _PLAIN or (type(value) is float and math.isfinite(value)):
         return value
-    return json.loads(json.dumps(value, allow_nan=False))
+    return json.loads(json.dumps(plain(value), allow_nan=False))
+
+
+log = logging.getLogger("grpcgrade.integrations")
+#: The names of values already logged as dropped: one warning per name and process, not one per sample.
+_dropped: set[str] = set()
 
 
 def usable_extra(items: Iterable[tuple[str, Any]], skip: frozenset[str] = frozenset()) -> dict[str, Any]:
     """The items that can reach a grader through `extra`: not a sample field's name, not in `skip`, and with
-    a JSON form. The rest are dropped, never an error: an unrelated value must not fail a sample."""
+    a JSON form. The rest are dropped, never an error (an unrelated value must not fail a sample), but a
+    value dropped for having no JSON form is logged once per name with its type: nothing a trainer sends
+    disappears without a word."""
     out = {}
     for name, value in items:
         if name in RESERVED or name in skip:
             continue
         try:
             out[name] = json_value(value)
-        except (TypeError, ValueError):
-            continue
+        except (TypeError, ValueError) as exc:
+            if name not in _dropped:
+                _dropped.add(name)
+                log.warning(
+                    "grpcgrade: %r (a %s) has no JSON form, so no grader can read it; left out of `extra` "
+                    "(%s). Logged once per name.",
+                    name,
+                    type(value).__name__,
+                    exc,
+                )
     return out
 
 

@@ -10,11 +10,11 @@ from typing import Any, cast
 from grpcgrade.core.errors import MAX_DETAIL_CHARS, ErrorCode, InvalidParams, SampleProblem, encodable
 from grpcgrade.core.result_cache import CacheMode
 from grpcgrade.core.rewards import Result, SpecData
-from grpcgrade.core.samples import SAMPLE_FIELDS, Limits, add_extra, check_fields
+from grpcgrade.core.samples import AGENT_FIELDS, SAMPLE_FIELDS, Limits, add_extra, check_agent_input, check_fields
 from grpcgrade.grader import GraderError, GraderRank, GraderScore
 from grpcgrade.v1 import grading_pb2 as pb
 
-from .structs import fill_struct, struct_to_dict
+from .structs import fill_struct, list_to_py, struct_to_dict
 
 # -- requests -> Python ------------------------------------------------------------------------------
 
@@ -63,6 +63,11 @@ def sample_kwargs(sample: pb.Sample, limits: Limits, small: bool = False) -> dic
         # No text holds more characters than the sample's encoding has bytes: one C call clears most samples.
         if not small and sample.ByteSize() > limits.max_field_chars:
             check_fields(fields, limits)
+        for name in AGENT_FIELDS:
+            if sample.HasField(name):
+                given = getattr(sample, name)
+                check_agent_input(name, 0 if small else given.ByteSize(), limits)
+                fields[name] = list_to_py(given)
         if sample.HasField("extra"):
             _join_extra(fields, sample.extra, limits, small)
     except SampleProblem as exc:
@@ -358,6 +363,8 @@ def sample_to_pb(sample: Mapping[str, Any] | pb.Sample) -> pb.Sample:
 
 #: The keys a sample dict may hold that map one to one onto a Sample's string fields.
 _TEXT_KEYS = frozenset(SAMPLE_FIELDS) - {"responses"}
+#: The keys that are a Sample's own fields (every other key of a sample dict goes into `extra`).
+_MESSAGE_KEYS = frozenset((*SAMPLE_FIELDS, *AGENT_FIELDS, "extra"))
 
 
 def _fill_sample(out: pb.Sample, sample: Mapping[str, Any]) -> None:
@@ -369,8 +376,16 @@ def _fill_sample(out: pb.Sample, sample: Mapping[str, Any]) -> None:
             setattr(out, k, value if type(value) is str else str(value))
     if sample.get("responses"):
         out.responses.extend(sample["responses"])
+    for k in AGENT_FIELDS:
+        value = sample.get(k)
+        if value is not None:
+            if not isinstance(value, (list, tuple)):
+                raise TypeError(f"sample field {k!r} must be a list of JSON objects, not {type(value).__name__}")
+            given = getattr(out, k)
+            given.SetInParent()  # an empty list is an input too (an empty conversation): set, not absent
+            given.extend(value)
     extra = dict(sample.get("extra") or {})
-    extra.update({k: v for k, v in sample.items() if k not in SAMPLE_FIELDS and k != "extra"})
+    extra.update({k: v for k, v in sample.items() if k not in _MESSAGE_KEYS})
     if extra:
         out.extra.update(extra)
 

@@ -292,8 +292,8 @@ class Metrics:
         )
         self.http_requests = Counter(
             "grpcgrade_http_requests",
-            "Requests to the HTTP face, per method and status.",
-            ["method", "code"],
+            "Requests to the HTTP face, per face (the protocol: openrlhf, openai_graders, ...), method and status.",
+            ["face", "method", "code"],
             registry=r,
         )
         self.failure_budget_calls = Counter(

@@ -37,7 +37,6 @@ from .admin import AdminServicer
 from .http import build_http_app
 from .interceptors import AuthInterceptor, DecodeGuardInterceptor, ObservingInterceptor
 from .metrics import Metrics
-from .openai_http import MOUNT_PATH, openai_graders_app
 from .servicer import GradingServicer, add_to_server
 
 log = logging.getLogger("grpcgrade.service.server")
@@ -332,7 +331,6 @@ def build_server(opts: ServeOptions) -> Service:
             config.default_reward,
             tokens=tokens,
             metrics=metrics,
-            subapps={MOUNT_PATH: openai_graders_app(engine, tokens=tokens, limits=config.limits)},
             admission=admission,
         )
     return service

@@ -20,7 +20,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from google.protobuf.struct_pb2 import NULL_VALUE, Struct, Value
+from google.protobuf.struct_pb2 import NULL_VALUE, ListValue, Struct, Value
 
 from grpcgrade.core.errors import describe, encodable
 from grpcgrade.core.metadata import CONTAINER_TYPES, CUT_TEXT, MAX_METADATA_DEPTH
@@ -38,12 +38,16 @@ def value_to_py(v: Value) -> Any:
     if kind == "struct_value":
         return struct_to_dict(v.struct_value)
     if kind == "list_value":
-        return [value_to_py(x) for x in v.list_value.values]
+        return list_to_py(v.list_value)
     return None
 
 
 def struct_to_dict(s: Struct) -> dict[str, Any]:
     return {k: value_to_py(v) for k, v in s.fields.items()}
+
+
+def list_to_py(values: ListValue) -> list[Any]:
+    return [value_to_py(v) for v in values.values]
 
 
 def fill_struct(target: Struct, data: Mapping[Any, Any], depth: int = 0) -> None:

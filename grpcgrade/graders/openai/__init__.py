@@ -2,7 +2,7 @@
 
 OpenAI's graders (reinforcement fine-tuning, Evals) are a widely written reward format; this family runs those
 configs unchanged as the `openai_grader` grader (param `grader`). The HTTP face of the same graders, OpenAI's
-`/v1/fine_tuning/alpha/graders/{run,validate}`, is `grpcgrade.service.openai_http`.
+`/v1/fine_tuning/alpha/graders/{run,validate}`, is `grpcgrade.service.http.openai_graders`.
 """
 
 from grpcgrade.hookspecs import hookimpl

@@ -5,8 +5,8 @@ server once they point `base_url` at it: the request and response bodies are Ope
 (`openai.types.fine_tuning.alpha.grader_run_*`, `grader_validate_*`), and errors come as OpenAI's error
 object, whose `param` is the JSON path of the bad field.
 
-`openai_graders_app` is an aiohttp.web sub-application meant to be mounted at `MOUNT_PATH` on the server's
-HTTP face; it grades through the server's engine (its registry and cache, worker pool, time limits and
+`openai_graders_app` is an aiohttp.web sub-application the HTTP face (`build_http_app`) mounts at
+`MOUNT_PATH`; it grades through the server's engine (its registry and cache, worker pool, time limits and
 metrics), so an HTTP run is graded exactly as a gRPC one with grader `openai_grader`.
 
 What differs from OpenAI: when a grader fails on the sample, `reward` is null (OpenAI puts a number beside
@@ -17,8 +17,6 @@ reports with `formula_parse_error` / `invalid_variable_error` and so does grpcgr
 
 from __future__ import annotations
 
-import hmac
-import json
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -34,11 +32,15 @@ from grpcgrade.graders.openai.grader import ITEM_KWARG
 from grpcgrade.graders.openai.outcome import ERROR_FLAGS
 from grpcgrade.graders.openai.schema import GraderConfigError
 
+from .common import MAX_JSON_DEPTH, BodyError, authorized, faced, read_json
+
+__all__ = ["MAX_JSON_DEPTH", "MOUNT_PATH", "openai_graders_app", "openai_graders_root", "run_response"]
+
 #: Where OpenAI serves these endpoints; mount the sub-application here.
 MOUNT_PATH = "/v1/fine_tuning/alpha/graders"
 GRADER_NAME = "openai_grader"
-#: JSON nested deeper than this is refused before anything walks it (protobuf's Struct limit is the same).
-MAX_JSON_DEPTH = 100
+#: The `face` label of these endpoints' requests.
+FACE = "openai_graders"
 # grpcgrade error codes that are not an openai_grader outcome (time limit, a crash) -> OpenAI's flag
 _CODE_FLAGS: dict[str, str] = {
     ErrorCode.TIMEOUT: "unresponsive_reward_error",
@@ -63,32 +65,13 @@ class BadRequest(Exception):
         return web.json_response({"error": error}, status=self.status)
 
 
-def _depth_within(value: Any, limit: int) -> bool:
-    """True when `value` nests at most `limit` containers deep (walked without recursion)."""
-    stack = [(value, 1)]
-    while stack:
-        node, depth = stack.pop()
-        if isinstance(node, dict):
-            children: Any = node.values()
-        elif isinstance(node, list):
-            children = node
-        else:
-            continue
-        if depth > limit:
-            return False
-        stack.extend((child, depth + 1) for child in children)
-    return True
-
-
 async def _body(request: web.Request, required: tuple[str, ...], optional: tuple[str, ...] = ()) -> dict[str, Any]:
     try:
-        body = json.loads(await request.read())
-    except (ValueError, RecursionError):
-        raise BadRequest("the request body is not valid JSON") from None
+        body = await read_json(request)
+    except BodyError as exc:
+        raise BadRequest(str(exc)) from None
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
-    if not _depth_within(body, MAX_JSON_DEPTH):
-        raise BadRequest(f"the request body is nested more than {MAX_JSON_DEPTH} levels deep")
     for name in required:
         if name not in body:
             raise BadRequest(f"{name}: is required", param=name)
@@ -99,11 +82,7 @@ async def _body(request: web.Request, required: tuple[str, ...], optional: tuple
 
 
 def _auth(request: web.Request, tokens: Sequence[bytes]) -> None:
-    if not tokens:
-        return
-    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
-    presented = token.strip().encode()
-    if scheme.lower() != "bearer" or not any(hmac.compare_digest(presented, t) for t in tokens):
+    if tokens and not authorized(request, tokens):
         raise BadRequest("missing or invalid bearer token", status=401, code="invalid_api_key")
 
 
@@ -200,8 +179,8 @@ def openai_graders_app(engine: Engine, *, tokens: Sequence[str] = (), limits: Li
         return web.json_response({"grader": body["grader"]})
 
     app = web.Application()
-    app.router.add_post("/run", run)
-    app.router.add_post("/validate", validate)
+    app.router.add_post("/run", faced(FACE, run))
+    app.router.add_post("/validate", faced(FACE, validate))
     return app
 
 

@@ -1,0 +1,68 @@
+"""The HTTP face's one aiohttp application (`--http-port`): every protocol's routes on one port.
+
+aiohttp.web serves it (well kept, asyncio-native, and the client OpenRLHF itself uses), in the server
+process and on its event loop: the same engine, limits, grader metrics and tokens as the gRPC service.
+Each protocol module adds its routes with `add_routes(app, ctx)` (or is a sub-application mounted at its
+prefix); the middleware here counts every request under its face, method and status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from aiohttp import web
+
+from grpcgrade.core.admission import Admission
+from grpcgrade.core.config import HttpConfig
+from grpcgrade.core.engine import Engine
+from grpcgrade.core.samples import Limits
+
+from ..metrics import Metrics
+from ..overload import admission_middleware
+from . import openai_graders, openrlhf
+from .common import FACE_KEY, NO_FACE, FaceContext, Handler
+
+#: The status a request whose client went away is counted with (nginx's "client closed request").
+CLIENT_CLOSED_REQUEST = 499
+
+
+def build_http_app(
+    engine: Engine,
+    limits: Limits,
+    http: HttpConfig,
+    default_reward: str = "",
+    *,
+    tokens: Sequence[str] = (),
+    metrics: Metrics | None = None,
+    admission: Admission | None = None,
+) -> web.Application:
+    """The HTTP face's application: OpenRLHF's reward routes and OpenAI's grader endpoints (at
+    `openai_graders.MOUNT_PATH`), all checking the same `tokens` (each answering in its own protocol's
+    error format)."""
+
+    @web.middleware
+    async def counted(request: web.Request, handler: Handler) -> web.StreamResponse:
+        status = 500
+        try:
+            response = await handler(request)
+            status = response.status
+            return response
+        except web.HTTPException as exc:
+            status = exc.status
+            raise
+        except asyncio.CancelledError:
+            status = CLIENT_CLOSED_REQUEST  # nobody is there to answer: not a server error
+            raise
+        finally:
+            if metrics is not None:
+                face = request.get(FACE_KEY, NO_FACE)
+                metrics.http_requests.labels(face, request.method, str(status)).inc()
+
+    admission = admission or Admission(limits)
+    admitted = admission_middleware(admission)  # inside `counted`: a refusal is counted as a 503
+    app = web.Application(middlewares=[counted, admitted], client_max_size=limits.max_message_bytes)
+    ctx = FaceContext(engine, limits, http, default_reward, tokens, metrics, admission)
+    openrlhf.add_routes(app, ctx)
+    app.add_subapp(openai_graders.MOUNT_PATH, openai_graders.openai_graders_app(engine, tokens=tokens, limits=limits))
+    return app

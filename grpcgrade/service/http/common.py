@@ -1,0 +1,268 @@
+"""What every HTTP face shares: auth, reading the JSON body, the reward guard, the one engine call, and the
+`face` a request is counted under.
+
+Each protocol module (openrlhf, openai_graders, ...) only translates its framework's body into samples'
+keyword arguments and the engine's answer back into its framework's body; the grading itself is
+`FaceContext.grade`, so every face has the same limits (`Limits`, checked per sample), tokens, result cache,
+step budget and failure ratio, worker pool and grader metrics as the gRPC service.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from aiohttp import BasicAuth, web
+
+from grpcgrade.core.admission import Admission
+from grpcgrade.core.config import HttpConfig
+from grpcgrade.core.engine import Batch, Engine, GradedChunk, Job
+from grpcgrade.core.errors import (
+    InvalidParams,
+    Overloaded,
+    SampleProblem,
+    TooManyFailures,
+    UnknownGrader,
+    UnknownReward,
+)
+from grpcgrade.core.guard import FailureTally, call_guards
+from grpcgrade.core.result_cache import CacheMode
+from grpcgrade.core.samples import Limits, add_extra, check_fields
+from grpcgrade.grader import GraderResult
+
+from ..metrics import Metrics
+from ..overload import service_unavailable
+
+#: JSON nested deeper than this is refused before anything walks it (protobuf's Struct limit is the same).
+MAX_JSON_DEPTH = 100
+#: The request key a face's handlers record their face under, for the request counter's `face` label.
+FACE_KEY = web.RequestKey("grpcgrade_face", str)
+#: The `face` label of a request no face answered (an unknown path).
+NO_FACE = "none"
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class BodyError(ValueError):
+    """The body is not JSON a face can read; each face answers it in its own error format."""
+
+
+def sample_fields(
+    response: str, query: str = "", reference: str = "", context: str = "", extra: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """A sample's keyword arguments as the graders take them (the gRPC Sample's fields, `extra` beside
+    them); SampleProblem when an `extra` key would replace a standard field."""
+    fields: dict[str, Any] = {
+        "sample_id": "",
+        "query": query,
+        "response": response,
+        "reference": reference,
+        "context": context,
+        "responses": [],
+    }
+    if extra:
+        add_extra(fields, dict(extra))
+    return fields
+
+
+def depth_within(value: Any, limit: int) -> bool:
+    """True when `value` nests at most `limit` containers deep (walked without recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict):
+            children: Any = node.values()
+        elif isinstance(node, list):
+            children = node
+        else:
+            continue
+        if depth > limit:
+            return False
+        stack.extend((child, depth + 1) for child in children)
+    return True
+
+
+async def read_json(request: web.Request) -> Any:
+    """The request's body as JSON (its size already bounded by the application's `client_max_size`);
+    BodyError naming what is wrong with it."""
+    too_deep = BodyError(f"the request body is nested more than {MAX_JSON_DEPTH} levels deep")
+    try:
+        body = json.loads(await request.read())
+    except ValueError:
+        raise BodyError("the request body is not valid JSON") from None
+    except RecursionError:  # nesting past the interpreter's limit: a bad body, not the server's trouble
+        raise too_deep from None
+    if not depth_within(body, MAX_JSON_DEPTH):
+        raise too_deep
+    return body
+
+
+def authorized(request: web.Request, secrets: Sequence[bytes]) -> bool:
+    """`Authorization: Bearer TOKEN`, or Basic auth whose password is the token (what aiohttp sends for a
+    URL like `http://trainer:TOKEN@host/...`, for trainers that cannot set headers)."""
+    header = request.headers.get("Authorization", "")
+    scheme, _, value = header.partition(" ")
+    if scheme.lower() == "bearer":
+        presented = value.strip()
+    elif scheme.lower() == "basic":
+        try:
+            presented = BasicAuth.decode(header).password
+        except ValueError:
+            return False
+    else:
+        return False
+    return any(hmac.compare_digest(presented.encode(), t) for t in secrets)
+
+
+def faced(face: str, handler: Handler) -> Handler:
+    """`handler` recording its face on the request first, so the counter labels even a refused request."""
+
+    async def run(request: web.Request) -> web.StreamResponse:
+        request[FACE_KEY] = face
+        return await handler(request)
+
+    return run
+
+
+class Graded(NamedTuple):
+    """One sample's answer: its reward (None when it failed) and each grader's result, in the reward's
+    order (empty when the sample never reached the graders)."""
+
+    reward: float | None
+    results: list[GraderResult]
+
+
+@dataclass
+class FaceContext:
+    """The server's engine and settings as every face sees them."""
+
+    engine: Engine
+    limits: Limits
+    http: HttpConfig
+    default_reward: str = ""
+    tokens: Sequence[str] = ()
+    metrics: Metrics | None = None
+    admission: Admission | None = None
+    secrets: list[bytes] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.secrets = [t.encode() for t in self.tokens if t]
+        if self.admission is None:
+            self.admission = Admission(self.limits)
+
+    def check_auth(self, request: web.Request) -> None:
+        """401 (plain text) unless the request carries one of the server's tokens (when it has any)."""
+        if self.secrets and not authorized(request, self.secrets):
+            raise web.HTTPUnauthorized(
+                text="missing or invalid token (Authorization: Bearer TOKEN, or the URL's password)",
+                headers={"WWW-Authenticate": 'Basic realm="grpcgrade"'},
+            )
+
+    def reward_of(self, request: web.Request, path: str) -> str:
+        """The reward a request asks for: `/rewards/NAME/...`'s NAME, else the configuration's default
+        (404 naming `path`, the named form, when there is none)."""
+        name = request.match_info.get("name")
+        if name is not None:
+            return name
+        if not self.default_reward:
+            raise web.HTTPNotFound(
+                text=f"no default_reward in the server's configuration; POST to /rewards/NAME/{path} instead"
+            )
+        return self.default_reward
+
+    async def json_object(self, request: web.Request, what: str) -> dict[str, Any]:
+        """The body as a JSON object (400 naming the problem; `what` says what the object holds)."""
+        try:
+            body = await read_json(request)
+        except BodyError as exc:
+            raise web.HTTPBadRequest(text=str(exc)) from None
+        if not isinstance(body, dict):
+            raise web.HTTPBadRequest(text=f"the body must be a JSON object with {what}")
+        return body
+
+    def resolve(self, reward: str, cache: Any = CacheMode.DEFAULT.value) -> list[Job]:
+        """The reward's graders (404 for an unknown reward, 400 for a bad `cache` or parameters)."""
+        if cache not in set(CacheMode):
+            allowed = ", ".join(f'"{mode.value}"' for mode in CacheMode)
+            raise web.HTTPBadRequest(text=f"`cache` must be one of {allowed}, got {str(cache)[:40]!r}")
+        try:
+            return self.engine.resolve([], reward, CacheMode(cache))
+        except (UnknownReward, UnknownGrader) as exc:
+            raise web.HTTPNotFound(text=str(exc)) from None
+        except InvalidParams as exc:
+            raise web.HTTPBadRequest(text=str(exc)) from None
+
+    def check_count(self, n: int, what: str) -> None:
+        """413 past `max_samples_per_batch`."""
+        if n > self.limits.max_samples_per_batch:
+            raise web.HTTPRequestEntityTooLarge(
+                max_size=self.limits.max_samples_per_batch,
+                actual_size=n,
+                text=f"{n} {what}, over the limit max_samples_per_batch={self.limits.max_samples_per_batch}",
+            )
+
+    def guards(
+        self, body: Mapping[str, Any], n: int, started: float, *, ratio: bool = True
+    ) -> tuple[float | None, FailureTally | None]:
+        """The request's reward guard (its body's `budget_seconds` / `max_failure_ratio`, else the server's
+        `http` defaults); 400 naming a value out of range. `ratio=False` for one-sample faces, whose one
+        failure would otherwise end the trainer's run."""
+        budget = body.get("budget_seconds", self.http.budget_seconds)
+        max_ratio = body.get("max_failure_ratio", self.http.max_failure_ratio) if ratio else None
+        for name, value in (("budget_seconds", budget), ("max_failure_ratio", max_ratio)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+                raise web.HTTPBadRequest(text=f"`{name}` must be a number")
+        try:
+            return call_guards(float(budget or 0.0), None if max_ratio is None else float(max_ratio), n, started)
+        except InvalidParams as exc:
+            raise web.HTTPBadRequest(text=str(exc)) from None
+
+    async def grade(
+        self,
+        reward: str,
+        jobs: list[Job],
+        samples: Sequence[dict[str, Any] | SampleProblem],
+        guards: tuple[float | None, FailureTally | None] = (None, None),
+    ) -> list[Graded]:
+        """Every sample graded with the reward's `jobs`: the one engine call of every face. A sample given
+        as its SampleProblem, or whose fields are past the limits, is a failed sample (no other sample pays
+        for it). A request past its failure ratio is 400 `FAILED_PRECONDITION: ...` naming the grader and
+        its most frequent error code."""
+        n = len(samples)
+
+        def checked(i: int) -> dict[str, Any] | SampleProblem:
+            sample = samples[i]
+            if isinstance(sample, SampleProblem):
+                return sample
+            try:
+                check_fields(sample, self.limits)
+            except SampleProblem as exc:
+                return exc
+            return sample
+
+        out = [Graded(None, []) for _ in range(n)]
+        batch = Batch(n, lambda a, b: [(i, checked(i)) for i in range(a, b)])
+        deadline, failures = guards
+        admission = self.admission
+        assert admission is not None  # set in __post_init__
+        try:
+            admission.reserve(n)  # the call was admitted by the app's middleware; now its samples count
+        except Overloaded as exc:
+            raise service_unavailable(exc) from None
+        try:
+            async for graded in self.engine.grade_batch(
+                jobs, batch, self.engine.chunks(jobs, n), reward=reward, deadline=deadline, failures=failures
+            ):
+                assert isinstance(graded, GradedChunk)  # no whole-chunk work offered: results come back as Python
+                for k, (index, value) in enumerate(zip(graded.indices, graded.rewards, strict=True)):
+                    out[index] = Graded(value, [column[k] for column in graded.columns])
+        except TooManyFailures as exc:
+            if self.metrics is not None:
+                self.metrics.failure_budget_calls.inc()
+            raise web.HTTPBadRequest(text=f"FAILED_PRECONDITION: {exc}") from None
+        finally:
+            admission.release(n)
+        return out

@@ -1,0 +1,128 @@
+"""OpenRLHF's remote reward model protocol: `POST /get_reward` and `POST /rewards/NAME/get_reward`.
+
+OpenRLHF (`openrlhf/utils/agent.py`, `SingleTurnAgentExecutor._fetch_rewards_via_http`, OpenRLHF 0.11)
+POSTs `{"query": [...], "prompts": [...], "labels": [...]}` with aiohttp and no headers to
+`--reward.remote_url`, and reads `rewards`, `scores` and `extra_logs` from the JSON answer (its own
+`openrlhf/cli/serve_rm.py` answers the same three keys). `query` is prompt and completion decoded with
+`skip_special_tokens=False`.
+
+- `POST /rewards/NAME/get_reward` grades with the configured reward NAME, `POST /get_reward` with the
+  configuration's `default_reward`.
+- A sample's response is its query minus its prompt (when `prompts` is sent; a query that does not start
+  with its prompt is a failed sample), then minus any trailing special tokens of `http.strip_suffixes`,
+  removed repeatedly (so `...<|im_end|><|endoftext|>` loses both); its reference is its label (OpenRLHF
+  sends its dataset's labels as they are: one that is not a string is its JSON text, `samples.as_text`).
+- A sample whose graders failed gets `http.failure_reward` and `extra_logs.grpcgrade_failed` = 1 (else 0);
+  OpenRLHF logs every extra_logs key, so the failure rate shows in its metrics.
+- The reward guard (docs/reward-guard.md): the body's `budget_seconds` and `max_failure_ratio`, else the
+  configuration's `http.budget_seconds` / `http.max_failure_ratio`. A sample cut by the budget is a failed
+  sample; a request past its failure ratio is answered 400 (gRPC's FAILED_PRECONDITION, as google.rpc.Code
+  maps it) whose text names the grader and its most frequent error code: OpenRLHF's client raises on any
+  error status, so the step does not train on a batch of masks.
+- The result cache (docs/reward-guard.md): the body's `cache`, "on", "off" or "default" (the server's
+  default per grader, when absent).
+- Auth, when the server has tokens (`common.authorized`): Basic auth whose password is the token is what
+  aiohttp sends for a URL like `http://trainer:TOKEN@host:port/get_reward` (OpenRLHF cannot set headers).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from aiohttp import web
+
+from grpcgrade.core.errors import SampleProblem
+from grpcgrade.core.samples import as_text
+
+from .common import FaceContext, faced, sample_fields
+
+#: The `face` label of this protocol's requests.
+FACE = "openrlhf"
+#: extra_logs key of the per-sample failure flag.
+FAILED_LOG = "grpcgrade_failed"
+
+
+def response_of(query: str, prompt: str | None, suffixes: Sequence[str]) -> str:
+    """The completion inside an OpenRLHF query (rule in the module docstring); SampleProblem when the
+    query does not start with its prompt."""
+    if prompt is not None:
+        if not query.startswith(prompt):
+            raise SampleProblem("the query does not start with its prompt, so the response cannot be cut out")
+        query = query[len(prompt) :]
+    stripped = True
+    while stripped:
+        stripped = False
+        for suffix in suffixes:
+            if query.endswith(suffix):
+                query = query[: -len(suffix)]
+                stripped = True
+    return query
+
+
+def _strings(body: dict[str, Any], key: str, n: int | None) -> list[str] | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise web.HTTPBadRequest(text=f"`{key}` must be a list of strings")
+    if n is not None and len(value) != n:
+        raise web.HTTPBadRequest(text=f"`{key}` has {len(value)} items but `query` has {n}")
+    return value
+
+
+def _labels(body: dict[str, Any], n: int) -> list[str]:
+    """Each sample's reference. OpenRLHF sends its dataset's labels as they are (`data[label_key]`): a
+    number or a list of answers is taken as its JSON text, null as no reference (`samples.as_text`)."""
+    value = body.get("labels")
+    if value is None:
+        return [""] * n
+    if not isinstance(value, list):
+        raise web.HTTPBadRequest(text="`labels` must be a list, one label per query")
+    if len(value) != n:
+        raise web.HTTPBadRequest(text=f"`labels` has {len(value)} items but `query` has {n}")
+    return [as_text(label) for label in value]
+
+
+class OpenRLHFFace:
+    """Grades one OpenRLHF request with the face's engine call."""
+
+    def __init__(self, ctx: FaceContext) -> None:
+        self.ctx = ctx
+
+    async def get_reward(self, request: web.Request) -> web.Response:
+        started = time.monotonic()
+        ctx = self.ctx
+        ctx.check_auth(request)
+        reward = ctx.reward_of(request, "get_reward")
+        body = await ctx.json_object(request, '"query", "prompts", "labels"')
+        jobs = ctx.resolve(reward, body.get("cache", "default"))
+        queries = _strings(body, "query", None)
+        if queries is None:
+            raise web.HTTPBadRequest(text="`query` is required: a list of strings")
+        n = len(queries)
+        ctx.check_count(n, "queries")
+        prompts = _strings(body, "prompts", n)
+        labels = _labels(body, n)
+        guards = ctx.guards(body, n, started)
+
+        def sample(i: int) -> dict[str, Any] | SampleProblem:
+            prompt = prompts[i] if prompts is not None else None
+            try:
+                response = response_of(queries[i], prompt, ctx.http.strip_suffixes)
+            except SampleProblem as exc:
+                return exc
+            return sample_fields(response, query=prompt or "", reference=labels[i])
+
+        graded = await ctx.grade(reward, jobs, [sample(i) for i in range(n)], guards)
+        out = [ctx.http.failure_reward if g.reward is None else g.reward for g in graded]
+        failed = [float(g.reward is None) for g in graded]
+        return web.json_response({"rewards": out, "scores": out, "extra_logs": {FAILED_LOG: failed}})
+
+
+def add_routes(app: web.Application, ctx: FaceContext) -> None:
+    """`POST /get_reward` (the default reward) and `POST /rewards/{name}/get_reward`."""
+    handler = faced(FACE, OpenRLHFFace(ctx).get_reward)
+    app.router.add_post("/get_reward", handler)
+    app.router.add_post("/rewards/{name}/get_reward", handler)
