@@ -30,7 +30,7 @@ $(SERVER_STAMP): pyproject.toml plugins/*/pyproject.toml
 
 # The development and docs tools on top (pyproject's dependency groups; pip >= 25.1 reads them).
 $(STAMP): $(SERVER_STAMP)
-	$(BIN)/pip install --quiet --group dev --group docs
+	$(BIN)/pip install --quiet --group dev --group docs --group bench
 	touch $(STAMP)
 
 serve: $(SERVER_STAMP)

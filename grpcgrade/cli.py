@@ -470,6 +470,18 @@ def cmd_bench(args: argparse.Namespace) -> int:
             ref = f"{r['reference_us']:>10.1f} us  x{r['speedup']:.2f}" if "reference_us" in r else ""
             print(f"{label:<45} {r['ours_us']:>10.1f} us  {ref}")
         return 0
+    if args.per_sample:
+        from .bench_crowd import run_per_sample
+
+        try:
+            crowd = run_per_sample(
+                args.grader, calls=args.samples or 20_000, callers=args.callers, workers=args.workers
+            )
+        except RuntimeError as exc:
+            print(f"grpcgrade bench: {exc}", file=sys.stderr)
+            return 2
+        print(json.dumps(crowd, indent=None if args.json else 2))
+        return 0
     if args.sandbox:
         try:
             from .bench import bench_sandbox
@@ -669,6 +681,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--step-reps", type=int, default=500, help="with --goals: timed 8-sample steps")
     p.add_argument("--compare-metrics", action="store_true", help="also run the batch with metrics off")
     p.add_argument("--per-call", action="store_true", help="instead: µs per call of every built-in grader")
+    p.add_argument(
+        "--per-sample",
+        action="store_true",
+        help="instead: one-sample calls from a crowd of callers, gRPC and HTTP, as ratios to a plain FastAPI "
+        "per-sample server grading the same grader (--samples calls, default 20000)",
+    )
+    p.add_argument("--callers", type=int, default=4_000, help="with --per-sample: concurrent callers")
     p.add_argument("--stream", type=int, metavar="N", help="instead: stream N samples and report the server's RSS")
     p.add_argument(
         "--sandbox",

@@ -34,6 +34,9 @@ CONFIG_KEYS = {
     "cache": "the result cache (below; see [Reward guard](reward-guard.md#result-cache))",
     "quarantine": "inputs that timed out or killed a worker, answered at once (below; see "
     "[Reward guard](reward-guard.md#quarantine))",
+    "coalesce_linger_seconds": "one-sample calls (unary `Evaluate`, one-sample HTTP requests) with the same "
+    "graders arriving together are graded as one chunk; while a chunk of theirs is being graded, a call waits "
+    "at most this long for others (0: each call graded alone; see [Performance](performance.md#per-sample-callers))",
 }
 
 #: What each setting of `cache:` and `quarantine:` means. A setting missing here fails generation.
@@ -175,7 +178,11 @@ def config_reference() -> str:
 
     top = [f.name for f in dataclasses.fields(ServerConfig) if f.name not in ("server_only_graders", "canaries")]
     _check_documented("ServerConfig", top, CONFIG_KEYS)
-    defaults = {"grader_timeout_seconds": ServerConfig().grader_timeout_seconds, "default_reward": "none"}
+    defaults = {
+        "grader_timeout_seconds": ServerConfig().grader_timeout_seconds,
+        "default_reward": "none",
+        "coalesce_linger_seconds": ServerConfig().coalesce_linger_seconds,
+    }
     out = ["| key | default | meaning |", "|---|---|---|"]
     out += [f"| `{k}` | {defaults.get(k, '')} | {_cell(CONFIG_KEYS[k])} |" for k in top]
 

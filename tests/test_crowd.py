@@ -91,6 +91,11 @@ def test_a_grpc_crowd_is_answered_every_call(crowd_server):
     assert crowd_server.metric("grpc_server_handled_total", grpc_method="Evaluate", grpc_code="CANCELLED") == 0
     assert crowd_server.metric("grpcgrade_calls_admitted") == 0
     assert crowd_server.metric("grpcgrade_samples_queued") == 0
+    # concurrent calls of the same graders were graded together: fewer chunks than calls
+    assert crowd_server.metric("grpcgrade_coalesced_samples_total") >= CROWD
+    assert crowd_server.metric("grpcgrade_coalesced_chunks_total") < crowd_server.metric(
+        "grpcgrade_coalesced_samples_total"
+    )
 
 
 def test_an_http_crowd_is_answered_or_refused_with_a_retry_hint(crowd_server):

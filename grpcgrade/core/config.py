@@ -42,6 +42,7 @@ from .canaries import (
     Canary,
     CanarySettings,
 )
+from .coalesce import DEFAULT_LINGER_SECONDS, MAX_LINGER_SECONDS
 from .errors import ConfigError, InvalidParams, SampleProblem
 from .guard import call_guards
 from .result_cache import CacheConfig, QuarantineConfig
@@ -96,11 +97,13 @@ class ServerConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     #: Inputs that timed out or killed a worker, answered at once with the same error.
     quarantine: QuarantineConfig = field(default_factory=QuarantineConfig)
+    #: One-sample calls of the same plan wait at most this long for each other (`core.coalesce`); 0: off.
+    coalesce_linger_seconds: float = DEFAULT_LINGER_SECONDS
 
 
 TOP_KEYS = (
     *("rewards", "limits", "grader_timeout_seconds", "models", "default_reward", "http", "canary"),
-    *("cache", "quarantine"),
+    *("cache", "quarantine", "coalesce_linger_seconds"),
 )
 #: The limits whose 0 means none.
 ZERO_IS_NO_LIMIT = ("max_memory_bytes",)
@@ -268,6 +271,10 @@ def parse_config(data: dict[str, Any], source: str = "config") -> ServerConfig:
     if default_reward and default_reward not in rewards:
         raise ConfigError(f"{source}: default_reward {default_reward!r} is not one of the rewards")
     timeout = data.get("grader_timeout_seconds", 30.0)
+    linger = data.get("coalesce_linger_seconds", DEFAULT_LINGER_SECONDS)
+    linger = _number(linger, f"{source}: coalesce_linger_seconds", float)
+    if linger > MAX_LINGER_SECONDS:
+        raise ConfigError(f"{source}: coalesce_linger_seconds: at most {MAX_LINGER_SECONDS:g}, got {linger!r}")
     return ServerConfig(
         default_reward=default_reward,
         http=parse_http(data.get("http"), source),
@@ -279,6 +286,7 @@ def parse_config(data: dict[str, Any], source: str = "config") -> ServerConfig:
         canary=parse_canary_settings(data.get("canary"), f"{source}: canary"),
         cache=parse_store(data.get("cache"), CacheConfig, f"{source}: cache"),
         quarantine=parse_store(data.get("quarantine"), QuarantineConfig, f"{source}: quarantine"),
+        coalesce_linger_seconds=linger,
     )
 
 

@@ -38,6 +38,7 @@ from grpcgrade import __version__
 from grpcgrade.core import histograms
 from grpcgrade.core.admission import LIMITS, Admission
 from grpcgrade.core.cached_grading import CachedGrading
+from grpcgrade.core.coalesce import ServerCoalescer
 from grpcgrade.core.errors import ErrorCode
 from grpcgrade.core.grading import Stats
 from grpcgrade.core.plugins import PluginInfo
@@ -212,6 +213,24 @@ class _AdmissionCollector(Collector):
         ]
 
 
+class _CoalescerCollector(Collector):
+    """Server-side coalescing's counts (`core.coalesce`), read when scraped: samples / chunks is its gain."""
+
+    def __init__(self, coalescer: ServerCoalescer) -> None:
+        self.coalescer = coalescer
+
+    def collect(self) -> list[Metric]:
+        c = self.coalescer
+        return [
+            CounterMetricFamily(
+                "grpcgrade_coalesced_chunks", "Chunks graded from concurrent one-sample calls.", value=c.chunks
+            ),
+            CounterMetricFamily(
+                "grpcgrade_coalesced_samples", "One-sample calls graded in those chunks.", value=c.samples
+            ),
+        ]
+
+
 class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
@@ -326,6 +345,9 @@ class Metrics:
 
     def watch_admission(self, admission: Admission) -> None:
         self.registry.register(_AdmissionCollector(admission))
+
+    def watch_coalescer(self, coalescer: ServerCoalescer) -> None:
+        self.registry.register(_CoalescerCollector(coalescer))
 
     def watch_cache(self, cached: CachedGrading) -> None:
         self.registry.register(_CacheCollector(cached))

@@ -23,6 +23,7 @@ from grpc_reflection.v1alpha import reflection
 from grpcgrade.core.admission import Admission
 from grpcgrade.core.cached_grading import CachedGrading
 from grpcgrade.core.canaries import CanaryResult, run_canaries, watch
+from grpcgrade.core.coalesce import ServerCoalescer
 from grpcgrade.core.config import ServerConfig, load_config
 from grpcgrade.core.engine import Engine
 from grpcgrade.core.errors import ConfigError, InvalidParams, PortUnavailable, UnknownGrader
@@ -303,7 +304,11 @@ def build_server(opts: ServeOptions) -> Service:
     admission = Admission(config.limits)
     if metrics is not None:
         metrics.watch_admission(admission)
-    add_to_server(GradingServicer(engine, config.limits, metrics, admission), server)
+    linger = config.coalesce_linger_seconds
+    coalescer = ServerCoalescer(engine, linger) if linger > 0 else None
+    if metrics is not None and coalescer is not None:
+        metrics.watch_coalescer(coalescer)
+    add_to_server(GradingServicer(engine, config.limits, metrics, admission, coalescer), server)
     admin_pb2_grpc.add_AdminServiceServicer_to_server(AdminServicer(cached, registry), server)
     health_servicer = DrainingHealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -332,6 +337,7 @@ def build_server(opts: ServeOptions) -> Service:
             tokens=tokens,
             metrics=metrics,
             admission=admission,
+            coalescer=coalescer,
         )
     return service
 

@@ -11,6 +11,7 @@ import grpc
 
 from grpcgrade.core.admission import Admission
 from grpcgrade.core.budget import OutputBudget
+from grpcgrade.core.coalesce import ServerCoalescer
 from grpcgrade.core.engine import Batch, Chunk, Engine, Job, WholeChunk
 from grpcgrade.core.errors import (
     MAX_DETAIL_CHARS,
@@ -118,8 +119,14 @@ def add_to_server(servicer: GradingServicer, server: grpc.aio.Server) -> None:
 
 class GradingServicer(pb_grpc.GradingServiceServicer):
     def __init__(
-        self, engine: Engine, limits: Limits, metrics: Metrics | None = None, admission: Admission | None = None
+        self,
+        engine: Engine,
+        limits: Limits,
+        metrics: Metrics | None = None,
+        admission: Admission | None = None,
+        coalescer: ServerCoalescer | None = None,
     ) -> None:
+        self.coalescer = coalescer  # None: each unary call graded alone
         self.engine = engine
         self.limits = limits
         self.metrics = metrics
@@ -161,14 +168,19 @@ class GradingServicer(pb_grpc.GradingServiceServicer):
         self._in_flight(1)
         try:
             jobs, timeout = await self._resolve(request, context)
-            chunk = [(0, sample_kwargs(request.sample, self.limits))]
-            graded = await self.engine.grade_chunk(jobs, chunk, timeout, request.reward, nbytes=request.ByteSize())
+            kwargs = sample_kwargs(request.sample, self.limits)
+            if self.coalescer is not None:  # graded with the concurrent calls of the same plan
+                results, reward = await self.coalescer.grade(jobs, kwargs, timeout, request.reward, request.ByteSize())
+            else:
+                graded = await self.engine.grade_chunk(
+                    jobs, [(0, kwargs)], timeout, request.reward, nbytes=request.ByteSize()
+                )
+                results, reward = [column[0] for column in graded.columns], graded.rewards[0]
         finally:
             self._in_flight(-1)
             self.admission.leave(1)
         response = pb.EvaluateResponse()
-        results = [column[0] for column in graded.columns]
-        fill_response(response, request.sample.id, self._labels(jobs), results, graded.rewards[0], _full(request))
+        fill_response(response, request.sample.id, self._labels(jobs), results, reward, _full(request))
         if response.ByteSize() > self.limits.max_message_bytes:
             leave_out_details(response, self.limits.max_message_bytes)
         return response

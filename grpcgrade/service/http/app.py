@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from aiohttp import web
 
 from grpcgrade.core.admission import Admission
+from grpcgrade.core.coalesce import ServerCoalescer
 from grpcgrade.core.config import HttpConfig
 from grpcgrade.core.engine import Engine
 from grpcgrade.core.samples import Limits
@@ -36,6 +37,7 @@ def build_http_app(
     tokens: Sequence[str] = (),
     metrics: Metrics | None = None,
     admission: Admission | None = None,
+    coalescer: ServerCoalescer | None = None,
 ) -> web.Application:
     """The HTTP face's application: OpenRLHF's reward routes and OpenAI's grader endpoints (at
     `openai_graders.MOUNT_PATH`), all checking the same `tokens` (each answering in its own protocol's
@@ -62,7 +64,7 @@ def build_http_app(
     admission = admission or Admission(limits)
     admitted = admission_middleware(admission)  # inside `counted`: a refusal is counted as a 503
     app = web.Application(middlewares=[counted, admitted], client_max_size=limits.max_message_bytes)
-    ctx = FaceContext(engine, limits, http, default_reward, tokens, metrics, admission)
+    ctx = FaceContext(engine, limits, http, default_reward, tokens, metrics, admission, coalescer)
     openrlhf.add_routes(app, ctx)
     app.add_subapp(openai_graders.MOUNT_PATH, openai_graders.openai_graders_app(engine, tokens=tokens, limits=limits))
     return app

@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 from aiohttp import BasicAuth, web
 
 from grpcgrade.core.admission import Admission
+from grpcgrade.core.coalesce import ServerCoalescer
 from grpcgrade.core.config import HttpConfig
 from grpcgrade.core.engine import Batch, Engine, GradedChunk, Job
 from grpcgrade.core.errors import (
@@ -146,6 +147,7 @@ class FaceContext:
     tokens: Sequence[str] = ()
     metrics: Metrics | None = None
     admission: Admission | None = None
+    coalescer: ServerCoalescer | None = None  # None: a one-sample request is graded alone
     secrets: list[bytes] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -253,6 +255,10 @@ class FaceContext:
         except Overloaded as exc:
             raise service_unavailable(exc) from None
         try:
+            if n == 1 and guards == (None, None) and self.coalescer is not None:  # with concurrent one-sample calls
+                results, value = await self.coalescer.grade(jobs, checked(0), self.engine.timeout(None), reward)
+                out[0] = Graded(value, results)
+                return out
             async for graded in self.engine.grade_batch(
                 jobs, batch, self.engine.chunks(jobs, n), reward=reward, deadline=deadline, failures=failures
             ):
