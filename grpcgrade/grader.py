@@ -15,7 +15,7 @@ import inspect
 import math
 import numbers
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from functools import partial
 from typing import Any
@@ -99,6 +99,10 @@ class BaseGrader:
     #: service, a symbolic verifier) and giving the same result for the same inputs and params. A call may
     #: still turn the cache off (CACHE_MODE_OFF), or on for any grader (CACHE_MODE_ON).
     cache_by_default: bool = False
+    #: Inputs the grader cannot grade without, beyond its parameters without a default: a sample that lacks
+    #: one is that sample's INVALID_SAMPLE naming it, instead of graded as "" (two absent texts "match").
+    #: Names as the grader declares them (`reference_response` is the sample's `reference`).
+    required_inputs: frozenset[str] = frozenset()
 
     def __init__(
         self,
@@ -131,20 +135,25 @@ class BaseGrader:
         return type(self).evaluate is not BaseGrader.evaluate
 
     def input_names(self) -> Inputs:
-        """The sample fields this grader names, and whether it also takes `**kwargs` (then all of them)."""
-        return declared_names(self.evaluate if self.is_sync else self.aevaluate)
+        """The sample fields this grader names, whether it also takes `**kwargs` (then all of them), and
+        which it requires (`required_inputs`, and its parameters without a default)."""
+        inputs = declared_names(self.evaluate if self.is_sync else self.aevaluate)
+        return replace(inputs, required=inputs.required | self.required_inputs)
 
 
 @dataclass(frozen=True)
 class Inputs:
     names: frozenset[str]
     open: bool  # the grader takes **kwargs
+    #: The inputs a sample must carry (a parameter without a default, or `BaseGrader.required_inputs`).
+    required: frozenset[str] = frozenset()
 
 
 def declared_names(func: Callable[..., Any]) -> Inputs:
     params = inspect.signature(func).parameters.values()
-    names = frozenset(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
-    return Inputs(names, any(p.kind is p.VAR_KEYWORD for p in params))
+    named = [p for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    required = frozenset(p.name for p in named if p.default is p.empty)
+    return Inputs(frozenset(p.name for p in named), any(p.kind is p.VAR_KEYWORD for p in params), required)
 
 
 def unwrapped(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -226,7 +235,8 @@ class FunctionGrader(BaseGrader):
 
     def input_names(self) -> Inputs:
         inputs = declared_names(self.func)
-        return Inputs(inputs.names - set(self.kwargs), inputs.open)
+        bound = set(self.kwargs)
+        return Inputs(inputs.names - bound, inputs.open, (inputs.required | self.required_inputs) - bound)
 
     @classmethod
     def wrap(cls, func: Callable[..., Any], **options: Any) -> Callable[..., FunctionGrader]:

@@ -34,6 +34,8 @@ CONFIG_KEYS = {
     "cache": "the result cache (below; see [Reward guard](reward-guard.md#result-cache))",
     "quarantine": "inputs that timed out or killed a worker, answered at once (below; see "
     "[Reward guard](reward-guard.md#quarantine))",
+    "callers": "each caller's weight in every judge model's fair share: a name -> `{weight: N}` (a caller not "
+    "named has weight 1; see [LLM judges](llm-judges.md#fair-share))",
     "coalesce_linger_seconds": "one-sample calls (unary `Evaluate`, one-sample HTTP requests) with the same "
     "graders arriving together are graded as one chunk; while a chunk of theirs is being graded, a call waits "
     "at most this long for others (0: each call graded alone; see [Performance](performance.md#per-sample-callers))",
@@ -103,9 +105,17 @@ MODEL_DOCS = {
     "model": "the model id the endpoint expects; default: the entry's name",
     "api_key_env": "the NAME of the environment variable that holds the API key, read once at start",
     "max_concurrency": "calls in flight to this model, across the whole server",
-    "timeout_seconds": "per HTTP attempt, counted once the call has a concurrency slot",
-    "max_retries": "retries on 429, 5xx, connection errors and timeouts",
+    "requests_per_minute": "the provider's request limit for this key: requests are paced under it across "
+    "every call the server serves (see [LLM judges](llm-judges.md#provider-limits)); 0: none",
+    "tokens_per_minute": "the provider's token limit (prompt and completion): each request's tokens are "
+    "estimated before it is sent and corrected by its answer's usage; 0: none",
+    "timeout_seconds": "per HTTP attempt, counted once the call has its turn under the limits",
+    "max_retries": "retries on 5xx (but 503), connection errors and timeouts; 429 and 503 are retried while the "
+    "sample's time limit allows (without one, this many times)",
     "retry_backoff_seconds": "the first pause; doubles on each retry, with jitter",
+    "price_per_million_input_tokens": "the price of a million prompt tokens, for the cost estimate "
+    "(`grpcgrade_judge_cost_total`); 0: not counted",
+    "price_per_million_output_tokens": "the price of a million completion tokens, for the cost estimate",
     "extra_body": "merged into every request body, e.g. `{temperature: 0, max_tokens: 512}`",
 }
 

@@ -51,6 +51,7 @@ def test_unary_latency_is_reported_both_ways(report):
 def goals(tmp_path_factory) -> dict:
     cmd = [sys.executable, "-m", "grpcgrade.cli", "bench", "--goals", "--samples", "2000", "--heavy-samples", "12"]
     cmd += ["--workers", "1", "--step-reps", "20", "--unary-calls", "100", "--unary-rate", "200", "--json"]
+    cmd += ["--judge-samples", "300"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path_factory.mktemp("goals"))
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
@@ -78,6 +79,20 @@ def test_goals_report_every_figure_of_the_goals_beside_its_goal(goals):
     assert (goals["cores"], goals["workers"]) == (os.cpu_count(), 1)
     assert goals["samples"] == {"json_validator": 2000, "chrf": 12, "math_verify": 12}
     assert len(goals["load_average"]["start"]) == len(goals["load_average"]["end"]) == 3
+    assert goals["judge_endpoint"]["judge_endpoint_limit_per_second"] == 100  # bench_judges' 6000 a minute
+
+
+def test_judge_throughput_is_a_share_of_what_the_endpoint_allows(tmp_path) -> None:
+    cmd = [sys.executable, "-m", "grpcgrade.cli", "bench", "--judges", "150", "--judge-rpm", "3000", "--json"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    figures = json.loads(out.stdout)
+    assert figures["judge_answered"] == figures["judge_judgments"] == 150
+    assert figures["judge_endpoint_limit_per_second"] == 50
+    # The endpoint allows its burst (1 s of its rate) plus its rate for every second of the run.
+    allowed = 50 + 50 * figures["judge_seconds"]
+    assert figures["judge_throughput_x_limit"] == pytest.approx(150 / allowed, abs=2e-3)
+    assert 0 < figures["judge_throughput_x_limit"] <= 1.0  # nothing beyond the limit is answered
 
 
 def test_goal_bounds_read_as_the_issue_states_them():

@@ -10,6 +10,7 @@ the dashboard against the series the server exports, and with promtool when it i
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -204,6 +205,21 @@ def test_dockerfile_shape() -> None:
         json.loads(only(runtime, keyword)[-1])  # exec form: SIGTERM reaches the server, not a shell
 
 
+def test_dockerfile_builds_offline_and_runs_as_a_group_that_exists() -> None:
+    """No `# syntax=` line (BuildKit would pull a frontend image); the CA bundle only as a build secret; the
+    user's group is created with the gid the image runs as (useradd --user-group picked 999)."""
+    text = (ROOT / "Dockerfile").read_text()
+    assert not re.search(r"(?im)^#\s*syntax\s*=", text)
+    preamble, build, runtime = dockerfile_stages()
+    (build_run,) = only(build, "RUN")
+    assert build_run.startswith("--mount=type=secret,id=ca-bundle,")
+    assert not any("ca-certificates.crt" in rest or "ca-bundle" in rest for k, rest in runtime + build if k == "COPY")
+    uid, gid = only(runtime, "USER")[-1].split(":")
+    user = next(r for r in only(runtime, "RUN") if "useradd" in r)
+    assert f"groupadd --system --gid {gid} " in user and f"--uid {uid} --gid {gid} " in user
+    assert "--user-group" not in user
+
+
 @pytest.fixture(scope="module")
 def netns() -> Iterator[str]:
     """A network namespace with a loopback interface and nothing else: no route out of the machine."""
@@ -290,6 +306,7 @@ def test_image_install_path_serves_offline(tmp_path: Path, netns: str) -> None:
     paths = {"/opt/grpcgrade": str(venv), "/wheels": str(wheels), "/tmp": str(tmp), "$PATH": IMAGE_BASE_PATH}
 
     (build_run,) = only(build, "RUN")
+    build_run = re.sub(r"^(--\S+\s+)+", "", build_run)  # the CA bundle's secret mount: BuildKit's, not the shell's
     # Only the pip cache differs from the image build: it keeps this test from downloading every wheel again.
     run_shell(to_host(build_run, paths).replace("--no-cache-dir ", ""), context, host_env)
     check_wheels(wheels)
@@ -417,6 +434,22 @@ def test_deployment_matches_the_server_and_the_image() -> None:
     assert container["image"] in [i["name"] for i in kustomization()["images"]]
 
 
+def test_the_pod_has_an_init_that_reaps_sandbox_children() -> None:
+    """Docker's --init: in Kubernetes, a shared PID namespace makes the pause process PID 1, which reaps."""
+    pod = k8s_resources()["Deployment"]["spec"]["template"]["spec"]
+    assert pod["shareProcessNamespace"] is True
+
+
+def test_the_alert_rules_ship_as_a_prometheus_rule_kube_prometheus_stack_selects() -> None:
+    resources = k8s_resources()
+    rule = resources["PrometheusRule"]
+    assert rule["apiVersion"] == "monitoring.coreos.com/v1"
+    assert rule["spec"]["groups"] == load_yaml(PROMETHEUS / "alerts.yml")["groups"]
+    # kube-prometheus-stack's default podMonitorSelector and ruleSelector: the Helm release's label.
+    for kind in ("PrometheusRule", "PodMonitor"):
+        assert "release" in resources[kind]["metadata"]["labels"], kind
+
+
 def test_the_container_may_create_the_code_sandbox_and_nothing_more() -> None:
     """bubblewrap needs unshare and mount (seccomp and AppArmor defaults refuse them); all else stays tight."""
     deployment = k8s_resources()["Deployment"]
@@ -460,6 +493,9 @@ def test_services_autoscaler_budget_and_monitor_select_the_pods() -> None:
     assert [m["resource"]["name"] for m in hpa["spec"]["metrics"]] == ["cpu"]
     assert hpa["spec"]["minReplicas"] >= 2  # the budget below needs two to allow a drain
     assert selects(resources["PodDisruptionBudget"]["spec"]["selector"]["matchLabels"])
+
+    # No replica count beside the autoscaler: `kubectl apply` would reset a scaled-out Deployment to it.
+    assert "replicas" not in deployment["spec"]
 
     monitor = resources["PodMonitor"]
     assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
@@ -599,6 +635,9 @@ def test_compose_stack_wires_server_prometheus_and_grafana() -> None:
     assert set(server["security_opt"]) == {"seccomp=unconfined", "apparmor=unconfined"}  # the code sandbox
     assert server["init"] is True and "cap_add" not in server and "privileged" not in server
     assert int(server["stop_grace_period"].removesuffix("s")) > args.grace
+    # Workers and sandboxes follow the CPU limit, not the host's cores (each worker is ~170-200 MB).
+    assert args.workers == server["cpus"] == int(server["environment"]["GRPCGRADE_CODE_MAX_CONCURRENCY"])
+    assert "name" not in compose  # docker-compose 1.29 (Debian's) rejects a top-level name
 
     prometheus = services["prometheus"]
     config_flag = next(a for a in prometheus["command"] if a.startswith("--config.file="))
@@ -632,3 +671,33 @@ def test_the_metrics_reference_lists_every_exported_metric() -> None:
     for family in Metrics().registry.collect():
         name = family.name + ("_total" if family.type == "counter" else "")
         assert f"| `{name}` | {family.type}" in doc or f"| `{name}` | gauge (1)" in doc, name
+
+
+# -- docs/deploy.md: the commands make image-test runs --------------------------------------------------
+
+
+def image_test_script() -> Any:
+    """scripts/image/check.py, which reads docs/deploy.md's run command and runs it (make image-test)."""
+    spec = importlib.util.spec_from_file_location("image_check", ROOT / "scripts" / "image" / "check.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_documented_run_command_runs_the_server_as_compose_does() -> None:
+    """The `docker run` line of docs/deploy.md: the code sandbox's flags, loopback ports, and the same
+    server arguments as the compose file (config, workers, drain)."""
+    check = image_test_script()
+    command = check.documented_run()
+    assert command[:2] == ["docker", "run"]
+    image = command.index(check.DOC_IMAGE)
+    flags, server = command[:image], command[image + 1 :]
+    options = {flags[i + 1] for i, word in enumerate(flags) if word == "--security-opt"}
+    compose = load_yaml(COMPOSE)["services"]["grpcgrade"]
+    assert options == set(compose["security_opt"]) and "--init" in flags
+    published = [flags[i + 1] for i, word in enumerate(flags) if word == "-p"]
+    assert published and all(p.startswith("127.0.0.1:") for p in published)
+    args, composed = build_parser().parse_args(server), build_parser().parse_args(compose["command"])
+    for name in ("command", "host", "metrics_host", "metrics_port", "config", "workers", "grace"):
+        assert getattr(args, name) == getattr(composed, name), name

@@ -30,6 +30,8 @@ rewards:
     graders: [{name: string_match, params: {case_sensitive: true}}]
   napping:
     graders: [{name: napper}]
+  tools:
+    graders: [{name: tool_call_valid}]
 """
 TOKEN = "s3cret-token"
 TEMPLATE = "<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n"
@@ -92,15 +94,30 @@ def test_labels_of_any_json_type_are_references(http_server):
     prompts_dataset.py): a number, a list of answers, an object, null. Each is the reference as JSON text
     (null: none), as the TRL and veRL integrations take such values; before, one label that was not a string
     answered the whole request 400, and OpenRLHF's executor only logs that and leaves its samples unrewarded."""
-    labels = [72, 0.5, ["4", 4], {"answer": "é"}, None, True, "text"]
-    texts = [
-        "" if label is None else label if isinstance(label, str) else json.dumps(label, ensure_ascii=False)
-        for label in labels
-    ]
-    body = {"query": texts + ["73"], "labels": labels + [72]}
+    labels = [72, 0.5, ["4", 4], {"answer": "é"}, True, "text"]
+    texts = [label if isinstance(label, str) else json.dumps(label, ensure_ascii=False) for label in labels]
+    body = {"query": [*texts, "73", ""], "labels": [*labels, 72, None]}
     reply = post(authed(http_server.http, "/rewards/exact/get_reward"), body)
-    assert reply["rewards"] == [1.0] * len(labels) + [0.0]
-    assert reply["extra_logs"]["grpcgrade_failed"] == [0.0] * (len(labels) + 1)
+    # null is no reference: string_match requires one, so that sample failed rather than matched ""
+    assert reply["rewards"] == [1.0] * len(labels) + [0.0, -1.0]
+    assert reply["extra_logs"]["grpcgrade_failed"] == [0.0] * (len(labels) + 1) + [1.0]
+
+
+def test_a_sample_that_cannot_be_graded_is_logged_and_counted(http_server):
+    """A query that does not start with its prompt (a tokenizer that does not round-trip the prompt) and a
+    request without labels for a reward that compares with one: failed samples, each counted per face, and
+    the server log says why."""
+    counted = http_server.metric("grpcgrade_http_unusable_samples_total", face="openrlhf")
+    prompt = TEMPLATE.format(q="What is 8*9?")
+    body = {"query": [prompt + "72", " " + prompt + "72"], "prompts": [prompt, prompt], "labels": ["72", "72"]}
+    reply = post(authed(http_server.http, "/get_reward"), body)
+    assert reply["extra_logs"]["grpcgrade_failed"] == [0.0, 1.0]
+    no_labels = post(authed(http_server.http, "/get_reward"), {"query": ["72", "72"]})
+    assert no_labels["extra_logs"]["grpcgrade_failed"] == [1.0, 1.0]
+    assert http_server.metric("grpcgrade_http_unusable_samples_total", face="openrlhf") == counted + 3
+    log = http_server.log()
+    assert "openrlhf face: 1 of 2 samples could not be graded" in log and "does not start with its prompt" in log
+    assert "missing input 'reference'" in log and "math_exact" in log
 
 
 def test_bearer_header_also_authenticates(http_server):
@@ -191,3 +208,35 @@ def test_openai_grader_endpoints_are_mounted_on_the_same_port(http_server):
     assert status == 401 and body["error"]["code"] == "invalid_api_key"  # OpenAI's error object, its own auth
     # counted under its own face, a refused request too
     assert http_server.metric("grpcgrade_http_requests_total", face="openai_graders", code="401") == refused + 1
+
+
+def test_agent_inputs_travel_per_sample(http_server):
+    """The body's `tool_calls` and `tool_definitions` (docs/agents.md): one entry per query, null for none."""
+    weather = {"name": "weather", "parameters": {"type": "object", "required": ["city"]}}
+    good = {"type": "function", "function": {"name": "weather", "arguments": '{"city": "Oslo"}'}}
+    bad = {"type": "function", "function": {"name": "weather", "arguments": "{}"}}
+    body = {
+        "query": ["a", "b", "c"],
+        "tool_calls": [[good], [bad], None],
+        "tool_definitions": [[weather], [weather], [weather]],
+    }
+    reply = post(authed(http_server.http, "/rewards/tools/get_reward"), body)
+    # valid; a defined tool with arguments its schema refuses (half credit); no tool_calls sent: INVALID_SAMPLE
+    assert reply["rewards"] == [1.0, 0.5, -1.0]
+    assert reply["extra_logs"]["grpcgrade_failed"] == [0.0, 0.0, 1.0]
+
+
+def test_bad_agent_inputs_are_named(http_server):
+    async def status(body: dict) -> tuple[int, str]:
+        url = authed(http_server.http, "/rewards/tools/get_reward")
+        async with aiohttp.ClientSession() as session, session.post(url, json=body) as r:
+            return r.status, await r.text()
+
+    assert asyncio.run(status({"query": ["a"], "tool_calls": [[], []]})) == (
+        400,
+        "`tool_calls` must be a list with one entry per sample (1)",
+    )
+    assert asyncio.run(status({"query": ["a"], "messages": ["hi"]})) == (
+        400,
+        "`messages[0]` must be a list (or null), not str",
+    )

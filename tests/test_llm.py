@@ -545,7 +545,8 @@ def test_correctness_sends_the_reference_and_needs_one(llm_client, judge):
         min_score="0",
         max_score="5",
     )
-    assert "needs the sample's reference" in result_of(replies[1]).error.message
+    error = result_of(replies[1]).error  # a sample without a reference never reaches the judge
+    assert error.code == "INVALID_SAMPLE" and "missing input 'reference'" in error.message
     assert judge.marked(missing) == []
 
 

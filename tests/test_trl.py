@@ -266,3 +266,42 @@ def test_a_float_answer_column_is_the_whole_number_it_holds(server):
     as_text = trl_rewards([reward], [{"prompt": "q", "answer": "72"}] * 2, ["q"] * 2, list(GSM8K), ids)
     assert as_text == [[pytest.approx(1.0)], [pytest.approx(0.5)]]
     assert as_floats == as_text
+
+
+def test_tool_calls_conversation_and_dataset_tools_are_agent_inputs(server):
+    """A conversational completion's tool calls become `tool_calls`, prompt and completion `messages`, the
+    dataset's `tools` column `tool_definitions`: the `agent` reward reads all three."""
+    reward = reward_function(server.target, reward="agent")
+    call = {"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}}
+    bad = {"id": "c2", "type": "function", "function": {"name": "add", "arguments": '{"a": "one"}'}}
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "add",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"a": {"type": "number"}, "b": {"type": "number"}},
+                    "required": ["a", "b"],
+                },
+            },
+        }
+    ]
+    prompt = [{"role": "user", "content": "1+2?"}]
+    completions = [
+        [
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c1", "content": "3"},
+            {"role": "assistant", "content": "3"},
+        ],
+        [
+            {"role": "assistant", "content": None, "tool_calls": [bad]},
+            {"role": "tool", "tool_call_id": "c2", "content": "error"},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c1", "content": "3"},
+        ],
+    ]
+    inputs = [{"prompt": prompt, "tools": tools}] * 2
+    rows = trl_rewards([reward], inputs, [prompt] * 2, completions, [[1]] * 2)
+    # tool_call_valid: 1 and (0.5 + 1)/2; action_loop_detection: one action, then two different ones
+    assert [r[0] for r in rows] == [pytest.approx((1.0 + 1.0) / 2), pytest.approx((0.75 + 1.0) / 2)]

@@ -164,3 +164,25 @@ def test_numpy_labels_and_extra_info_as_veRL_hands_them(server, caplog):
         reward_loop(fn, [("gsm8k", answer, "72", {"completion_tokens": 10, "blob_no_json": object()})] * 2)
     dropped = [r for r in caplog.records if "blob_no_json" in r.getMessage()]
     assert len(dropped) == 1 and "no JSON form" in dropped[0].getMessage()
+
+
+def test_agent_loop_extra_fields_become_the_agent_inputs(server):
+    """veRL's reward loop merges an agent loop's `extra_fields` (its `messages`, say) into `extra_info`;
+    they reach the graders as the sample's `messages`, `tool_calls`, `tool_definitions`."""
+    call = {"id": "c1", "type": "function", "function": {"name": "search", "arguments": '{"q": "x"}'}}
+    again = {**call, "id": "c2"}
+    tools = [{"type": "function", "function": {"name": "search", "parameters": {"type": "object"}}}]
+    messages = [
+        {"role": "user", "content": "find x"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "x is here"},
+        {"role": "assistant", "content": None, "tool_calls": [again]},
+        {"role": "tool", "tool_call_id": "c2", "content": "x is here"},
+    ]
+    info = {"messages": messages, "tool_calls": [call, again], "tool_definitions": tools, "num_turns": 5}
+    fn = verl_wrap(compute_score, {"target": server.target, "reward": "agent"})
+    rewards, extra = reward_loop(fn, [("agent", "done", None, info)])
+    assert extra["grpcgrade/failed"] == [0.0]
+    assert extra["grpcgrade/tool_call_valid"] == [1.0]  # both calls valid against the tool's schema
+    assert extra["grpcgrade/action_loop_detection"] == [0.0]  # the one pair of actions is the same call
+    assert rewards == [pytest.approx(0.5)]

@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 
 import yaml
 
+from grpcgrade.llm.limits import parse_weights
 from grpcgrade.llm.models import ModelConfig, parse_models
 
 from .canaries import (
@@ -87,6 +88,8 @@ class ServerConfig:
     server_only_graders: dict[str, Any] = field(default_factory=dict)
     #: The chat models LLM graders may name (`models:`); see grpcgrade.llm.models.
     models: dict[str, ModelConfig] = field(default_factory=dict)
+    #: Each caller's weight in every model's fair share (`callers:`); see grpcgrade.llm.limits.
+    callers: dict[str, float] = field(default_factory=dict)
     #: The reward of the HTTP face's `POST /get_reward`; "" when there is none.
     default_reward: str = ""
     http: HttpConfig = field(default_factory=HttpConfig)
@@ -103,7 +106,7 @@ class ServerConfig:
 
 TOP_KEYS = (
     *("rewards", "limits", "grader_timeout_seconds", "models", "default_reward", "http", "canary"),
-    *("cache", "quarantine", "coalesce_linger_seconds"),
+    *("cache", "quarantine", "callers", "coalesce_linger_seconds"),
 )
 #: The limits whose 0 means none.
 ZERO_IS_NO_LIMIT = ("max_memory_bytes",)
@@ -267,6 +270,10 @@ def parse_config(data: dict[str, Any], source: str = "config") -> ServerConfig:
         models = parse_models(data.get("models"))
     except ValueError as exc:
         raise ConfigError(f"{source}: models: {exc}") from exc
+    try:
+        callers = parse_weights(data.get("callers"))
+    except ValueError as exc:
+        raise ConfigError(f"{source}: callers: {exc}") from exc
     default_reward = str(data.get("default_reward") or "")
     if default_reward and default_reward not in rewards:
         raise ConfigError(f"{source}: default_reward {default_reward!r} is not one of the rewards")
@@ -282,6 +289,7 @@ def parse_config(data: dict[str, Any], source: str = "config") -> ServerConfig:
         limits=limits,
         grader_timeout_seconds=_number(timeout, f"{source}: grader_timeout_seconds", float, 0.001),
         models=models,
+        callers=callers,
         canaries=canaries,
         canary=parse_canary_settings(data.get("canary"), f"{source}: canary"),
         cache=parse_store(data.get("cache"), CacheConfig, f"{source}: cache"),

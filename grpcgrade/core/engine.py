@@ -26,17 +26,20 @@ failure tally is kept chunk by chunk and ends the call once it is over the allow
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import itertools
 import math
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from grpcgrade.grader import BaseGrader, GraderError, GraderResult, Inputs
 
 from .budget import OutputBudget
 from .cached_grading import CachedGrading, quarantinable
 from .errors import ErrorCode, InvalidParams, SampleProblem, UnknownReward
+from .executors import Executor, InProcess, Work
 from .grading import (
     Stats,
     budget_error,
@@ -56,7 +59,7 @@ from .registry import Registry
 from .result_cache import CacheMode
 from .rewards import Reward, SpecData, check_weights, number_repeats, reward_stats, rewards
 from .samples import select_all
-from .workers import Work, WorkerPool, chunk_work, grader_work
+from .workers import chunk_work, grader_work
 
 T = TypeVar("T")
 
@@ -126,6 +129,8 @@ class GradedChunk:
     indices: list[int]
     columns: list[list[GraderResult]]
     rewards: list[float | None]
+    #: Some rows of a chunk, handed on as they finished (`Engine.grade_rows`): `indices` need not be a run.
+    partial: bool = False
 
 
 @dataclass(frozen=True)
@@ -179,7 +184,7 @@ class Engine:
     def __init__(
         self,
         registry: Registry,
-        pool: WorkerPool | None = None,
+        pool: Executor | None = None,
         rewards: dict[str, Reward] | None = None,
         grader_timeout: float | None = 30.0,
         observer: Observer | None = None,
@@ -187,7 +192,8 @@ class Engine:
         cached: CachedGrading | None = None,
     ) -> None:
         self.registry = registry
-        self.pool = pool
+        self.pool = pool  # where work that may not run on the event loop goes; None: nowhere but here
+        self.inline = InProcess()  # small whole chunks of bounded cost (`inline_small`)
         self.rewards = rewards or {}
         self.grader_timeout = grader_timeout
         self.observer = observer
@@ -392,6 +398,76 @@ class Engine:
             self._observe([reward_stats(reward, values)])
         return GradedChunk(indices, columns, values)
 
+    def streams_rows(self, jobs: list[Job]) -> bool:
+        """A call with graders that await I/O per sample (LLM judges, remote graders) is graded row by row:
+        each sample is handed on when its own results are in, so one slow judgment holds only its sample."""
+        return any(_per_sample(job) for job in jobs)
+
+    async def grade_rows(
+        self,
+        jobs: list[Job],
+        chunk: Chunk,
+        timeout: float | None = None,
+        reward: str = "",
+        deadline: float | None = None,
+    ) -> AsyncIterator[GradedChunk]:
+        """A chunk of a call with per-sample async graders (`streams_rows`), its rows yielded as they finish
+        (as `partial` GradedChunks): synchronous graders grade the chunk as `grade_chunk` does (in a worker,
+        through the cache), each async grader each sample on its own, so a slow sample delays no other.
+        An async grader with `aevaluate_batch` grades the chunk in one call, as it asks to. Past the call's
+        `deadline` the samples still waiting are answered BUDGET_EXCEEDED (by `grade_async`)."""
+        timeout = self.timeout(timeout)
+        indices = [index for index, _ in chunk]
+        kwargs = [kw for _, kw in chunk]
+        good = usable(kwargs)
+        rows = [k for k, kw in enumerate(kwargs) if not isinstance(kw, SampleProblem)]
+        unusable = len(kwargs) - len(good)
+        own = len(jobs) > 1
+        columns: list[list[GraderResult]] = [
+            [GraderError(job.grader.name, str(kw), code=ErrorCode.INVALID_SAMPLE) for kw in kwargs] for job in jobs
+        ]
+        waiting = [len(jobs) if not isinstance(kw, SampleProblem) else 0 for kw in kwargs]
+        tasks: dict[asyncio.Future[list[GraderResult]], tuple[int, list[int]]] = {}
+        for j, job in enumerate(jobs):
+            batch = select_all(good, job.inputs, own)
+            if not _per_sample(job):
+                run = self._run_cached(job, batch, timeout, unusable, deadline)
+                tasks[asyncio.ensure_future(run)] = (j, rows)
+                continue
+            if unusable:
+                self._observe([problem_stats(job.grader.name, unusable)])
+            for k, selected in zip(rows, batch, strict=True):
+                tasks[asyncio.ensure_future(self._run_cached(job, [selected], timeout, 0, deadline))] = (j, [k])
+        done_rows = [k for k, left in enumerate(waiting) if not left]  # unusable: answered already
+        try:
+            while tasks or done_rows:
+                if done_rows:
+                    yield self._rows(jobs, indices, columns, sorted(done_rows), reward)
+                    done_rows = []
+                if not tasks:
+                    break
+                finished, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+                for task in finished:
+                    j, ks = tasks.pop(task)
+                    for k, result in zip(ks, task.result(), strict=True):
+                        columns[j][k] = result
+                        waiting[k] -= 1
+                        if not waiting[k]:
+                            done_rows.append(k)
+        finally:  # the call ended or was cut: what still runs for it is cancelled
+            for task in tasks:
+                task.cancel()
+
+    def _rows(
+        self, jobs: list[Job], indices: list[int], columns: list[list[GraderResult]], ks: list[int], reward: str
+    ) -> GradedChunk:
+        """Rows `ks` of a chunk (`grade_rows`), with their rewards (counted for the metrics with `reward`)."""
+        part = [[column[k] for k in ks] for column in columns]
+        values = rewards([job.spec for job in jobs], part)
+        if reward:
+            self._observe([reward_stats(reward, values)])
+        return GradedChunk([indices[k] for k in ks], part, values, partial=True)
+
     async def grade_batch(
         self,
         jobs: list[Job],
@@ -417,14 +493,25 @@ class Engine:
         is yielded, and TooManyFailures is raised (the running chunks cancelled) once they are too many."""
         timeout = self.timeout(timeout)
         issued: list[tuple[int, int]] = []  # the chunks started, in order
+        source = chunks  # closed at the end (a guided call's generator)
 
         def bounds() -> Iterator[tuple[int, int]]:
             for bound in chunks:
                 issued.append(bound)
                 yield bound
 
-        steps: Iterator[Awaitable[GradedChunk | WholeChunk]]
-        if batch.whole is not None and self.inline_small(jobs, batch.nbytes):
+        steps: Iterator[Awaitable[GradedChunk | WholeChunk] | Streamed[GradedChunk | WholeChunk]]
+        window = self.window(jobs)
+        if self.streams_rows(jobs):  # the window counts samples in flight: each row handed on frees one
+            first = next(chunks, None)
+            chunks = itertools.chain([first] if first is not None else [], chunks)
+            window *= first[1] - first[0] if first is not None else 1
+            chunk = batch.chunk
+            steps = (
+                Streamed[GradedChunk | WholeChunk](self.grade_rows(jobs, chunk(a, b), timeout, reward, deadline), b - a)
+                for a, b in bounds()
+            )
+        elif batch.whole is not None and self.inline_small(jobs, batch.nbytes):
             whole = batch.whole
             steps = (self._run_inline(whole(a, b, timeout, deadline), a) for a, b in bounds())
         elif batch.whole is not None and self.pool is not None and self.whole_chunks(jobs):
@@ -434,8 +521,9 @@ class Engine:
             chunk = batch.chunk
             steps = (self.grade_chunk(jobs, chunk(a, b), timeout, reward, deadline) for a, b in bounds())
         names = [job.grader.name for job in jobs]
-        answered: set[int] = set()
-        pipeline = _pipelined(steps, self.window(jobs), budget, deadline)
+        answered: set[int] = set()  # the first samples of the chunks answered whole
+        rows: set[int] = set()  # the samples answered in parts of a chunk (`grade_rows`)
+        pipeline = _pipelined(steps, window, budget, deadline, units=_rows_of)
         try:
             async for graded in pipeline:
                 if isinstance(graded, WholeChunk):
@@ -443,7 +531,10 @@ class Engine:
                     if failures is not None:
                         failures.add_stats(graded.stats)
                 else:
-                    answered.add(graded.indices[0])  # a chunk of samples a..b-1 starts at a
+                    if graded.partial:
+                        rows.update(graded.indices)
+                    else:
+                        answered.add(graded.indices[0])  # a chunk of samples a..b-1 starts at a
                     if failures is not None:
                         failures.add_columns(names, graded.columns, graded.rewards)
                 if failures is not None:
@@ -451,13 +542,14 @@ class Engine:
                 yield graded
         finally:  # ended, cut, failed or closed by the caller: whatever still runs is cancelled now
             await pipeline.aclose()
-            close = getattr(chunks, "close", None)
+            close = getattr(source, "close", None)
             if close is not None:
                 close()  # a guided call's samples not handed out stop counting as waiting work
         end = issued[-1][1] if issued else 0
-        if len(answered) < len(issued) or end < batch.size:  # only past the deadline: the rest is cut
-            cut = [i for a, b in issued if a not in answered for i in range(a, b)]
-            cut.extend(range(end, batch.size))
+        # Only past the deadline: what was not answered is cut.
+        cut = [i for a, b in issued if a not in answered for i in range(a, b) if i not in rows]
+        cut.extend(range(end, batch.size))
+        if cut:
             stats = [failed_stats(n, ErrorCode.BUDGET_EXCEEDED, len(cut), first=j == 0) for j, n in enumerate(names)]
             self._observe([*stats, reward_stats(reward, [None] * len(cut))] if reward else stats)
             if failures is not None:
@@ -468,7 +560,7 @@ class Engine:
     async def _run_inline(self, work: Work, start: int) -> WholeChunk:
         """Whole-chunk work run here, as a worker would run it (`inline_small` said it is small and bounded)."""
         began = time.perf_counter()
-        payload, stats = work.fn(*work.args)
+        payload, stats = await self.inline.submit(work)
         self.inline_share.spent(time.perf_counter() - began)
         self._observe(stats)
         return WholeChunk(payload, work.size, start, stats)
@@ -491,17 +583,49 @@ def _output_bytes(graded: object) -> int:
     return len(payload) if isinstance(payload, bytes) else 0
 
 
+def _rows_of(part: GradedChunk | WholeChunk) -> int:
+    """The samples a part of a streamed chunk answers: the window units it frees."""
+    return len(part.indices) if isinstance(part, GradedChunk) else 1
+
+
+def _per_sample(job: Job) -> bool:
+    """An async grader graded sample by sample (`Engine.grade_rows`); one with `aevaluate_batch` asks for
+    whole chunks."""
+    return not job.grader.is_sync and getattr(job.grader, "aevaluate_batch", None) is None
+
+
+@dataclass(frozen=True)
+class Streamed(Generic[T]):
+    """A step of `_pipelined` that hands on its result in parts: `parts` yields them, and the step holds
+    `weight` units of the window until its parts have freed them (each part `units(part)`)."""
+
+    parts: AsyncIterator[T]
+    weight: int
+
+
+async def _next_part(parts: AsyncIterator[T]) -> T:
+    return await parts.__anext__()
+
+
 async def _pipelined(
-    steps: Iterator[Awaitable[T]], window: int, budget: OutputBudget | None = None, deadline: float | None = None
+    steps: Iterator[Awaitable[T] | Streamed[T]],
+    window: int,
+    budget: OutputBudget | None = None,
+    deadline: float | None = None,
+    units: Callable[[T], int] | None = None,
 ) -> AsyncGenerator[T, None]:
-    """Await `steps` with `window` in flight, yielding results as they finish. A step starts only when a
-    finished one has been handed on (and the budget has room), so a slow reader slows the work instead of
-    growing a queue. A finished step's output is charged to the budget until it has been handed on; while
-    waiting for room, finished steps are still handed on (they are what frees it).
+    """Await `steps` with `window` units in flight, yielding results as they finish. An awaitable step holds
+    one unit until it is done; a `Streamed` one its weight, freed part by part (`units(part)` each; what
+    is left when its parts end). A step starts only when a finished one has been handed on (and the budget
+    has room), so a slow reader slows the work instead of growing a queue; a step too heavy for the window
+    starts when nothing else is in flight. A finished step's output is charged to the budget until it has
+    been handed on; while waiting for room, finished steps are still handed on (they are what frees it).
 
     Once `deadline` (`time.monotonic()`) has passed no step starts, and the steps still running
     `CUT_GRACE_SECONDS` after it are cancelled: the iteration then ends with steps left undone."""
-    pending: set[asyncio.Future[T]] = set()
+    pending: dict[asyncio.Future[T], Streamed[T] | None] = {}  # each running step's next result
+    held: dict[Streamed[T] | None, int] = {}  # the units each streamed step still holds
+    in_flight = 0
     charged: dict[asyncio.Future[T], int] = {}
     closed = False
     room: asyncio.Future[None] | None = None
@@ -511,19 +635,33 @@ async def _pipelined(
             charged[task] = size = _output_bytes(task.result())
             budget.charge(size)
 
+    def launch(awaitable: Awaitable[T], stream: Streamed[T] | None) -> None:
+        task = asyncio.ensure_future(awaitable)
+        task.add_done_callback(charge)
+        pending[task] = stream
+
+    def weight(step: Awaitable[T] | Streamed[T]) -> int:
+        return step.weight if isinstance(step, Streamed) else 1
+
+    def fits(step: Awaitable[T] | Streamed[T]) -> bool:
+        return in_flight == 0 or in_flight + weight(step) <= window
+
     upcoming = next(steps, None)
     try:
         while True:
             late = deadline is not None and time.monotonic() >= deadline
-            while upcoming is not None and not late and len(pending) < window and (budget is None or budget.has_room()):
-                task = asyncio.ensure_future(upcoming)
-                task.add_done_callback(charge)
-                pending.add(task)
+            while upcoming is not None and not late and fits(upcoming) and (budget is None or budget.has_room()):
+                in_flight += weight(upcoming)
+                if isinstance(upcoming, Streamed):
+                    held[upcoming] = upcoming.weight
+                    launch(_next_part(upcoming.parts), upcoming)
+                else:
+                    launch(upcoming, None)
                 upcoming = next(steps, None)
             if not pending and (upcoming is None or late):
                 return
             waits: set[asyncio.Future[Any]] = set(pending)
-            if upcoming is not None and not late and len(pending) < window:  # the budget is spent: wait for room
+            if upcoming is not None and not late and fits(upcoming):  # the budget is spent: wait for room
                 assert budget is not None
                 room = room or asyncio.ensure_future(budget.room())
                 waits.add(room)
@@ -535,8 +673,20 @@ async def _pipelined(
                 return  # what still runs is cancelled below; the caller answers its samples
             if room is not None and room in done:
                 room = None
-            for finished in pending.intersection(done):
-                pending.discard(finished)
+            for finished in [task for task in pending if task in done]:
+                stream = pending.pop(finished)
+                if stream is None:
+                    in_flight -= 1
+                elif finished.exception() is None or not isinstance(finished.exception(), StopAsyncIteration):
+                    freed = min(units(finished.result()) if units is not None else 1, held[stream])
+                    held[stream] -= freed
+                    in_flight -= freed
+                    launch(_next_part(stream.parts), stream)  # the rest goes on while this part is handed on
+                else:  # its parts have ended: what it still held is free
+                    in_flight -= held.pop(stream)
+                    with contextlib.suppress(StopAsyncIteration):
+                        finished.result()
+                    continue
                 try:
                     yield finished.result()
                 finally:  # handed on (or the call ended): its answer is no longer held here
@@ -548,7 +698,12 @@ async def _pipelined(
             room.cancel()
         for left in pending:
             left.cancel()
+        # A streamed step still running has a next part pending: cancelling it ends its parts too.
         if asyncio.iscoroutine(upcoming):
             upcoming.close()  # never started: nothing to cancel, and no "never awaited" warning
+        elif isinstance(upcoming, Streamed):
+            close = getattr(upcoming.parts, "aclose", None)
+            if close is not None:
+                await close()
         if budget is not None:
             budget.release(sum(charged.values()))

@@ -62,6 +62,10 @@ class ErrorCode(StrEnum):
     SANDBOX_UNAVAILABLE = "SANDBOX_UNAVAILABLE"
     #: The call's step budget (`budget_seconds`) ran out before this sample was graded.
     BUDGET_EXCEEDED = "BUDGET_EXCEEDED"
+    #: The sample's time limit ran out while its judge model's provider limits held it back (its turn under
+    #: `requests_per_minute`, `tokens_per_minute`, `max_concurrency`, or a 429/503's Retry-After): nothing
+    #: was judged, and grading it again when the model is less busy may succeed.
+    RATE_LIMITED = "RATE_LIMITED"
 
 
 class InvalidParams(ValueError):
@@ -131,6 +135,11 @@ class GraderTimeout(BaseException):
     A `BaseException`, like `KeyboardInterrupt`: a grader's own `except Exception` (a fallback score, a
     retry) must not turn the timeout into a score; only the grading loop catches it.
     """
+
+
+class GraderRateLimited(BaseException):
+    """Raised inside a grader whose sample's time limit ran out while its model's provider limits held it
+    back: the sample is answered RATE_LIMITED. A `BaseException` for the reason given at `GraderTimeout`."""
 
 
 class GraderCancelled(BaseException):

@@ -1,15 +1,19 @@
 """Running one grader over a chunk of samples, the same way inline and in a worker process.
 
 Every sample gets exactly one result: a grader's exception, a non-finite score or a malformed rank
-becomes a `GraderError` for that sample only (decision D7). A per-sample time limit is enforced with
-SIGALRM where the caller runs on the main thread (the event loop of the server, a worker's task loop):
-the grader's Python code is interrupted and the next sample goes on.
+becomes a `GraderError` for that sample only (decision D7). A per-sample time limit, the call's deadline
+and its cancellation hold on any thread: a chunk's timer (`_alarm`) is SIGALRM on the main thread (the
+event loop of the server, a worker's task loop) and a timer thread elsewhere (an actor's thread, a
+caller's thread pool); either interrupts the grader's Python code and the next sample goes on. What a
+chunk is timed against is its own (`_Watch`, one per chunk), and whether its call still wants it comes
+from the context (`cancellable`), not from process globals.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import math
 import numbers
 import operator
@@ -17,6 +21,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import replace
 from typing import Any, NamedTuple, TypeVar
 
@@ -32,12 +37,14 @@ from grpcgrade.grader import (
     is_finite_score,
 )
 
+from .context import SAMPLE_TIME_LIMIT
 from .errors import (
     MAX_ERROR_CHARS,
     NOT_A_RESULT,
     ErrorCode,
     GraderCancelled,
     GraderOverBudget,
+    GraderRateLimited,
     GraderTimeout,
     SampleProblem,
     describe,
@@ -160,39 +167,141 @@ def with_problems(name: str, chunk: list[Any], results: list[GraderResult]) -> l
     ]
 
 
-class _Watch:
-    """The sample being timed: when it started, how long it may take, and whether its call still wants it.
+#: Whether the call the current work belongs to still wants it: set for a task in a worker by the executor
+#: that runs it (`cancellable`), read by the grading loops. A context variable, not a process global: each
+#: thread (and asyncio task) sees its own.
+_cancel_check: ContextVar[Callable[[], bool] | None] = ContextVar("grpcgrade_cancel_check", default=None)
 
-    `fired` makes the alarm raise at most once per sample: a second tick cannot land in the grading loop's
-    own `except` block (where nothing would catch it) while the first timeout is being recorded.
+
+@contextlib.contextmanager
+def cancellable(check: Callable[[], bool]) -> Iterator[None]:
+    """Grading inside stops with `GraderCancelled` (between samples, or at the next tick inside one) once
+    `check()` is true."""
+    token = _cancel_check.set(check)
+    try:
+        yield
+    finally:
+        _cancel_check.reset(token)
+
+
+class _Watch:
+    """One chunk's timing: the sample being timed (when it started, how long it may take), the call's
+    deadline (`time.monotonic()`) and whether the call still wants the work.
+
+    `verdict` decides, at each tick, what the running sample must raise; `fired` makes that happen at most
+    once per sample, so a second tick cannot land in the grading loop's own `except` block (where nothing
+    would catch it) while the first is being recorded. On a thread other than the main one, the ticks come
+    from `_Ticker` and `lock` keeps a tick from landing between a sample's end and the next.
     """
 
-    active = False
-    fired = False
-    start = 0.0
-    limit = float("inf")
-    cancelled: Callable[[], bool] | None = None  # set in a worker while it grades a call's chunk
-    deadline = float("inf")  # the call's step budget ends (`time.monotonic()`), for the chunk being graded
-    over = False  # the deadline has passed: the chunk's remaining samples are not graded
+    __slots__ = ("active", "cancelled", "deadline", "fired", "limit", "lock", "over", "start", "thread")
+
+    def __init__(self, seconds: float | None, deadline: float | None, cancelled: Callable[[], bool] | None) -> None:
+        self.limit = seconds or float("inf")
+        self.deadline = float("inf") if deadline is None else deadline
+        self.cancelled = cancelled
+        self.over = deadline is not None and time.monotonic() >= deadline  # the chunk's later samples: not graded
+        self.active = self.fired = False
+        self.start = 0.0
+        self.lock: threading.Lock | None = None  # set when ticked from another thread
+        self.thread = 0
+
+    def verdict(self) -> type[BaseException] | None:
+        """What the running sample must raise now, if anything (noted as fired)."""
+        if not self.over and time.monotonic() >= self.deadline:
+            self.over = True
+            if self.active and not self.fired:
+                self.fired = True
+                return GraderOverBudget
+            return None
+        if not self.active or self.fired:
+            return None
+        if time.perf_counter() - self.start >= self.limit:
+            self.fired = True
+            return GraderTimeout
+        if self.cancelled is not None and self.cancelled():
+            self.fired = True
+            return GraderCancelled
+        return None
+
+    def begin(self) -> None:
+        """A sample starts: the timer runs for it."""
+        if self.lock is None:
+            self.start, self.fired = time.perf_counter(), False
+            self.active = True
+            return
+        with self.lock:
+            self.start, self.fired = time.perf_counter(), False
+            self.active = True
+
+    def end(self) -> None:
+        """The sample is done: no tick may land after this (on another thread, one pending is withdrawn)."""
+        if self.lock is None:
+            self.active = False
+            return
+        with self.lock:
+            self.active = False
+            _raise_in(self.thread, None)
+
+    def check_cancelled(self) -> None:
+        if self.cancelled is not None and self.cancelled():
+            raise GraderCancelled
+
+
+def _raise_in(thread: int, exc: type[BaseException] | None) -> None:
+    """Raise `exc` in `thread` at its next Python instruction (None: withdraw one not raised yet)."""
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread), None if exc is None else ctypes.py_object(exc))
+
+
+_main: _Watch | None = None  # the chunk being timed on the main thread, which SIGALRM's handler reads
 
 
 def _on_alarm(signum: int, frame: Any) -> None:
-    if not _Watch.over and time.monotonic() >= _Watch.deadline:
-        _Watch.over = True
-        if _Watch.active and not _Watch.fired:
-            _Watch.fired = True
-            raise GraderOverBudget
-        return
-    if not _Watch.active or _Watch.fired:
-        return
-    if time.perf_counter() - _Watch.start >= _Watch.limit:
-        _Watch.fired = True
-        raise GraderTimeout
-    if _Watch.cancelled is not None and _Watch.cancelled():
-        _Watch.fired = True
-        raise GraderCancelled
+    watch = _main
+    if watch is not None:
+        exc = watch.verdict()
+        if exc is not None:
+            raise exc
 
 
+class _Ticker:
+    """The timer of chunks graded off the main thread (where SIGALRM cannot reach): one thread, started
+    on first use, that ticks every watched chunk and raises what its verdict says in the thread grading it,
+    as the signal handler does on the main thread. Like the signal, it interrupts Python code only."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.watches: dict[int, tuple[_Watch, float]] = {}  # id -> (watch, interval)
+        self.wake = threading.Event()
+        self.thread: threading.Thread | None = None
+
+    def add(self, watch: _Watch, interval: float) -> None:
+        with self.lock:
+            self.watches[id(watch)] = (watch, interval)
+            if self.thread is None or not self.thread.is_alive():
+                self.thread = threading.Thread(target=self._run, name="grpcgrade-grading-timer", daemon=True)
+                self.thread.start()
+        self.wake.set()
+
+    def remove(self, watch: _Watch) -> None:
+        with self.lock:
+            self.watches.pop(id(watch), None)
+
+    def _run(self) -> None:
+        while True:
+            with self.lock:
+                watched = list(self.watches.values())
+            for watch, _ in watched:
+                assert watch.lock is not None
+                with watch.lock:
+                    exc = watch.verdict()
+                    if exc is not None:
+                        _raise_in(watch.thread, exc)
+            self.wake.clear()
+            self.wake.wait(min((interval for _, interval in watched), default=None))
+
+
+_ticker = _Ticker()
 ALARM_MAX_INTERVAL = 0.1  # how late a cancellation reaches a sample that is running Python code
 #: After a call's deadline, how long the later graders of a chunk graded one grader after the other may
 #: still take to finish the samples the first graded in time (see `grade_chunk_sync`); well within the
@@ -201,32 +310,36 @@ FINISH_SECONDS = 0.3
 
 
 @contextlib.contextmanager
-def _alarm(seconds: float | None, deadline: float | None = None) -> Iterator[bool]:
-    """A periodic SIGALRM for a whole chunk; it raises only in a sample that has run past `seconds` (at most
-    10% late), whose call was cancelled, or that is running when the call's `deadline` passes. The handler
-    is installed once per process and the timer armed per chunk: two cheap syscalls per chunk, nothing per
-    sample. Off the main thread there is no limit (the engine cuts what passes a deadline there)."""
-    _Watch.deadline = float("inf") if deadline is None else deadline
-    _Watch.over = deadline is not None and time.monotonic() >= deadline
-    watching = bool(seconds) or _Watch.cancelled is not None or deadline is not None
-    if not watching or threading.current_thread() is not threading.main_thread():
-        yield False
+def _alarm(seconds: float | None, deadline: float | None = None) -> Iterator[_Watch]:
+    """The timer of a whole chunk; it raises only in a sample that has run past `seconds` (at most 10%
+    late), whose call was cancelled (`cancellable`), or that is running when the call's `deadline` passes.
+    On the main thread a periodic SIGALRM (the handler installed once per process, the timer armed per
+    chunk: two cheap syscalls per chunk, nothing per sample); on any other thread `_Ticker`."""
+    global _main
+    watch = _Watch(seconds, deadline, _cancel_check.get())
+    if not (seconds or watch.cancelled is not None or deadline is not None):
+        yield watch  # nothing to time
+        return
+    interval = min(max((seconds or 1.0) / 10, 0.005), ALARM_MAX_INTERVAL)
+    if threading.current_thread() is not threading.main_thread():
+        watch.lock, watch.thread = threading.Lock(), threading.get_ident()
+        _ticker.add(watch, interval)
+        try:
+            yield watch
+        finally:
+            _ticker.remove(watch)
+            watch.end()
         return
     if signal.getsignal(signal.SIGALRM) is not _on_alarm:  # first chunk, or a grader swapped it out
         signal.signal(signal.SIGALRM, _on_alarm)
-    _Watch.limit = seconds or float("inf")
-    interval = min(max((seconds or 1.0) / 10, 0.005), ALARM_MAX_INTERVAL)
+    outer, _main = _main, watch
     signal.setitimer(signal.ITIMER_REAL, interval, interval)
     try:
-        yield True
+        yield watch
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
-        _Watch.active = False
-
-
-def _check_cancelled() -> None:
-    if _Watch.cancelled is not None and _Watch.cancelled():
-        raise GraderCancelled
+        watch.active = False
+        _main = outer
 
 
 def check_result(grader: BaseGrader, result: Any, kwargs: dict[str, Any]) -> GraderResult:
@@ -362,7 +475,11 @@ def _shown(score: object) -> str:
 
 def error_from(grader: BaseGrader, exc: BaseException, timeout: float | None) -> GraderError:
     if isinstance(exc, GraderTimeout):
-        return GraderError(grader.name, f"grader ran past its time limit of {timeout:g} s", code=ErrorCode.TIMEOUT)
+        limit = timeout if timeout is not None else SAMPLE_TIME_LIMIT.get()  # a grader that bounds its own time
+        said = f" of {limit:g} s" if limit is not None else ""
+        return GraderError(grader.name, f"grader ran past its time limit{said}", code=ErrorCode.TIMEOUT)
+    if isinstance(exc, GraderRateLimited):
+        return GraderError(grader.name, describe(exc, MAX_ERROR_CHARS), code=ErrorCode.RATE_LIMITED)
     if isinstance(exc, RecursionError):
         return GraderError(grader.name, "input nested too deeply to grade", code=ErrorCode.INVALID_SAMPLE)
     said = describe(exc, MAX_ERROR_CHARS)  # one whose message cannot be read still fails only its sample
@@ -389,19 +506,18 @@ def grade_sync(
     """
     out: list[GraderResult] = []
     evaluate = grader.evaluate
-    with _alarm(timeout, deadline):
+    with _alarm(timeout, deadline) as watch:
         for kwargs in batch:
-            _check_cancelled()
-            if _Watch.over:
+            watch.check_cancelled()
+            if watch.over:
                 out.extend([budget_error(grader.name)] * (len(batch) - len(out)))
                 break
             try:
-                _Watch.start, _Watch.fired = time.perf_counter(), False
-                _Watch.active = True
+                watch.begin()
                 try:
                     result = evaluate(**kwargs)
                 finally:
-                    _Watch.active = False
+                    watch.end()
                 out.append(check_result(grader, result, kwargs))
             except GraderTimeout as exc:
                 out.append(error_from(grader, exc, timeout))
@@ -426,8 +542,11 @@ async def grade_async(
     grader: BaseGrader, batch: list[dict[str, Any]], timeout: float | None, deadline: float | None = None
 ) -> list[GraderResult]:
     """Grade a chunk with an async grader: the samples run concurrently, each under the time limit; those
-    still running when the call's `deadline` passes are stopped with BUDGET_EXCEEDED."""
+    still running when the call's `deadline` passes are stopped with BUDGET_EXCEEDED. A grader that bounds
+    its own time gets the limit as `context.SAMPLE_TIME_LIMIT` instead (an LLM judge counts it from its
+    first attempt, not from its wait for a turn under its model's limits)."""
     if grader.bounds_own_time:
+        SAMPLE_TIME_LIMIT.set(timeout)  # in this task's context, which each sample's task copies
         timeout = None
 
     def timed_out() -> GraderError:
@@ -522,15 +641,14 @@ def grade_column(
     """The grader's scores for a chunk in one `score_column` call, or None when the chunk must be graded
     sample by sample: the call raised, ran past `timeout` (the whole column has one sample's limit), or gave
     anything but n finite numbers (`grade_sync` then gives each sample the result or error it would get)."""
-    _check_cancelled()
-    with _alarm(timeout):
+    with _alarm(timeout) as watch:
+        watch.check_cancelled()
         try:
-            _Watch.start, _Watch.fired = time.perf_counter(), False
-            _Watch.active = True
+            watch.begin()
             try:
                 scores = grader.score_column(**{name: columns[name] for name in column_inputs(grader)})  # type: ignore[misc]
             finally:
-                _Watch.active = False
+                watch.end()
         except NOT_A_RESULT:
             raise
         except BaseException:  # noqa: BLE001 - a timeout, or anything the column raised: graded sample by sample

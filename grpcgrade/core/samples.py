@@ -7,6 +7,7 @@ every grader; the other samples of the batch are graded as usual.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +29,37 @@ INPUT_FIELDS = frozenset((*TEXT_FIELDS, "responses", *REFERENCE_ALIASES))
 #: `extra` key of one of these names is refused only when the sample also sets the field.
 AGENT_FIELDS = ("messages", "tool_calls", "tool_definitions")
 AGENT_FIELDS_SET = frozenset(AGENT_FIELDS)
+
+
+#: What a sample carries under each name a grader may require: the aliases are its `reference`.
+_CARRIED_AS = {alias: "reference" for alias in REFERENCE_ALIASES}
+
+
+def requirements(inputs: Iterable[tuple[str, Inputs]]) -> dict[str, str]:
+    """Each input the graders (name, declared inputs) require, as the sample carries it, with the first
+    grader that requires it: what a sample must carry to be graded by all of them."""
+    out: dict[str, str] = {}
+    for name, declared in inputs:
+        for needed in sorted(declared.required):
+            out.setdefault(_CARRIED_AS.get(needed, needed), name)
+    return out
+
+
+def missing_input(carried: Iterable[str], required: dict[str, str]) -> SampleProblem | None:
+    """The problem of a sample that lacks a required input (None when it has them all): it names the input,
+    the grader that reads it and the keys the sample did carry, which is usually the fix (a dataset's
+    `answer` column meant as `reference`)."""
+    have = set(carried)
+    missing = [k for k in required if k not in have]
+    if not missing:
+        return None
+    name = missing[0]
+    shown = sorted(have - {"sample_id", "responses"}) or ["nothing"]
+    also = f" (and {', '.join(repr(m) for m in missing[1:])})" if len(missing) > 1 else ""
+    return SampleProblem(
+        f"missing input {name!r}{also}, which grader {required[name]!r} requires; the sample carried: "
+        f"{', '.join(shown)}. An empty string that is sent is graded; a field left out is not"
+    )
 
 
 @dataclass(frozen=True)
@@ -114,9 +146,12 @@ def check_field(name: str, value: str, limits: Limits) -> None:
 
 
 def check_fields(fields: dict[str, Any], limits: Limits) -> None:
-    """Raise for the first standard field or `responses` item over `max_field_chars`."""
+    """Raise for the first standard field or `responses` item over `max_field_chars` (an agent input: its JSON
+    text)."""
     for name, value in fields.items():
-        if isinstance(value, list):
+        if name in AGENT_FIELDS_SET:
+            check_agent_input(name, len(json.dumps(value, default=str).encode()), limits)
+        elif isinstance(value, list):
             for i, item in enumerate(value):
                 check_field(f"{name}[{i}]", item, limits)
         else:

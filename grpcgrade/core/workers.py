@@ -1,72 +1,147 @@
-"""Worker processes for CPU-heavy graders, so one batch keeps every core busy.
+"""The local executor: a supervisor of worker processes for CPU-heavy graders, so one batch keeps every
+core busy, and no worker's death or hang costs more than the work it held.
 
-A chunk travels as (grader name, params, samples), or, for a batch whose graders all run here, as the
-request's protobuf bytes (see `wire`); each worker builds graders once from its own registry and reuses
-them. Workers are spawned, not forked, because gRPC objects must not cross a fork.
+`WorkerPool` starts N spawned processes (spawned, not forked: gRPC objects must not cross a fork); each
+builds graders once from its own registry, warms them (`warm`) and reuses them. Each worker has a pipe of
+its own and holds at most one work item: the supervisor sends it a `Task` and waits, on a thread of its
+own per worker, for the answer on that pipe or the end of the process (its sentinel), whichever comes
+first. No pipe, lock or queue is shared between workers, so:
 
-Faults: a worker that dies (killed, out of memory) breaks the pool; it is replaced and the chunks that
-were in flight are retried once, then reported as WORKER_LOST errors, never dropped. A worker stuck in C
-code past the chunk's watchdog is killed the same way, and the chunk is retried sample by sample so
-only the sample that hangs gets a TIMEOUT. The other calls' chunks that the killed pool held (queued, or
-running beside the stuck one) are not theirs to lose: they run again, whole, in the new pool.
+- a worker that dies (killed, out of memory), even halfway through writing a large answer, takes only its
+  own pipe with it: the pipe is dropped whole, half-written message and all, the work it held is
+  answered `WorkerDied`, and a new process takes its place. No other worker or call notices.
+- a worker stuck past its work's watchdog (`executors.watchdog`; a grader in C code the time-limit signal
+  cannot interrupt, or a process stopped with SIGSTOP) is killed and replaced, alone: `WorkTimedOut`.
+- cancelling a call's work is a message on the worker's cancel pipe naming the work item: the grading
+  loops see it at the next sample, or within `grading.ALARM_MAX_INTERVAL` inside one, and stop.
 
-Cancellation: each chunk in a worker has a slot in a shared array of flags. When its call is cancelled
-or passes its deadline, the server raises the flag and the worker stops the chunk at the next sample, or
-within `ALARM_MAX_INTERVAL` inside one (see `grading`), so abandoned work does not hold a worker.
+`Executor.run` (see `executors`) turns those outcomes into the samples' results: a chunk whose worker
+died or hung is run again sample by sample, so only the sample at fault is WORKER_LOST or TIMEOUT.
+
+A large task or answer is written and read on the worker's own threads, never on the event loop, so a
+worker that stops reading or writing (SIGSTOP) holds one thread, not the server.
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
+import contextlib
+import itertools
 import logging
 import multiprocessing
 import os
+import pickle
+import queue
 import signal
+import struct
+import threading
 import time
+from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future, ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from grpcgrade.grader import GraderError, GraderResult
 
 from . import grading
-from .errors import ErrorCode, GraderCancelled
+from .errors import GraderCancelled, describe
+from .executors import WATCHDOG_GRACE_SECONDS, Executor, Task, Work, WorkerDied, WorkTimedOut, watchdog
 from .grading import GraderStats, failed_stats, grade_chunk_sync, grade_sync, join_stats
+
+__all__ = ["WATCHDOG_GRACE_SECONDS", "Work", "WorkerPool", "chunk_work", "grader_work", "warm"]
 
 log = logging.getLogger(__name__)
 
-WATCHDOG_GRACE_SECONDS = 2.0  # pickling and a busy queue; the per-sample limit itself is enforced in the worker
-CANCEL_SLOTS = 4096  # chunks in a worker at once that can be cancelled; past that, a chunk runs to its end
-MAX_REQUEUES = 3  # times a chunk runs again because another call's stuck sample took its pool down
-#: How often the pool looks at which queued chunks a worker has taken: a chunk's watchdog starts then. One
-#: look for every queued chunk at once (a queued chunk each looking for itself cost ~50 ms of the server's
-#: CPU per 8,192-sample chrf step, measured).
-TAKEN_POLL_SECONDS = 0.05
-
-_flags: Any = None  # the shared cancel flags, in a worker
-_taken: Any = None  # the shared flags a worker raises as it takes a chunk, in a worker
-
-
-class _Requeue(Exception):
-    """The chunk was lost with a pool the watchdog killed for another chunk's sake: run it again, whole."""
+#: How often a worker grading a sample looks at its cancel pipe, at most (a poll costs a system call).
+CANCEL_POLL_SECONDS = 0.01
+#: A worker that dies before it is up waits this long (doubling, to `RESPAWN_MAX_SECONDS`) to start again,
+#: so a plugin that kills every new process costs a process a few seconds, not a busy loop.
+RESPAWN_FIRST_SECONDS = 0.1
+RESPAWN_MAX_SECONDS = 5.0
+_SEQ = struct.Struct("=q")  # a cancel message: the sequence number of the work item to stop (atomic write)
+_READY = "ready"
+_STOP = b""  # a task of no bytes: finish, and exit
 
 
-def _init_worker(
-    log_levels: dict[str, int], log_formatter: logging.Formatter | None, flags: Any = None, taken: Any = None
-) -> None:
-    global _flags, _taken
-    _flags, _taken = flags, taken
+# -- in the worker process -------------------------------------------------------------------------------
+
+
+class _CancelPipe:
+    """In a worker: whether the server has cancelled the item being graded, read from the worker's cancel
+    pipe at most every `CANCEL_POLL_SECONDS` (messages for items already done are dropped)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.seq = -1
+        self.hit = False
+        self.last = 0.0
+
+    def start(self, seq: int) -> None:
+        self.seq, self.hit, self.last = seq, False, 0.0
+
+    def __call__(self) -> bool:
+        now = time.perf_counter()
+        if self.hit or now - self.last < CANCEL_POLL_SECONDS:
+            return self.hit
+        self.last = now
+        try:
+            data = os.read(self.fd, 4096)
+        except BlockingIOError:
+            return False
+        self.hit = any(seq == self.seq for (seq,) in _SEQ.iter_unpack(data[: len(data) // _SEQ.size * _SEQ.size]))
+        return self.hit
+
+
+def _worker_main(conn: Connection, cancel: Connection, log_levels: dict[str, int], formatter: Any) -> None:
+    """A worker's life: start up, say so, then take one task at a time until told to stop or the server
+    goes away (its end of the pipe closes)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server decides when workers stop
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     # A spawned process starts with logging unset: log as the server does (--log-format json: JSON lines).
     from grpcgrade import logs
 
-    logs.apply(log_levels, log_formatter)
+    logs.apply(log_levels, formatter)
     from .registry import get_registry
 
     warm(get_registry())
+    os.set_blocking(cancel.fileno(), False)
+    cancelled = _CancelPipe(cancel.fileno())
+    conn.send_bytes(pickle.dumps((_READY, os.getpid())))
+    while True:
+        try:
+            data = conn.recv_bytes()
+        except (EOFError, OSError):
+            return  # the server is gone
+        if data == _STOP:
+            return
+        seq, task = pickle.loads(data)
+        cancelled.start(seq)
+        try:
+            with grading.cancellable(cancelled):
+                answer: tuple[int, str, Any] = (seq, "ok", task())
+        except GraderCancelled:
+            answer = (seq, "cancelled", None)
+        except BaseException as exc:  # noqa: BLE001 - the work's own exception: raised where it was awaited
+            answer = (seq, "raised", _portable(exc))
+        try:
+            out = pickle.dumps(answer, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:  # noqa: BLE001 - an answer that cannot cross: its error does
+            out = pickle.dumps((seq, "raised", RuntimeError(f"the answer could not be sent: {describe(exc)}")))
+        try:
+            conn.send_bytes(out)
+        except OSError:
+            return
+
+
+def _portable(exc: BaseException) -> BaseException:
+    """`exc` if it survives the trip to the server (pickled and built again there), else a RuntimeError
+    that says what it was: an exception class whose constructor takes other arguments cannot be rebuilt."""
+    try:
+        pickle.loads(pickle.dumps(exc))
+    except Exception:  # noqa: BLE001 - however it fails to cross
+        return RuntimeError(f"{type(exc).__name__}: {describe(exc)}")
+    return exc
 
 
 def warm(registry: Any) -> None:
@@ -77,25 +152,6 @@ def warm(registry: Any) -> None:
             registry.build(entry.name, {}).warm_up()
         except Exception as exc:  # a grader that needs params, or cannot warm: its first sample pays
             log.debug("not warmed: grader %s: %s", entry.name, exc)
-
-
-def _ping() -> int:
-    return os.getpid()
-
-
-def _call(slot: int, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
-    """`fn(*args)` in a worker, stopped early (GraderCancelled) once the server raises the chunk's flag;
-    the chunk's `taken` flag tells the server its watchdog starts now."""
-    flags = _flags
-    if slot < 0 or flags is None:
-        return fn(*args)
-    if _taken is not None:
-        _taken[slot] = 1
-    grading._Watch.cancelled = lambda: flags[slot] != 0
-    try:
-        return fn(*args)
-    finally:
-        grading._Watch.cancelled = None
 
 
 def _run(
@@ -122,24 +178,6 @@ def _run_chunk(
     return grade_chunk_sync([registry.build(name, params) for name, params in specs], chunk, timeout, deadline)
 
 
-@dataclass(frozen=True)
-class Work:
-    """A unit the pool runs: `fn(*args)` in a worker over `size` samples.
-
-    When a worker dies or hangs on it, `split` gives the same work sample by sample, `failed(code,
-    message)` stands for a one-sample work that could not be done, and `join` puts split results back
-    together, so the pool's fault handling is the same whatever travels.
-    """
-
-    fn: Callable[..., Any]
-    args: tuple[Any, ...]
-    size: int
-    timeout: float | None  # per sample; the watchdog allows `size` of them
-    split: Callable[[], list[Work]]
-    failed: Callable[[str, str], Any]
-    join: Callable[[list[Any]], Any]
-
-
 def grader_work(
     name: str,
     params: dict[str, Any],
@@ -148,15 +186,17 @@ def grader_work(
     deadline: float | None = None,
 ) -> Work:
     """One grader over a chunk of keyword arguments: `([results], seconds)` back. Past the call's
-    `deadline` (`time.monotonic()`, the same clock in every process) what is left is BUDGET_EXCEEDED."""
+    `deadline` (`time.monotonic()`; it travels as seconds left, see `executors.Task`) what is left is
+    BUDGET_EXCEEDED."""
     return Work(
         _run,
-        (name, params, batch, timeout, deadline),
+        (name, params, batch, timeout),
         len(batch),
         timeout,
         lambda: [grader_work(name, params, [kw], timeout, deadline) for kw in batch],
         lambda code, message: ([GraderError(name, message, code=code)], 0.0),
         lambda parts: ([r for res, _ in parts for r in res], sum(t for _, t in parts)),
+        deadline,
     )
 
 
@@ -177,180 +217,289 @@ def chunk_work(
 
     return Work(
         _run_chunk,
-        (specs, chunk, timeout, deadline),
+        (specs, chunk, timeout),
         len(chunk),
         timeout,
         lambda: [chunk_work(specs, [kw], timeout, deadline) for kw in chunk],
         failed,
         join,
+        deadline,
     )
 
 
-class WorkerPool:
-    """A process pool that replaces itself when a worker dies or hangs."""
+# -- in the server process -------------------------------------------------------------------------------
+
+
+class _Worker:
+    """One worker process as the supervisor sees it: its pipe, its cancel pipe, the item it holds, and two
+    threads of its own: one writes tasks to it, one waits for its answers or its end."""
+
+    def __init__(self, pool: WorkerPool, slot: int) -> None:
+        from grpcgrade import logs
+
+        context = multiprocessing.get_context("spawn")
+        self.pool, self.slot = pool, slot
+        self.conn, child = context.Pipe(duplex=True)
+        cancel_read, self.cancel = context.Pipe(duplex=False)
+        self.process = context.Process(
+            target=_worker_main, args=(child, cancel_read, *logs.current()), name=f"grpcgrade-worker-{slot}"
+        )
+        self.process.start()
+        child.close()  # only the worker holds its ends now: its death closes the pipe
+        cancel_read.close()
+        os.set_blocking(self.cancel.fileno(), False)
+        self.pid = self.process.pid
+        self.up = False  # it said it is ready
+        self.exited = False  # its sentinel fired: the process is gone
+        self.seq = -1  # the item it holds (-1: none)
+        self.future: asyncio.Future[Any] | None = None
+        self.timer: asyncio.TimerHandle | None = None
+        self.outbox: queue.SimpleQueue[tuple[int, Task] | bytes] = queue.SimpleQueue()
+        threading.Thread(target=self._write, name=f"grpcgrade-worker-{slot}-tx", daemon=True).start()
+        threading.Thread(target=self._read, name=f"grpcgrade-worker-{slot}-rx", daemon=True).start()
+
+    def _write(self) -> None:
+        """Pickles and sends tasks as they come (here, not on the event loop: a large task takes time, and
+        a worker that stops reading blocks this thread only)."""
+        while True:
+            item = self.outbox.get()
+            if isinstance(item, bytes):
+                data = item
+            else:
+                try:
+                    data = pickle.dumps(item, protocol=pickle.HIGHEST_PROTOCOL)
+                except Exception as exc:  # noqa: BLE001 - work that cannot cross is its call's error
+                    error = RuntimeError(f"the work could not be sent to a worker: {describe(exc)}")
+                    self.pool._post(self._answered, (item[0], "raised", error))
+                    continue
+            try:
+                self.conn.send_bytes(data)
+            except OSError:
+                return  # the worker is gone; `_read` reports it
+            if data == _STOP:
+                return
+
+    def _read(self) -> None:
+        """Waits on the worker's pipe and its process sentinel together: each answer goes to the event loop;
+        at the end of the process (or a pipe broken mid-message) the worker is reported dead, once."""
+        sentinel = self.process.sentinel
+        while True:
+            ready = wait([self.conn, sentinel])
+            if self.conn not in ready:
+                break  # the process ended with nothing more to read
+            try:
+                message = pickle.loads(self.conn.recv_bytes())
+            except (EOFError, OSError):
+                break  # it died, possibly halfway through an answer: the rest of the pipe is dropped
+            except Exception as exc:  # noqa: BLE001 - an answer that cannot be read is the work's failure
+                message = (self.seq, "raised", RuntimeError(f"unreadable answer: {describe(exc)}"))
+            self.pool._post(self._answered, message)
+        self.process.join()
+        self.exited = True
+        self.outbox.put(_STOP)  # ends the writer, which may be waiting for work
+        self.pool._post(self.pool._died, self)
+
+    def _answered(self, message: tuple[Any, ...]) -> None:
+        """On the event loop: the worker's ready message, or its answer to the item it holds."""
+        if message[0] == _READY:
+            self.up = True
+            self.pool._idle(self)
+            return
+        seq, kind, value = message
+        if seq != self.seq:
+            return  # for an item it no longer holds (timed out before the answer came)
+        future = self._finish()
+        if future is not None and not future.done():
+            if kind == "ok":
+                future.set_result(value)
+            elif kind == "cancelled":
+                future.set_exception(GraderCancelled())
+            else:
+                future.set_exception(value)
+        self.pool._idle(self)
+
+    def _finish(self) -> asyncio.Future[Any] | None:
+        """The item it held, now done with: its timer stopped, and it holds nothing."""
+        if self.timer is not None:
+            self.timer.cancel()
+        future, self.future, self.timer, self.seq = self.future, None, None, -1
+        return future
+
+    def assign(self, seq: int, task: Task, future: asyncio.Future[Any], limit: float | None) -> None:
+        """The worker holds item `seq` now; `future` gets its answer; past `limit` seconds it is hung."""
+        self.seq, self.future = seq, future
+        if limit is not None:
+            self.timer = asyncio.get_running_loop().call_later(limit, self.hung, seq)
+        self.outbox.put((seq, task))
+
+    def hung(self, seq: int) -> None:
+        """The watchdog: the item ran past its time; the process is killed (`_read` then replaces it)."""
+        if seq != self.seq:
+            return
+        log.warning("worker %d held its work past the watchdog: killed", self.pid)
+        future = self._finish()
+        if future is not None and not future.done():
+            future.set_exception(WorkTimedOut(f"worker {self.pid} ran past the watchdog"))
+        self.kill()
+
+    def cancel_item(self, seq: int) -> None:
+        """Asks the worker to stop the item `seq` (a message on its cancel pipe; nothing if the pipe is full
+        of such messages already, or the worker is gone)."""
+        with contextlib.suppress(OSError):
+            os.write(self.cancel.fileno(), _SEQ.pack(seq))
+
+    def kill(self) -> None:
+        with contextlib.suppress(OSError, ValueError):  # ended already, or its handle closed
+            self.process.kill()
+
+
+class WorkerPool(Executor):
+    """The local executor: `size` worker processes, one work item each at a time (see the module docstring).
+
+    A process that dies or hangs is replaced alone; `restarts` counts the replacements. Its threads post
+    what they see to the event loop the pool runs on (the loop of the first `ready` or `submit`), so all of
+    the pool's state changes on that loop."""
 
     def __init__(self, size: int) -> None:
         self.size = size
         self.restarts = 0
-        self._started: dict[int, list[Future[int]]] = {}  # per executor: one ping per worker
-        self._killed: set[int] = set()  # executors the watchdog killed: their other chunks are innocent
-        context = multiprocessing.get_context("spawn")
-        self._flags = context.RawArray("b", CANCEL_SLOTS)
-        self._taken = context.RawArray("b", CANCEL_SLOTS)
-        self._free = list(range(CANCEL_SLOTS))
-        self._queued: dict[Future[Any], tuple[int, asyncio.Future[None]]] = {}  # chunks no worker took yet
-        self._looking: asyncio.Task[None] | None = None
-        self._executor = self._new()
+        self.closing = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._early: list[tuple[Callable[..., None], tuple[Any, ...]]] = []  # posted before a loop was known
+        self._lock = threading.Lock()
+        self._seq = itertools.count()
+        self._free: deque[_Worker] = deque()
+        self._waiting: deque[asyncio.Future[_Worker]] = deque()
+        self._failed_starts: dict[int, int] = {}  # per slot: deaths before ready in a row
+        self._first: list[_Worker] = [_Worker(self, slot) for slot in range(size)]
+        self._workers: list[_Worker] = list(self._first)
+        atexit.register(self.close, 0.0)
 
-    def _new(self) -> ProcessPoolExecutor:
-        from grpcgrade import logs
+    # -- the event loop's side --------------------------------------------------------------------
 
-        executor = ProcessPoolExecutor(
-            max_workers=self.size,
-            mp_context=multiprocessing.get_context("spawn"),
-            initializer=_init_worker,
-            initargs=(*logs.current(), self._flags, self._taken),
-        )
-        # Start every worker now, not on the first heavy request; the pings also say when they are up.
-        self._started[id(executor)] = [executor.submit(_ping) for _ in range(self.size)]
-        return executor
+    def _bind(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self._loop is loop:
+            return
+        with self._lock:
+            self._loop, early, self._early = loop, self._early, []
+        for fn, args in early:
+            fn(*args)
+
+    def _post(self, fn: Callable[..., None], *args: Any) -> None:
+        """From a worker's thread: run `fn(*args)` on the pool's event loop (later, if none is known yet)."""
+        with self._lock:
+            loop = self._loop
+            if loop is None:
+                self._early.append((fn, args))
+                return
+        with contextlib.suppress(RuntimeError):  # the loop is closed: the pool is past its use
+            loop.call_soon_threadsafe(fn, *args)
 
     async def ready(self) -> None:
-        """Returns once every worker has started, loaded the plugins and warmed the graders."""
-        for ping in self._started.get(id(self._executor), ()):
-            await asyncio.wrap_future(ping)
+        """Returns once every first worker is up, has loaded the plugins and warmed the graders; raises if
+        one died before it was."""
+        self._bind()
+        while not all(w.up for w in self._first):
+            dead = [w for w in self._first if w.exited and not w.up]
+            if dead:
+                code = dead[0].process.exitcode
+                raise RuntimeError(f"a worker process ended while starting (exit code {code})")
+            await asyncio.sleep(0.02)
 
     def alive(self) -> int:
-        processes = getattr(self._executor, "_processes", None) or {}
-        return sum(1 for p in processes.values() if p.is_alive())
+        """Worker processes running now (started, not ended), as health and metrics report them."""
+        return sum(1 for w in self._workers if not w.exited)
 
-    def _replace(self, broken: ProcessPoolExecutor, kill: bool) -> None:
-        if self._executor is broken:
-            self.restarts += 1
-            log.warning("replacing the worker pool (restart %d)", self.restarts)
-            self._executor = self._new()
-        self._started.pop(id(broken), None)
-        if kill:
-            self._killed.add(id(broken))
-            for p in list((getattr(broken, "_processes", None) or {}).values()):
-                p.kill()
-        broken.shutdown(wait=False, cancel_futures=True)
+    def _idle(self, worker: _Worker) -> None:
+        """`worker` is ready for an item: to the first call waiting for one, else to the free list."""
+        if worker.exited or worker not in self._workers:
+            return
+        self._failed_starts.pop(worker.slot, None)
+        while self._waiting:
+            waiter = self._waiting.popleft()
+            if not waiter.done():
+                waiter.set_result(worker)
+                return
+        self._free.append(worker)
 
-    async def run(self, work: Work) -> Any:
-        """`work.fn(*work.args)` in a worker; a sample that kills or hangs workers gets `failed`, alone."""
-        attempts = requeues = 0
-        while attempts < 2:
-            executor = self._executor
-            try:
-                return await self._submit(executor, work)
-            except _Requeue:
-                requeues += 1
-                if requeues > MAX_REQUEUES:
-                    attempts += 1
-            except TimeoutError:
-                self._replace(executor, kill=True)
-                if work.size == 1:
-                    return work.failed(ErrorCode.TIMEOUT, f"grader ran past its time limit of {work.timeout:g} s")
-                return await self._one_by_one(work)
-            except (BrokenProcessPool, RuntimeError) as exc:
-                if id(executor) in self._killed and requeues < MAX_REQUEUES:
-                    requeues += 1  # the watchdog killed this pool for another chunk: not this one's fault
-                    continue
-                log.warning("worker lost while grading %d samples: %s", work.size, exc)
-                self._replace(executor, kill=False)
-                attempts += 1
-                if work.size > 1:  # find the sample that kills workers; the others still get results
-                    return await self._one_by_one(work)
-        return work.failed(ErrorCode.WORKER_LOST, "the worker process grading this sample died twice")
+    def _died(self, worker: _Worker) -> None:
+        """On the event loop: `worker`'s process ended. The item it held is answered `WorkerDied` (unless its
+        watchdog answered first) and a new process takes its place."""
+        if worker.seq >= 0:
+            future = worker._finish()
+            if future is not None and not future.done():
+                code = worker.process.exitcode
+                future.set_exception(WorkerDied(f"worker {worker.pid} ended (exit code {code})"))
+        if worker in self._free:
+            self._free.remove(worker)
+        if self.closing or worker not in self._workers:
+            return
+        self.restarts += 1
+        fails = self._failed_starts.get(worker.slot, 0) + (0 if worker.up else 1)
+        self._failed_starts[worker.slot] = fails
+        delay = 0.0 if not fails else min(RESPAWN_FIRST_SECONDS * 2 ** (fails - 1), RESPAWN_MAX_SECONDS)
+        log.warning("worker %d ended (exit code %s): replacing it", worker.pid, worker.process.exitcode)
+        assert self._loop is not None
+        self._loop.call_later(delay, self._respawn, worker)
 
-    async def _one_by_one(self, work: Work) -> Any:
-        """One at a time, so the sample that kills or hangs a worker takes no other sample with it."""
-        return work.join([await self.run(part) for part in work.split()])
+    def _respawn(self, worker: _Worker) -> None:
+        if self.closing or worker not in self._workers:
+            return
+        self._workers[self._workers.index(worker)] = _Worker(self, worker.slot)
 
-    def _slot(self) -> int:
-        if not self._free:
-            return -1
-        slot = self._free.pop()
-        self._flags[slot] = self._taken[slot] = 0
-        return slot
-
-    def _release(self, slot: int) -> Callable[[Future[Any]], None]:
-        def release(_: Future[Any]) -> None:
-            self._free.append(slot)  # list.append is atomic: this runs on the executor's thread
-
-        return release
-
-    async def _submit(self, executor: ProcessPoolExecutor, work: Work) -> Any:
-        """Run one chunk; the watchdog starts when a worker takes the chunk, not while it waits its turn."""
-        for ping in self._started.get(id(executor), ()):  # a worker still importing is not a hung grader
-            await asyncio.wrap_future(ping)
-        slot = self._slot()
+    async def _take(self) -> _Worker:
+        """A free worker, waiting in line for one when none is."""
+        while self._free:
+            worker = self._free.popleft()
+            if not worker.exited:
+                return worker
+        waiter: asyncio.Future[_Worker] = asyncio.get_running_loop().create_future()
+        self._waiting.append(waiter)
         try:
-            future = executor.submit(_call, slot, work.fn, work.args)
-        except BaseException:
-            if slot >= 0:
-                self._free.append(slot)
-            raise
-        if slot >= 0:
-            future.add_done_callback(self._release(slot))
-        waiter = asyncio.wrap_future(future)
-        try:
-            if not future.running() or slot >= 0:
-                taken = self._when_taken(future, slot)
-                try:
-                    await asyncio.wait((waiter, taken), return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    self._queued.pop(future, None)
-                    taken.cancel()
-                if waiter.done():
-                    return waiter.result()
-            watchdog = work.timeout * work.size + WATCHDOG_GRACE_SECONDS if work.timeout else None
-            return await asyncio.wait_for(asyncio.shield(waiter), watchdog)
+            return await waiter
         except asyncio.CancelledError:
-            task = asyncio.current_task()
-            if future.cancelled() and task is not None and not task.cancelling():
-                raise _Requeue from None  # the pool was replaced under it (`_replace` cancels what it held)
-            if slot >= 0:
-                self._flags[slot] = 1  # the caller went away: the worker stops this chunk
-            waiter.cancel()  # and no worker starts it if none has
+            if waiter.done() and not waiter.cancelled():
+                self._idle(waiter.result())  # given a worker as this call went away: the next one takes it
             raise
-        except GraderCancelled:
-            raise _Requeue from None  # cannot happen unless the flag was raised for a slot reused: run it again
 
-    def _when_taken(self, future: Future[Any], slot: int) -> asyncio.Future[None]:
-        """Resolves once a worker has taken `future`'s chunk (or it has ended); `_look` watches them all."""
-        loop = asyncio.get_running_loop()
-        taken: asyncio.Future[None] = loop.create_future()
-        self._queued[future] = slot, taken
-        looking = self._looking
-        if looking is None or looking.done() or looking.get_loop() is not loop:
-            self._looking = loop.create_task(self._look())
-        return taken
-
-    async def _look(self) -> None:
-        """Every `TAKEN_POLL_SECONDS` while chunks are queued: resolve `_when_taken` for those a worker took.
-        The worker raises the chunk's `taken` flag; ProcessPoolExecutor's `Future.running()` is no sign of
-        it (it is true already for a chunk queued in the pipe to the workers), and serves only chunks
-        without a slot."""
-        while self._queued:
-            await asyncio.sleep(TAKEN_POLL_SECONDS)
-            for future, (slot, taken) in list(self._queued.items()):
-                if (self._taken[slot] if slot >= 0 else future.running()) or future.done():
-                    del self._queued[future]
-                    if not taken.done():
-                        taken.set_result(None)
+    async def submit(self, work: Work) -> Any:
+        """Runs `work` in the next free worker; its watchdog starts as the worker takes it. Cancelled, the
+        worker is told to stop the item, and is free again once it has (or its watchdog kills it)."""
+        if self.closing:
+            raise RuntimeError("the worker pool is closed")
+        self._bind()
+        worker = await self._take()
+        seq = next(self._seq)
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        future.add_done_callback(_retrieved)
+        worker.assign(seq, work.task(), future, watchdog(work))
+        try:
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:
+            if not future.done():
+                worker.cancel_item(seq)
+            raise
 
     def close(self, patience: float = 3.0) -> None:
         """At exit, after the drain: workers get `patience` seconds to finish what they hold (nobody waits
-        for it any more), then they are stopped."""
-        processes = list((getattr(self._executor, "_processes", None) or {}).values())
-        if self._looking is not None and not self._looking.get_loop().is_closed():
-            self._looking.cancel()
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        for it any more), then they are killed."""
+        if self.closing:
+            return
+        self.closing = True
+        workers = list(self._workers)
+        for w in workers:
+            w.outbox.put(_STOP)
         deadline = time.monotonic() + patience
-        for p in processes:
-            p.join(max(0.0, deadline - time.monotonic()))
-        for p in processes:
-            if p.is_alive():
-                p.terminate()
-                p.join(5)
+        for w in workers:
+            w.process.join(max(0.0, deadline - time.monotonic()))
+        for w in workers:
+            if w.process.is_alive():
+                w.kill()
+                w.process.join(5)
+
+
+def _retrieved(future: asyncio.Future[Any]) -> None:
+    """An item's answer nobody awaits any more (its call was cancelled) is still looked at: no warning."""
+    if not future.cancelled():
+        future.exception()

@@ -9,12 +9,12 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
-from grpcgrade.core.samples import INPUT_FIELDS, SAMPLE_FIELDS, plain
+from grpcgrade.core.samples import AGENT_FIELDS, INPUT_FIELDS, SAMPLE_FIELDS, plain
 from grpcgrade.core.samples import as_text as as_text  # the integrations' rule for a field's text
 from grpcgrade.v1 import grading_pb2 as pb
 
 #: Names a grader gets from the sample itself; a trainer's column or field of that name never goes to `extra`.
-RESERVED = frozenset(INPUT_FIELDS) | frozenset(SAMPLE_FIELDS)
+RESERVED = frozenset(INPUT_FIELDS) | frozenset(SAMPLE_FIELDS) | frozenset(AGENT_FIELDS)
 
 
 #: Values that are their own JSON form (a float only when finite): no round trip through `json`.
@@ -55,6 +55,20 @@ def usable_extra(items: Iterable[tuple[str, Any]], skip: frozenset[str] = frozen
                     type(value).__name__,
                     exc,
                 )
+    return out
+
+
+def agent_inputs(items: Iterable[tuple[str, Any]]) -> dict[str, list[Any]]:
+    """The agent inputs (`messages`, `tool_calls`, `tool_definitions`) among a trainer's values: each that is
+    a list with a JSON form, for the sample's own fields. Anything else of those names is dropped, as
+    `usable_extra` drops what cannot travel."""
+    out = {}
+    for name, value in items:
+        if name in AGENT_FIELDS and isinstance(value, list | tuple):
+            try:
+                out[name] = json_value(list(value))
+            except (TypeError, ValueError):
+                continue
     return out
 
 

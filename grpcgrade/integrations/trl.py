@@ -19,6 +19,10 @@ How a call becomes samples (documented for users in docs/trainers.md):
   `answer`, `ground_truth`, `solution` present becomes `reference`, `id` becomes the sample's id, `context`
   its context. A column mapped to None is dropped.
 - `completion_tokens` is derived from `completion_ids` (their count); the ids themselves never travel.
+- Agent inputs (docs/agents.md) travel in the sample's own fields: a conversational completion's tool calls
+  (every assistant message's, in order) as `tool_calls`, a conversational prompt with its completion as
+  `messages`, and the dataset's tools (a `tools` or `tool_definitions` column of JSON Schema function
+  definitions) as `tool_definitions`.
 - Every other column travels in `extra`, since any grader may read it, unless it cannot reach a grader:
   its name is a sample field or a name for one (a grader gets those from the sample itself), or a name TRL
   passes for its own use, or its value is not JSON. Those are dropped, never an error, so an unrelated
@@ -28,7 +32,6 @@ How a call becomes samples (documented for users in docs/trainers.md):
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
@@ -41,10 +44,12 @@ from grpcgrade.core.guard import failure_limit, step_deadline
 from grpcgrade.service.convert import SampleColumns, all_text, specs_to_pb
 from grpcgrade.v1 import grading_pb2 as pb
 
-from .common import RESERVED, as_text, json_value, usable_extra
+from .common import RESERVED, agent_inputs, as_text, usable_extra
 
 #: Keyword arguments TRL passes for the reward function's own use; never sample data.
 TRL_KWARGS = frozenset({"trainer_state", "log_extra", "log_metric", "environments", "completion_ids"})
+#: Dataset columns holding the tools offered to the model (JSON Schema function definitions), by preference.
+TOOL_COLUMNS = ("tool_definitions", "tools")
 #: Dataset column -> sample field, unless `columns=` says otherwise. For `reference` the first present wins.
 DEFAULT_COLUMNS: dict[str, str] = {
     "reference": "reference",
@@ -99,7 +104,7 @@ def completion_text(completion: Any) -> tuple[str, list[Any]]:
     assistant turns). The response is the last assistant message's text; when that message carries
     `reasoning_content` (or `thinking`), which TRL's `parse_response` splits out of `<think>...</think>`,
     it is put back as `<think>\\n{reasoning}\\n</think>\\n{content}` so think-format graders see what the
-    model wrote. The tool calls of every assistant message, in order, become `extra.tool_calls`.
+    model wrote. The tool calls of every assistant message, in order, become the sample's `tool_calls`.
     """
     if isinstance(completion, str):
         return completion, []
@@ -148,6 +153,7 @@ class SampleBuilder:
             if n not in used
             and n not in TRL_KWARGS
             and n not in RESERVED
+            and n not in TOOL_COLUMNS
             and (self.extra_columns is None or n in self.extra_columns)
         ]
         return fields, extra
@@ -168,7 +174,8 @@ class SampleBuilder:
         # Derived from TRL's own argument, not a dataset column: `extra_columns` does not narrow it away (a
         # length gate would read a missing count as over the cap).
         want_tokens = ids is not None and "completion_tokens" not in columns
-        texts: dict[str, Sequence[str]] = {"query": prompts if all_text(prompts) else [prompt_text(p) for p in prompts]}
+        queries = prompts if all_text(prompts) else [prompt_text(p) for p in prompts]
+        texts: dict[str, Sequence[str | None]] = {"query": queries}
         tool_calls: list[list[Any]] | None = None
         if all_text(completions):  # standard completions: the texts as they are
             texts["response"] = completions
@@ -176,25 +183,44 @@ class SampleBuilder:
             parsed = [completion_text(c) for c in completions]
             texts["response"] = [text for text, _ in parsed]
             tool_calls = [calls for _, calls in parsed]
+        gaps = False  # a None in a mapped column: that sample does not carry the field (see docs/calling.md)
         for field, column in fields.items():
             values = columns[column]
+            if all_text(values):
+                texts[field] = values
+                continue
+            gaps = gaps or None in values
             if field == "query":
-                texts[field] = [as_text(v) if v is None else prompt_text(v) for v in values]
+                texts[field] = [None if v is None else prompt_text(v) for v in values]
             else:
-                texts[field] = values if all_text(values) else [as_text(v) for v in values]
+                texts[field] = [None if v is None else as_text(v) for v in values]
         extras: list[dict[str, Any]] | None = None
-        if extra_names or want_tokens or (tool_calls is not None and any(tool_calls)):
+        if extra_names or want_tokens:
             extras = [usable_extra((name, columns[name][i]) for name in extra_names) for i in range(n)]
             if want_tokens and ids is not None:
                 for i, extra in enumerate(extras):
                     extra["completion_tokens"] = len(ids[i])
-            for extra, calls in zip(extras, tool_calls or (), strict=False):
-                if calls and "tool_calls" not in extra:
-                    try:
-                        extra["tool_calls"] = json_value(calls)
-                    except (TypeError, ValueError):
-                        extra["tool_calls"] = json.loads(json.dumps(calls, default=str))
-        return SampleColumns.of_text(texts, extras)  # every column is n texts by now
+        out = SampleColumns.of_text(texts, extras, gaps)  # every column is n texts (or None) by now
+        tools = next((columns[c] for c in TOOL_COLUMNS if c in columns), None)
+        if tool_calls is not None or tools is not None:
+            calls = tool_calls or [[] for _ in range(n)]
+            out.with_agent([_agent(prompts[i], completions[i], calls[i], tools, i) for i in range(n)])
+        return out
+
+
+def _agent(
+    prompt: Any, completion: Any, calls: list[Any] | None, tools: Sequence[Any] | None, i: int
+) -> dict[str, Any]:
+    """One sample's agent inputs: a conversational completion's tool calls (`calls`, from `completion_text`)
+    and the whole conversation, and the dataset's tools (what has no JSON form is left out, as for `extra`)."""
+    given: list[tuple[str, Any]] = []
+    if isinstance(completion, list):
+        given.append(("tool_calls", calls or []))
+        if isinstance(prompt, list):
+            given.append(("messages", [*prompt, *completion]))
+    if tools is not None and tools[i] is not None:
+        given.append(("tool_definitions", tools[i]))
+    return agent_inputs(given)
 
 
 def report(table: BatchScores, kwargs: Mapping[str, Any]) -> None:

@@ -33,6 +33,7 @@ from typing import Any
 
 from grpcgrade.client import DEFAULT_LINGER, DEFAULT_MAX_BATCH, AsyncGradingClient, Cache, Coalescer
 from grpcgrade.integrations.common import (  # absolute: veRL may load this file by path
+    agent_inputs,
     as_text,
     reward_of,
     score_of,
@@ -106,14 +107,23 @@ def _pick(data_source: str, reward: str | None, rewards: Mapping[str, str] | Non
 def sample_of(solution_str: str, ground_truth: Any, extra_info: Mapping[str, Any] | None) -> dict[str, Any]:
     """veRL's call as a sample: the solution is the response, the ground truth the reference, the
     `extra_info` item `question` (or `query`, `prompt`) the query and `index` (or `id`) the id; every other
-    JSON-valued item of `extra_info` goes to `extra` (see `usable_extra`)."""
+    JSON-valued item of `extra_info` goes to `extra` (see `usable_extra`), the agent loop's `num_turns`
+    among them, but its `messages`, `tool_calls` and `tool_definitions` lists (what an agent loop puts in its
+    `extra_fields`, which veRL's reward loop merges into `extra_info`) are the sample's agent inputs. A
+    ground truth of None, or no query in `extra_info`, is a field the sample does not carry: a grader that
+    requires it answers INVALID_SAMPLE instead of grading an empty text."""
     info = dict(extra_info or {})
-    query = next((info[k] for k in ("question", "query", "prompt") if isinstance(info.get(k), str)), "")
+    query = next((info[k] for k in ("question", "query", "prompt") if isinstance(info.get(k), str)), None)
     sample_id = next((info[k] for k in ID_KEYS if info.get(k) is not None), "")
-    sample = {"id": str(sample_id), "query": query, "response": solution_str, "reference": as_text(ground_truth)}
+    sample: dict[str, Any] = {"id": str(sample_id), "response": solution_str}
+    if query is not None:
+        sample["query"] = query
+    if ground_truth is not None:
+        sample["reference"] = as_text(ground_truth)
     extra = usable_extra(info.items(), frozenset(("question", "prompt", *ID_KEYS)))
     if extra:  # without it, a sample of texts only: one keyword call fills its message (`add_samples`)
         sample["extra"] = extra
+    sample.update(agent_inputs(info.items()))
     return sample
 
 

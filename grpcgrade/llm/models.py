@@ -8,7 +8,7 @@ the server at an arbitrary host. Models come from:
 * a model named "default" from the environment when `GRPCGRADE_LLM_MODEL` is set (the endpoint's model id):
   base URL `OPENAI_BASE_URL` (else OpenAI's), key `OPENAI_API_KEY`. A configured "default" wins.
 
-The HTTP client (httpx) is imported on the first lookup, so processes that never build an LLM grader
+The HTTP client (aiohttp) is imported on the first lookup, so processes that never build an LLM grader
 (worker processes, `import grpcgrade`) do not pay for it.
 """
 
@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from grpcgrade.core.errors import InvalidParams
+
+from .usage import USAGE
 
 if TYPE_CHECKING:
     from .chat import ChatModel
@@ -42,13 +44,23 @@ class ModelConfig:
     api_key_env: str | None = None
     api_key: str | None = field(default=None, repr=False)  # read from `api_key_env` once, at start
     max_concurrency: int = 16
+    requests_per_minute: float = 0.0  # the provider's limit for this key; 0: none
+    tokens_per_minute: float = 0.0  # prompt and completion tokens together; 0: none
     timeout_seconds: float = 60.0
     max_retries: int = 2
     retry_backoff_seconds: float = 0.5  # the first retry's delay; doubles each retry, with jitter
+    price_per_million_input_tokens: float = 0.0  # for the cost estimate (grpcgrade_judge_cost_total)
+    price_per_million_output_tokens: float = 0.0
     extra_body: dict[str, Any] = field(default_factory=dict)  # e.g. {temperature: 0, max_tokens: 512}
 
 
 _SETTINGS = {f.name for f in fields(ModelConfig)} - {"name", "api_key"}
+_RATES = (
+    "requests_per_minute",
+    "tokens_per_minute",
+    "price_per_million_input_tokens",
+    "price_per_million_output_tokens",
+)
 _RESERVED_BODY = frozenset({"model", "messages", "stream", "n"})
 
 
@@ -87,9 +99,13 @@ def parse_model(name: str, raw: Any) -> ModelConfig:
         api_key_env=key_env,
         api_key=api_key,
         max_concurrency=_number(name, raw, "max_concurrency", int),
+        requests_per_minute=_number(name, raw, "requests_per_minute", float),
+        tokens_per_minute=_number(name, raw, "tokens_per_minute", float),
         timeout_seconds=_number(name, raw, "timeout_seconds", float),
         max_retries=_number(name, raw, "max_retries", int),
         retry_backoff_seconds=_number(name, raw, "retry_backoff_seconds", float),
+        price_per_million_input_tokens=_number(name, raw, "price_per_million_input_tokens", float),
+        price_per_million_output_tokens=_number(name, raw, "price_per_million_output_tokens", float),
         extra_body=dict(extra_body),
     )
     if config.max_concurrency < 1:
@@ -98,6 +114,10 @@ def parse_model(name: str, raw: Any) -> ModelConfig:
         raise ValueError(f"model {name!r}: timeout_seconds must be a positive number")
     if config.max_retries < 0 or not (0 <= config.retry_backoff_seconds < math.inf):
         raise ValueError(f"model {name!r}: max_retries and retry_backoff_seconds must not be negative")
+    for key in _RATES:
+        value = getattr(config, key)
+        if not (math.isfinite(value) and value >= 0):
+            raise ValueError(f"model {name!r}: {key} must be a number >= 0 (0: no limit / no price), got {value!r}")
     return config
 
 
@@ -136,13 +156,17 @@ def env_models() -> dict[str, ModelConfig]:
 _lock = threading.Lock()
 _configs: dict[str, ModelConfig] | None = None
 _clients: dict[str, ChatModel] = {}
+_weights: dict[str, float] = {}
 
 
-def configure(models: Mapping[str, ModelConfig]) -> None:
-    """Set the process's models: these, plus the environment's "default" unless they define one."""
-    global _configs
+def configure(models: Mapping[str, ModelConfig], callers: Mapping[str, float] | None = None) -> None:
+    """Set the process's models: these, plus the environment's "default" unless they define one; and the
+    callers' weights in each model's fair share (`callers:`; a caller not named has weight 1)."""
+    global _configs, _weights
     with _lock:
         _configs = {**env_models(), **models}
+        _weights = dict(callers or {})
+        USAGE.configure(_weights)
         _clients.clear()
 
 
@@ -165,5 +189,5 @@ def get_model(name: str) -> ChatModel:
         if client is None:
             from .chat import ChatModel
 
-            client = _clients[name] = ChatModel(config)
+            client = _clients[name] = ChatModel(config, _weights)
         return client

@@ -10,7 +10,16 @@ from typing import Any, cast
 from grpcgrade.core.errors import MAX_DETAIL_CHARS, ErrorCode, InvalidParams, SampleProblem, encodable
 from grpcgrade.core.result_cache import CacheMode
 from grpcgrade.core.rewards import Result, SpecData
-from grpcgrade.core.samples import AGENT_FIELDS, SAMPLE_FIELDS, Limits, add_extra, check_agent_input, check_fields
+from grpcgrade.core.samples import (
+    AGENT_FIELDS,
+    SAMPLE_FIELDS,
+    TEXT_FIELDS,
+    Limits,
+    add_extra,
+    check_agent_input,
+    check_fields,
+    missing_input,
+)
 from grpcgrade.grader import GraderError, GraderRank, GraderScore
 from grpcgrade.v1 import grading_pb2 as pb
 
@@ -46,10 +55,14 @@ def cache_mode(value: int) -> CacheMode:
     return mode
 
 
-def sample_kwargs(sample: pb.Sample, limits: Limits, small: bool = False) -> dict[str, Any] | SampleProblem:
+def sample_kwargs(
+    sample: pb.Sample, limits: Limits, small: bool = False, required: Mapping[str, str] | None = None
+) -> dict[str, Any] | SampleProblem:
     """All the keyword arguments a grader could ask for (`select` keeps what each grader declares), or
     the problem that makes the sample ungradable (reported per sample). `small`: the caller knows the
-    sample's encoding is within `max_field_chars` (its whole request or chunk is), so no field is over it."""
+    sample's encoding is within `max_field_chars` (its whole request or chunk is), so no field is over it.
+    `required`: the inputs the call's graders require (`samples.requirements`); a sample that did not send
+    one is a problem. A text field left unset is "" to a grader that does not require it, as before."""
     # `sample_id` (an `extra.sample_id` wins) lets Kolibrify-style batch graders match results by id.
     fields = {
         "sample_id": sample.id,
@@ -70,9 +83,26 @@ def sample_kwargs(sample: pb.Sample, limits: Limits, small: bool = False) -> dic
                 fields[name] = list_to_py(given)
         if sample.HasField("extra"):
             _join_extra(fields, sample.extra, limits, small)
+        if required:
+            _check_present(fields, [f for f in TEXT_FIELDS if sample.HasField(f)], required)
     except SampleProblem as exc:
         return exc
     return fields
+
+
+def _check_present(fields: dict[str, Any], texts: Iterable[str], required: Mapping[str, str]) -> None:
+    """Raise the sample's problem when it lacks a required input: `texts` are the text fields it sent,
+    the other keys of `fields` beyond the standard ones came in `extra`."""
+    carried = {*texts, *(k for k in fields if k not in _STANDARD)}
+    if fields["responses"]:
+        carried.add("responses")
+    problem = missing_input(carried, dict(required))
+    if problem is not None:
+        raise problem
+
+
+#: The keys every sample's keyword arguments hold, sent or not.
+_STANDARD = frozenset(("sample_id", "responses", *TEXT_FIELDS))
 
 
 def _join_extra(fields: dict[str, Any], extra: Any, limits: Limits, small: bool) -> None:
@@ -108,9 +138,11 @@ def column_rows(
     stop: int,
     limits: Limits,
     small: bool = False,
+    required: Mapping[str, str] | None = None,
 ) -> list[dict[str, Any] | SampleProblem]:
     """`sample_kwargs` for rows start..stop-1 of a request's SampleColumns; `texts` holds its non-empty text
-    columns. Each column is sliced once (one call into protobuf's C code), not read row by row."""
+    columns (a column left empty is a field no sample sent). Each column is sliced once (one call into
+    protobuf's C code), not read row by row."""
     blank = [""] * (stop - start)
     ids, queries, responses, references, contexts = (
         texts[name][start:stop] if name in texts else blank for name in TEXT_COLUMNS
@@ -121,14 +153,19 @@ def column_rows(
     ]
     rows: list[dict[str, Any] | SampleProblem] = list(made)
     extra = columns.extra
-    if small and not extra:
+    check = required is not None and not set(required) <= texts.keys()  # else every row has them all
+    if small and not extra and not check:
         return rows
+    sent = [name for name in TEXT_FIELDS if name in texts]
     for k, fields in enumerate(made):
         try:
             if not small:
                 check_fields(fields, limits)
             if extra:
                 _join_extra(fields, extra[start + k], limits, small)
+            if check:
+                assert required is not None
+                _check_present(fields, sent, required)
         except SampleProblem as exc:
             rows[k] = exc
     return rows
@@ -397,7 +434,8 @@ def all_text(values: Iterable[Any]) -> bool:
 
 class SampleColumns(Sequence[dict[str, Any]]):
     """Samples as columns: one list of texts per Sample field, as a trainer holds them, and optionally
-    each sample's `extra` (a dict, or None) and `responses`.
+    each sample's `extra` (a dict, or None), `responses` and agent inputs (`agent`: a dict of `messages`,
+    `tool_calls`, `tool_definitions` lists, or None; samples with them travel as messages, not columns).
 
     A request is filled from columns with one keyword call into protobuf's C code per sample, without a
     dict or a message of its own per sample (`add_samples`), which is most of a cheap batch's client cost.
@@ -421,25 +459,41 @@ class SampleColumns(Sequence[dict[str, Any]]):
         if len(lengths) > 1:
             raise ValueError(f"SampleColumns: columns of different lengths {sorted(lengths)}")
         self.n = lengths.pop() if lengths else 0
-        # texts as str, None as no text, so the C call below takes every value as it is
+        # texts as str, None kept (the field is absent from that sample), so the C call below takes every
+        # value as it is: protobuf leaves a field given None unset
         self.fields = {
-            name: col if all_text(col) else ["" if v is None else str(v) for v in col] for name, col in fields.items()
+            name: col if all_text(col) else [v if v is None else str(v) for v in col] for name, col in fields.items()
         }
+        self.gaps = any(None in col for col in self.fields.values())
         self.extra = extra if extra is not None and any(extra) else None
         self.responses = responses if responses is not None and any(responses) else None
+        self.agent: Sequence[Mapping[str, Any] | None] | None = None
 
     @classmethod
     def of_text(
-        cls, fields: Mapping[str, Sequence[str]], extra: Sequence[Mapping[str, Any] | None] | None = None
+        cls,
+        fields: Mapping[str, Sequence[str | None]],
+        extra: Sequence[Mapping[str, Any] | None] | None = None,
+        gaps: bool = False,
     ) -> SampleColumns:
-        """Columns a caller has already checked: every field a Sample text field, every value a str, and
-        every column (and `extra`) as long as the others. Skips the checks of the constructor."""
+        """Columns a caller has already checked: every field a Sample text field, every value a str (or
+        None, a field absent from that sample: then `gaps`), and every column (and `extra`) as long as the
+        others. Skips the checks of the constructor."""
         out = cls.__new__(cls)
         out.fields = dict(fields)
+        out.gaps = gaps
         out.n = len(next(iter(fields.values()))) if fields else len(extra or ())
         out.extra = extra if extra is not None and any(extra) else None
         out.responses = None
+        out.agent = None
         return out
+
+    def with_agent(self, agent: Sequence[Mapping[str, Any] | None]) -> SampleColumns:
+        """These columns with each sample's agent inputs (a dict of AGENT_FIELDS lists, or None)."""
+        if len(agent) != self.n:
+            raise ValueError(f"SampleColumns: {len(agent)} agent inputs for {self.n} samples")
+        self.agent = agent if any(agent) else None
+        return self
 
     def __len__(self) -> int:
         return self.n
@@ -448,22 +502,27 @@ class SampleColumns(Sequence[dict[str, Any]]):
         if isinstance(index, slice):
             out = SampleColumns.__new__(SampleColumns)
             out.fields = {k: v[index] for k, v in self.fields.items()}
+            out.gaps = self.gaps
             out.extra = self.extra[index] if self.extra is not None else None
             out.responses = self.responses[index] if self.responses is not None else None
+            out.agent = self.agent[index] if self.agent is not None else None
             out.n = len(range(*index.indices(self.n)))
             return out
-        sample: dict[str, Any] = {k: v[index] for k, v in self.fields.items()}
+        sample: dict[str, Any] = {k: v[index] for k, v in self.fields.items() if v[index] is not None}
         if self.extra is not None and self.extra[index]:
             sample["extra"] = dict(self.extra[index])
         if self.responses is not None and self.responses[index]:
             sample["responses"] = list(self.responses[index])
+        if self.agent is not None and self.agent[index]:
+            sample.update(self.agent[index])
         return sample
 
     @property
     def columnar(self) -> bool:
-        """Whether the samples fit a request's SampleColumns: no listwise `responses`, and some column to
-        count them by (n samples of no field at all have no column)."""
-        return self.responses is None and bool(self.fields or self.extra)
+        """Whether the samples fit a request's SampleColumns: no listwise `responses` or agent inputs, no field
+        absent from some samples only (a column is sent for all or none), and some column to count them by (n samples of
+        no field at all have no column)."""
+        return self.responses is None and self.agent is None and not self.gaps and bool(self.fields or self.extra)
 
     def fill_columns(self, out: pb.SampleColumns) -> None:
         """Every sample into a request's SampleColumns: a C call per column, and a Struct per row only
@@ -481,6 +540,10 @@ class SampleColumns(Sequence[dict[str, Any]]):
         add = container.add
         names = tuple(self.fields)
         columns = [self.fields[k] for k in names]
+        if self.agent is not None:  # rare (agent rollouts): a sample dict each, by `sample_to_pb`'s rules
+            for i in range(self.n):
+                _fill_sample(add(), self[i])
+            return
         if self.extra is None and self.responses is None:
             if names == ("query", "response", "reference"):  # TRL's prompt, completion and answer
                 for q, r, ref in zip(*columns, strict=True):

@@ -13,6 +13,7 @@ turned off: they double the series count, and nothing here (alerts, dashboard, r
 
 from __future__ import annotations
 
+import itertools
 import platform
 import threading
 from collections.abc import Callable
@@ -43,6 +44,7 @@ from grpcgrade.core.errors import ErrorCode
 from grpcgrade.core.grading import Stats
 from grpcgrade.core.plugins import PluginInfo
 from grpcgrade.core.rewards import RewardStats
+from grpcgrade.llm import usage
 
 # gRFC A66 latency buckets, as grpc's own OpenTelemetry plugin uses.
 LATENCY_BUCKETS = (
@@ -231,6 +233,77 @@ class _CoalescerCollector(Collector):
         ]
 
 
+class _JudgeCollector(Collector):
+    """What the judge models' calls cost, per model and caller, read from `llm.usage.USAGE` when scraped:
+    the judge client counts into plain numbers, once per HTTP request."""
+
+    LE = [*(floatToGoString(b) for b in usage.SECONDS_BUCKETS), "+Inf"]  # type: ignore[no-untyped-call]
+
+    def _seconds(self, name: str, doc: str, rows: list[tuple[str, str, usage.Seconds]]) -> HistogramMetricFamily:
+        family = HistogramMetricFamily(name, doc, labels=["model", "caller"])
+        for model, caller, h in rows:
+            cumulative = list(itertools.accumulate(h.counts))
+            family.add_metric([model, caller], list(zip(self.LE, cumulative, strict=True)), h.total)
+        return family
+
+    def collect(self) -> list[Metric]:
+        labels = ["model", "caller"]
+        requests = CounterMetricFamily(
+            "grpcgrade_judge_requests", "HTTP requests sent to a judge model, retries included.", labels=labels
+        )
+        throttled = CounterMetricFamily(
+            "grpcgrade_judge_throttled",
+            "Answers of 429 or 503 (over the provider's limits) from a judge model, per HTTP status.",
+            labels=[*labels, "code"],
+        )
+        retries = CounterMetricFamily(
+            "grpcgrade_judge_retries", "Requests that were a judgment's retry.", labels=labels
+        )
+        given_up = CounterMetricFamily(
+            "grpcgrade_judge_rate_limited",
+            "Judgments answered RATE_LIMITED: their time limit ran out while the model's limits held them back.",
+            labels=labels,
+        )
+        tokens = CounterMetricFamily(
+            "grpcgrade_judge_tokens",
+            "Tokens the answers reported, in (prompt) and out (completion).",
+            labels=[*labels, "direction"],
+        )
+        cost = CounterMetricFamily(
+            "grpcgrade_judge_cost",
+            "Estimated cost: tokens times the model's configured prices (per million tokens, in their currency).",
+            labels=labels,
+        )
+        rows = usage.USAGE.snapshot()
+        for model, caller, t in rows:
+            requests.add_metric([model, caller], t.requests)
+            for code, n in list(t.throttled.items()):
+                throttled.add_metric([model, caller, str(code)], n)
+            retries.add_metric([model, caller], t.retries)
+            given_up.add_metric([model, caller], t.rate_limited)
+            tokens.add_metric([model, caller, "in"], t.tokens_in)
+            tokens.add_metric([model, caller, "out"], t.tokens_out)
+            cost.add_metric([model, caller], t.cost)
+        waits = [(m, c, t.queue_wait) for m, c, t in rows]
+        latencies = [(m, c, t.latency) for m, c, t in rows]
+        return [
+            requests,
+            throttled,
+            retries,
+            given_up,
+            tokens,
+            cost,
+            self._seconds(
+                "grpcgrade_judge_queue_wait_seconds",
+                "Seconds a judge request waited for its turn under the model's limits and its caller's share.",
+                waits,
+            ),
+            self._seconds(
+                "grpcgrade_judge_latency_seconds", "Seconds a judge model took to answer a request.", latencies
+            ),
+        ]
+
+
 class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
@@ -315,6 +388,13 @@ class Metrics:
             ["face", "method", "code"],
             registry=r,
         )
+        self.http_unusable_samples = Counter(
+            "grpcgrade_http_unusable_samples",
+            "Samples an HTTP face could not grade at all (a query that does not start with its prompt, a missing "
+            "input, a field over the limits): failed samples, per face. The server log says why.",
+            ["face"],
+            registry=r,
+        )
         self.failure_budget_calls = Counter(
             "grpcgrade_failure_budget_exceeded_calls",
             "Calls ended (FAILED_PRECONDITION, or HTTP 400) because their failures passed max_failure_ratio.",
@@ -322,6 +402,7 @@ class Metrics:
         )
         self.in_flight = Gauge("grpcgrade_samples_in_flight", "Samples accepted and not yet answered.", registry=r)
         self.workers = Gauge("grpcgrade_workers_alive", "Worker processes alive.", registry=r)
+        r.register(_JudgeCollector())
         self.worker_restarts = _RestartsCollector()
         r.register(self.worker_restarts)
         self.plugins = Gauge(

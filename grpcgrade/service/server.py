@@ -35,6 +35,7 @@ from grpcgrade.v1 import grading_pb2 as pb
 
 from .admin import SERVICE_NAME as ADMIN_SERVICE_NAME
 from .admin import AdminServicer
+from .callers import CallerInterceptor
 from .http import build_http_app
 from .interceptors import AuthInterceptor, DecodeGuardInterceptor, ObservingInterceptor
 from .metrics import Metrics
@@ -250,7 +251,7 @@ def build_server(opts: ServeOptions) -> Service:
     not on the first call), workers started, the port bound. Raises for a bad configuration."""
     registry = get_registry()
     config = read_config(opts, registry)
-    configure_models(config.models)  # before the rewards are resolved: their LLM graders look models up
+    configure_models(config.models, config.callers)  # before the rewards are resolved: their LLM graders look models up
     metrics = Metrics() if opts.metrics_port else None
     workers = os.cpu_count() or 1 if opts.workers is None else opts.workers
     pool = WorkerPool(workers) if workers > 0 else None
@@ -282,6 +283,7 @@ def build_server(opts: ServeOptions) -> Service:
     tokens = _tokens(opts.auth_token_file)
     if tokens:
         interceptors.append(AuthInterceptor(tokens))
+    interceptors.append(CallerInterceptor())  # who calls: the judges' fair share
     interceptors.append(DecodeGuardInterceptor())  # innermost: after auth, inside the logging and metrics
     max_bytes = config.limits.max_message_bytes
     pending = config.limits.max_pending_calls  # past gRPC's own pending limit its core cancels calls (admission)

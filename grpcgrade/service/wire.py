@@ -22,13 +22,21 @@ from collections.abc import Sequence
 from typing import Any
 
 from grpcgrade.core.errors import InvalidParams, SampleProblem
-from grpcgrade.core.grading import Stats, column_inputs, failed_stats, grade_chunk_sync, grade_columns, join_stats
+from grpcgrade.core.executors import Work
+from grpcgrade.core.grading import (
+    Stats,
+    column_inputs,
+    failed_stats,
+    grade_chunk_sync,
+    grade_columns,
+    inputs_of,
+    join_stats,
+)
 from grpcgrade.core.histograms import EMPTY
 from grpcgrade.core.registry import get_registry
 from grpcgrade.core.result_cache import QUARANTINE_CODES
 from grpcgrade.core.rewards import Result, RewardStats, SpecData, reward_stats, rewards
-from grpcgrade.core.samples import Limits
-from grpcgrade.core.workers import Work
+from grpcgrade.core.samples import Limits, requirements
 from grpcgrade.grader import BaseGrader, GraderError
 from grpcgrade.v1 import grading_pb2 as pb
 
@@ -104,11 +112,14 @@ def sample_offsets(data: bytes) -> list[int] | None:
 class Rows:
     """A BatchEvaluateRequest's samples, however they came: one `Sample` message each, or `columns`.
 
-    Raises InvalidParams for a request with both, or with columns of different lengths."""
+    Raises InvalidParams for a request with both, or with columns of different lengths. `required`: the
+    inputs the call's graders require (`samples.requirements`), set once the graders are known; a sample
+    without one of them is that sample's INVALID_SAMPLE."""
 
-    __slots__ = ("samples", "columns", "texts", "n")
+    __slots__ = ("samples", "columns", "texts", "n", "required")
 
     def __init__(self, message: pb.BatchEvaluateRequest) -> None:
+        self.required: dict[str, str] = {}
         self.samples = message.samples
         self.columns = message.columns if message.HasField("columns") else None
         self.texts: dict[str, Any] = {}
@@ -125,9 +136,10 @@ class Rows:
     ) -> list[dict[str, Any] | SampleProblem]:
         """Samples start..stop-1's keyword arguments, or why each cannot be graded (see
         `convert.sample_kwargs`)."""
+        required = self.required
         if self.columns is None:
-            return [sample_kwargs(self.samples[i], limits, small) for i in range(start, stop)]
-        return column_rows(self.columns, self.texts, start, stop, limits, small)
+            return [sample_kwargs(self.samples[i], limits, small, required) for i in range(start, stop)]
+        return column_rows(self.columns, self.texts, start, stop, limits, small, required)
 
     def id(self, i: int) -> str:
         if self.columns is None:
@@ -142,12 +154,20 @@ class Rows:
         return list(ids) if ids is not None else [""] * self.n
 
     def text(self, names: set[str]) -> dict[str, list[str]] | None:
-        """Every sample's `names` as text columns, or None when a sample has an `extra` (graded by kwargs)."""
+        """Every sample's `names` as text columns, or None when a sample has an `extra` or may lack a required
+        input (graded by kwargs, which says which)."""
+        needed = [name for name in self.required if name in TEXT_COLUMNS]
+        if len(needed) < len(self.required):
+            return None  # a required input that only `extra` can carry
         if self.columns is None:
             if any(s.HasField("extra") for s in self.samples):
                 return None
+            if not all(s.HasField(name) for s in self.samples for name in needed):
+                return None
             return {name: [getattr(s, name) for s in self.samples] for name in names}
         if len(self.columns.extra) and any(e.fields for e in self.columns.extra):
+            return None
+        if not all(name in self.texts for name in needed):
             return None
         return {name: list(self.texts[name]) if name in self.texts else [""] * self.n for name in names}
 
@@ -220,6 +240,7 @@ def grade_serialized(
     in the request's `view` (a ResultView); with the configured `reward`'s name, its values are counted here
     too. Past the call's `deadline` (`time.monotonic()`) the samples left are answered BUDGET_EXCEEDED."""
     rows = Rows(pb.BatchEvaluateRequest.FromString(data))
+    rows.required = requirements((g.name, inputs_of(g)) for g in graders)
     n = rows.n
     full = is_full(view)
     # No field of a sample holds more characters than the chunk has bytes: one comparison clears them all.
@@ -313,8 +334,8 @@ def wire_work(
             stats.append(RewardStats(reward, EMPTY, 1))
         return out.SerializeToString(), stats
 
-    args = (specs, data, start, view, limits, timeout, reward, deadline)
-    return Work(grade_wire, args, stop - start, timeout, split, failed, _join)
+    args = (specs, data, start, view, limits, timeout, reward)
+    return Work(grade_wire, args, stop - start, timeout, split, failed, _join, deadline)
 
 
 def quarantine_failures(payload: bytes) -> list[tuple[int, int, GraderError]]:

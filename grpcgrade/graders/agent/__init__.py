@@ -11,6 +11,7 @@ from grpcgrade.hookspecs import hookimpl
 from .code import CodeStyleGrader, PatchSimilarityGrader, SyntaxCheckGrader
 from .math_expression import MathExpressionVerifyGrader
 from .steps import ActionLoopDetectionGrader, ObservationInformationGainGrader, TrajectoryStepEfficiencyGrader
+from .tool_call_valid import ToolCallValidGrader
 from .tool_calls import ToolCallSequenceGrader, ToolCallSequenceSimpleGrader, ToolUsageEfficiencyGrader
 
 
@@ -26,3 +27,4 @@ def register_graders(register):
     register(CodeStyleGrader, name="code_style")
     register(PatchSimilarityGrader, name="patch_similarity")
     register(MathExpressionVerifyGrader, name="math_expression_verify")
+    register(ToolCallValidGrader, name="tool_call_valid")

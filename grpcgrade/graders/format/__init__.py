@@ -12,6 +12,7 @@ from .length_penalty import LengthPenaltyGrader
 from .ngram_repetition_penalty import NgramRepetitionPenaltyGrader
 from .reasoning_format import ReasoningFormatGrader
 from .reasoning_tool_call_format import ReasoningToolCallFormatGrader
+from .xml_valid import XmlValidGrader
 
 
 @hookimpl
@@ -24,3 +25,4 @@ def register_graders(register):
     register(ReasoningToolCallFormatGrader, name="reasoning_tool_call_format", aliases=("tool_call_format",))
     register(CustomResponseGrader, name="custom_response")
     register(JsonResponseGrader, name="json_response")
+    register(XmlValidGrader, name="xml_valid")

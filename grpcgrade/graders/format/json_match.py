@@ -34,6 +34,10 @@ class JsonMatchGrader(BaseGrader):
     4,300 digits: ValueError) makes the reference raise, so here it is an error result (D7), not a score.
     """
 
+    #: Compares the response with the reference: a sample without either is INVALID_SAMPLE, not a match of
+    #: two empty texts.
+    required_inputs = frozenset(("response", "reference_response"))
+
     def __init__(self, strict_order: bool = True, ignore_extra_keys: bool = False) -> None:
         super().__init__()
         self.strict_order = bool(strict_order)

@@ -16,6 +16,10 @@ from .parsing import NUMBER_RE, final_answer, no_answer
 class MathExactGrader(BaseGrader):
     """1.0 when any number in the final answer equals the first number of the reference, else 0.0."""
 
+    #: Compares the response with the reference: a sample without either is INVALID_SAMPLE, not a match of
+    #: two empty texts.
+    required_inputs = frozenset(("response", "reference"))
+
     def __init__(self) -> None:
         super().__init__()
 

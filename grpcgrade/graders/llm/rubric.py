@@ -105,11 +105,12 @@ class LLMRubricGrader(LLMGrader):
             rubric=rubric,
         )
 
-    async def aevaluate(self, query: str, response: str) -> GraderScore:  # type: ignore[override]
+    async def aevaluate(self, response: str, query: str = "") -> GraderScore:  # type: ignore[override]
         """Score one response.
 
         Args:
-            query: the prompt the response answers.
+            query: the prompt the response answers; may be absent (a rubric can judge a response alone), so
+                only `response` is a required input.
             response: the response to judge.
 
         Returns:

@@ -31,6 +31,10 @@ def extract_numbers(text: str) -> list[float]:
 class NumberAccuracyGrader(BaseGrader):
     """Fraction of the reference's numbers that the response reproduces at the same position."""
 
+    #: Compares the response with the reference: a sample without either is INVALID_SAMPLE, not a match of
+    #: two empty texts.
+    required_inputs = frozenset(("response", "reference_response"))
+
     def __init__(self, tolerance: float = 1e-6) -> None:
         super().__init__()
         if not (isinstance(tolerance, (int, float)) and math.isfinite(tolerance) and tolerance >= 0):

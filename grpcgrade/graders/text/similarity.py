@@ -210,6 +210,10 @@ class SimilarityGrader(BaseGrader):
     per-sample values. Parameters that the chosen algorithm does not use are checked and ignored.
     """
 
+    #: Compares the response with the reference: a sample without either is INVALID_SAMPLE, not a match of
+    #: two empty texts.
+    required_inputs = frozenset(("response", "reference_response"))
+
     heavy = True
 
     def __init__(

@@ -173,8 +173,16 @@ def _reason(algorithm: str, score: float, details: dict[str, Any]) -> str:
     return f"{kind} overlap ratio: {score:.2f}"
 
 
+#: Algorithms that read what to look for from the sample's own `pattern` / `substrings` when it has them.
+_OWN_TARGETS = frozenset(name for name, params in ALGORITHM_PARAMS.items() if {"pattern", "substrings"} & params.keys())
+
+
 class StringMatchGrader(BaseGrader):
     """Scores a response by one string-matching algorithm against the reference (1/0 or a ratio)."""
+
+    #: Compares the response with the reference: a sample without either is INVALID_SAMPLE, not a match of
+    #: two empty texts.
+    required_inputs = frozenset(("response", "reference_response"))
 
     def __init__(
         self,
@@ -194,6 +202,8 @@ class StringMatchGrader(BaseGrader):
         # jieba word segmentation costs enough to be worth a worker process; a regex_match pattern (one per
         # sample) may need Python's backtracking engine, which only a worker's time limit can stop.
         self.heavy = algorithm in ("word_overlap", "regex_match")
+        if algorithm in _OWN_TARGETS:  # the sample's `pattern` / `substrings` may stand in for the reference
+            self.required_inputs = frozenset(("response",))
 
     def evaluate(self, reference_response: str = "", response: str = "", **kwargs: Any) -> GraderResult:
         params = dict(ALGORITHM_PARAMS[self.algorithm])

@@ -19,6 +19,7 @@ from grpcgrade.core.config import HttpConfig
 from grpcgrade.core.engine import Engine
 from grpcgrade.core.samples import Limits
 
+from ..callers import caller_middleware
 from ..metrics import Metrics
 from ..overload import admission_middleware
 from . import openai_graders, openrlhf
@@ -63,7 +64,8 @@ def build_http_app(
 
     admission = admission or Admission(limits)
     admitted = admission_middleware(admission)  # inside `counted`: a refusal is counted as a 503
-    app = web.Application(middlewares=[counted, admitted], client_max_size=limits.max_message_bytes)
+    middlewares = [counted, caller_middleware, admitted]
+    app = web.Application(middlewares=middlewares, client_max_size=limits.max_message_bytes)
     ctx = FaceContext(engine, limits, http, default_reward, tokens, metrics, admission, coalescer)
     openrlhf.add_routes(app, ctx)
     app.add_subapp(openai_graders.MOUNT_PATH, openai_graders.openai_graders_app(engine, tokens=tokens, limits=limits))

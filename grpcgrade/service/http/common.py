@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -31,11 +32,21 @@ from grpcgrade.core.errors import (
 )
 from grpcgrade.core.guard import FailureTally, call_guards
 from grpcgrade.core.result_cache import CacheMode
-from grpcgrade.core.samples import Limits, add_extra, check_fields
+from grpcgrade.core.samples import (
+    AGENT_FIELDS,
+    TEXT_FIELDS,
+    Limits,
+    add_extra,
+    check_fields,
+    missing_input,
+    requirements,
+)
 from grpcgrade.grader import GraderResult
 
 from ..metrics import Metrics
 from ..overload import service_unavailable
+
+log = logging.getLogger("grpcgrade.http")
 
 #: JSON nested deeper than this is refused before anything walks it (protobuf's Struct limit is the same).
 MAX_JSON_DEPTH = 100
@@ -52,20 +63,56 @@ class BodyError(ValueError):
 
 
 def sample_fields(
-    response: str, query: str = "", reference: str = "", context: str = "", extra: Mapping[str, Any] | None = None
+    response: str,
+    query: str | None = None,
+    reference: str | None = None,
+    context: str | None = None,
+    extra: Mapping[str, Any] | None = None,
+    agent: Mapping[str, list[Any]] | None = None,
 ) -> dict[str, Any]:
     """A sample's keyword arguments as the graders take them (the gRPC Sample's fields, `extra` beside
-    them); SampleProblem when an `extra` key would replace a standard field."""
-    fields: dict[str, Any] = {
-        "sample_id": "",
-        "query": query,
-        "response": response,
-        "reference": reference,
-        "context": context,
-        "responses": [],
-    }
+    them); SampleProblem when an `extra` key would replace a standard field. A text field given as None is
+    one the trainer did not send: `FaceContext.grade` answers INVALID_SAMPLE when a grader requires it, as
+    the gRPC service does for an unset field, and gives it to the others as ""."""
+    fields: dict[str, Any] = {"sample_id": "", "response": response, "responses": []}
+    for name, value in (("query", query), ("reference", reference), ("context", context)):
+        if value is not None:
+            fields[name] = value
+    if agent:  # docs/agents.md: messages, tool_calls, tool_definitions (size-checked with the other fields)
+        fields.update(agent)
     if extra:
         add_extra(fields, dict(extra))
+    return fields
+
+
+def agent_columns(body: Mapping[str, Any], n: int) -> list[dict[str, list[Any]]]:
+    """Each sample's agent inputs from a body's `messages`, `tool_calls` and `tool_definitions` keys: each, when
+    given, a list with one entry per sample, that sample's list (or null: not sent). 400 naming the key
+    otherwise."""
+    out: list[dict[str, list[Any]]] = [{} for _ in range(n)]
+    for name in AGENT_FIELDS:
+        column = body.get(name)
+        if column is None:
+            continue
+        if not isinstance(column, list) or len(column) != n:
+            raise web.HTTPBadRequest(text=f"`{name}` must be a list with one entry per sample ({n})")
+        for i, value in enumerate(column):
+            if value is not None and not isinstance(value, list):
+                raise web.HTTPBadRequest(text=f"`{name}[{i}]` must be a list (or null), not {type(value).__name__}")
+            if value is not None:
+                out[i][name] = value
+    return out
+
+
+def _complete(fields: dict[str, Any], required: dict[str, str]) -> dict[str, Any]:
+    """`fields` with every text field a grader may read (unsent ones as ""), or SampleProblem when one the
+    graders require was not sent."""
+    if required:
+        problem = missing_input(fields.keys(), required)
+        if problem is not None:
+            raise problem
+    for name in TEXT_FIELDS:
+        fields.setdefault(name, "")
     return fields
 
 
@@ -228,22 +275,26 @@ class FaceContext:
         jobs: list[Job],
         samples: Sequence[dict[str, Any] | SampleProblem],
         guards: tuple[float | None, FailureTally | None] = (None, None),
+        face: str = "",
     ) -> list[Graded]:
         """Every sample graded with the reward's `jobs`: the one engine call of every face. A sample given
         as its SampleProblem, or whose fields are past the limits, is a failed sample (no other sample pays
         for it). A request past its failure ratio is 400 `FAILED_PRECONDITION: ...` naming the grader and
         its most frequent error code."""
         n = len(samples)
+        required = requirements((job.grader.name, job.inputs) for job in jobs)
+        unusable: list[SampleProblem] = []
 
         def checked(i: int) -> dict[str, Any] | SampleProblem:
             sample = samples[i]
-            if isinstance(sample, SampleProblem):
-                return sample
             try:
+                if isinstance(sample, SampleProblem):
+                    raise sample
                 check_fields(sample, self.limits)
+                return _complete(sample, required)
             except SampleProblem as exc:
+                unusable.append(exc)
                 return exc
-            return sample
 
         out = [Graded(None, []) for _ in range(n)]
         batch = Batch(n, lambda a, b: [(i, checked(i)) for i in range(a, b)])
@@ -271,4 +322,21 @@ class FaceContext:
             raise web.HTTPBadRequest(text=f"FAILED_PRECONDITION: {exc}") from None
         finally:
             admission.release(n)
+            self._report(face, unusable, n)
         return out
+
+    def _report(self, face: str, unusable: list[SampleProblem], n: int) -> None:
+        """Samples that could not be graded at all (a query without its prompt, a missing input, a field over
+        the limits): logged once per request with the first reason, and counted per face, so a tokenizer
+        that does not round-trip the prompt shows at once instead of as a quietly lower reward."""
+        if not unusable:
+            return
+        log.warning(
+            "%s face: %d of %d samples could not be graded (failed samples); the first: %s",
+            face or "HTTP",
+            len(unusable),
+            n,
+            unusable[0],
+        )
+        if self.metrics is not None:
+            self.metrics.http_unusable_samples.labels(face or NO_FACE).inc(len(unusable))

@@ -32,6 +32,7 @@ from grpcgrade.graders.openai.grader import ITEM_KWARG
 from grpcgrade.graders.openai.outcome import ERROR_FLAGS
 from grpcgrade.graders.openai.schema import GraderConfigError
 
+from ..callers import caller_middleware
 from .common import MAX_JSON_DEPTH, BodyError, authorized, faced, read_json
 
 __all__ = ["MAX_JSON_DEPTH", "MOUNT_PATH", "openai_graders_app", "openai_graders_root", "run_response"]
@@ -45,6 +46,7 @@ FACE = "openai_graders"
 _CODE_FLAGS: dict[str, str] = {
     ErrorCode.TIMEOUT: "unresponsive_reward_error",
     ErrorCode.INVALID_SAMPLE: "sample_parse_error",
+    ErrorCode.RATE_LIMITED: "model_grader_server_error",  # the judge model's provider limits held it back
 }
 _DETAIL_FIELDS = {
     "model_grader_server_error_details": None,
@@ -188,6 +190,6 @@ def openai_graders_root(engine: Engine, *, tokens: Sequence[str] = (), limits: L
     """A whole application serving only the grader endpoints at MOUNT_PATH (the request body limit is the
     root application's, so it is set here from `limits.max_message_bytes`)."""
     limits = limits or Limits()
-    root = web.Application(client_max_size=limits.max_message_bytes)
+    root = web.Application(middlewares=[caller_middleware], client_max_size=limits.max_message_bytes)
     root.add_subapp(MOUNT_PATH, openai_graders_app(engine, tokens=tokens, limits=limits))
     return root

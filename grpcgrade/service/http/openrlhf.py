@@ -19,6 +19,9 @@ POSTs `{"query": [...], "prompts": [...], "labels": [...]}` with aiohttp and no 
   sample; a request past its failure ratio is answered 400 (gRPC's FAILED_PRECONDITION, as google.rpc.Code
   maps it) whose text names the grader and its most frequent error code: OpenRLHF's client raises on any
   error status, so the step does not train on a batch of masks.
+- Agent inputs (docs/agents.md): the body's optional `messages`, `tool_calls` and `tool_definitions`, each a
+  list with one entry per query (that sample's list, or null), become the samples' agent inputs. OpenRLHF's
+  own agent executors send none; a custom `--agent_func_path` or another client may.
 - The result cache (docs/reward-guard.md): the body's `cache`, "on", "off" or "default" (the server's
   default per grader, when absent).
 - Auth, when the server has tokens (`common.authorized`): Basic auth whose password is the token is what
@@ -36,7 +39,7 @@ from aiohttp import web
 from grpcgrade.core.errors import SampleProblem
 from grpcgrade.core.samples import as_text
 
-from .common import FaceContext, faced, sample_fields
+from .common import FaceContext, agent_columns, faced, sample_fields
 
 #: The `face` label of this protocol's requests.
 FACE = "openrlhf"
@@ -72,17 +75,18 @@ def _strings(body: dict[str, Any], key: str, n: int | None) -> list[str] | None:
     return value
 
 
-def _labels(body: dict[str, Any], n: int) -> list[str]:
+def _labels(body: dict[str, Any], n: int) -> list[str | None]:
     """Each sample's reference. OpenRLHF sends its dataset's labels as they are (`data[label_key]`): a
-    number or a list of answers is taken as its JSON text, null as no reference (`samples.as_text`)."""
+    number or a list of answers is taken as its JSON text (`samples.as_text`); null, or no `labels`, is no
+    reference (a grader that requires one answers INVALID_SAMPLE)."""
     value = body.get("labels")
     if value is None:
-        return [""] * n
+        return [None] * n
     if not isinstance(value, list):
         raise web.HTTPBadRequest(text="`labels` must be a list, one label per query")
     if len(value) != n:
         raise web.HTTPBadRequest(text=f"`labels` has {len(value)} items but `query` has {n}")
-    return [as_text(label) for label in value]
+    return [None if label is None else as_text(label) for label in value]
 
 
 class OpenRLHFFace:
@@ -105,6 +109,7 @@ class OpenRLHFFace:
         ctx.check_count(n, "queries")
         prompts = _strings(body, "prompts", n)
         labels = _labels(body, n)
+        agent = agent_columns(body, n)
         guards = ctx.guards(body, n, started)
 
         def sample(i: int) -> dict[str, Any] | SampleProblem:
@@ -113,9 +118,9 @@ class OpenRLHFFace:
                 response = response_of(queries[i], prompt, ctx.http.strip_suffixes)
             except SampleProblem as exc:
                 return exc
-            return sample_fields(response, query=prompt or "", reference=labels[i])
+            return sample_fields(response, query=prompt, reference=labels[i], agent=agent[i])
 
-        graded = await ctx.grade(reward, jobs, [sample(i) for i in range(n)], guards)
+        graded = await ctx.grade(reward, jobs, [sample(i) for i in range(n)], guards, FACE)
         out = [ctx.http.failure_reward if g.reward is None else g.reward for g in graded]
         failed = [float(g.reward is None) for g in graded]
         return web.json_response({"rewards": out, "scores": out, "extra_logs": {FAILED_LOG: failed}})

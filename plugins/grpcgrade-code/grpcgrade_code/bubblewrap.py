@@ -3,7 +3,8 @@
 Isolation is bubblewrap's, a small, well-kept setuid-free tool (Flatpak's), rather than hand-rolled
 namespaces. Each run gets:
 
-* new user, PID, network, IPC, UTS and cgroup namespaces, and no way to create further user namespaces:
+* new user, PID, network, IPC, UTS and cgroup namespaces, and no way to create further user namespaces
+  (a seccomp filter, `seccomp.py`, which also works in a container):
   no network at all (only a loopback of its own), no view of the server's processes;
 * as its whole filesystem, /usr (and the /bin, /lib symlinks into it) read-only, a minimal /dev, and a
   private /tmp of `tmp_bytes`; its files are copied in read-only under /box from memory, so nothing of
@@ -34,6 +35,7 @@ from dataclasses import replace
 from .languages import BOX, FILE_SIZE_MARKERS, MEMORY_MARKERS, RUNTIME_PATH, Language, known_languages
 from .process import Exit, StuckSandbox, run_process
 from .sandbox import COMPILE_LIMITS, Limits, Outcome, Program, RunResult, SandboxUnavailable, Slots
+from .seccomp import no_user_namespaces
 
 #: The user a server running as root hands the sandbox to.
 SANDBOX_UID = 65534
@@ -41,6 +43,12 @@ SANDBOX_UID = 65534
 READY = b"grpcgrade-sandbox-ready\n"
 #: How much of bwrap's own complaint goes into a SandboxUnavailable message.
 MESSAGE_CHARS = 300
+#: What a sandbox that cannot start needs, said in its SandboxUnavailable message.
+CONTAINER_HINT = (
+    "in a container, the sandbox needs seccomp and AppArmor unconfined (docker/podman run --security-opt "
+    "seccomp=unconfined --security-opt apparmor=unconfined; Kubernetes: seccompProfile and appArmorProfile "
+    "Unconfined); see docs/deploy.md"
+)
 PRLIMIT = "/usr/bin/prlimit"
 #: util-linux's setpriv starts bwrap: with a parent-death signal, so the sandbox dies with the server even
 #: when the server is killed, and for a root server as SANDBOX_UID. Not Popen(user=...), which must fork()
@@ -127,6 +135,7 @@ class BubblewrapBackend:
         self._slots = Slots(self.max_concurrency)
         self._links = _host_links()
         self._as_root = os.geteuid() == 0
+        self._seccomp = no_user_namespaces()
 
     def languages(self) -> frozenset[str]:
         return frozenset(name for name, lang in self._languages.items() if os.access(lang.runtime, os.X_OK))
@@ -165,16 +174,23 @@ class BubblewrapBackend:
     # -- one sandbox --------------------------------------------------------------------------------
 
     def _argv(
-        self, command: tuple[str, ...], files: dict[str, tuple[int, int]], limits: Limits, lang: Language, info: int
+        self,
+        command: tuple[str, ...],
+        files: dict[str, tuple[int, int]],
+        limits: Limits,
+        lang: Language,
+        info: int,
+        seccomp: int,
     ) -> list[str]:
-        """The bwrap command line; `files` maps each sandbox path to (an fd holding its content, its mode)."""
+        """The bwrap command line; `files` maps each sandbox path to (an fd holding its content, its mode);
+        `seccomp` is an fd holding the filter."""
         assert self._bwrap is not None
         memory = limits.memory_mb << 20
         argv = [
             self._bwrap,
             "--unshare-all",
             "--unshare-user",
-            "--disable-userns",
+            "--seccomp", str(seccomp),
             "--die-with-parent",
             "--info-fd", str(info),
             "--new-session",
@@ -222,13 +238,14 @@ class BubblewrapBackend:
         if self._bwrap is None:
             raise SandboxUnavailable("bubblewrap (bwrap) is not installed on this server (Debian: bubblewrap)")
         fds = {path: (_memfd(data), mode) for path, (data, mode) in files.items()}
+        seccomp = _memfd(self._seccomp)
         info_read, info_write = os.pipe()
         try:  # run_process owns and closes every one of these fds
-            argv = self._argv(command, fds, limits, lang, info_write)
+            argv = self._argv(command, fds, limits, lang, info_write, seccomp)
             user = [f"--reuid={SANDBOX_UID}", f"--regid={SANDBOX_UID}", "--clear-groups"] if self._as_root else []
             argv = [SETPRIV, "--pdeathsig=SIGKILL", *user, "--no-new-privs", "--", *argv]
             output_limits = (limits.output_bytes + len(READY), limits.output_bytes)
-            passed = [fd for fd, _ in fds.values()] + [info_write]
+            passed = [fd for fd, _ in fds.values()] + [info_write, seccomp]
             done = await run_process(argv, passed, info_read, stdin, output_limits, limits.time_seconds)
         except OSError as exc:
             raise SandboxUnavailable(f"bwrap could not be started: {exc}") from exc
@@ -237,5 +254,5 @@ class BubblewrapBackend:
         if not done.stdout.startswith(READY) or done.status is None:
             said = _text(done.stderr)[:MESSAGE_CHARS].strip() or "no message"
             reason = "did not start in time" if done.timed_out else f"failed to start (status {done.status}): {said}"
-            raise SandboxUnavailable(f"the sandbox {reason}")
+            raise SandboxUnavailable(f"the sandbox {reason}; {CONTAINER_HINT}")
         return replace(done, stdout=done.stdout[len(READY) :])

@@ -321,3 +321,48 @@ def test_a_sandbox_that_cannot_start_is_unavailable_not_a_result(bwrap: str) -> 
     broken = BubblewrapBackend(bwrap=bwrap)
     with pytest.raises(SandboxUnavailable):
         asyncio.run(run(broken, "python", "print(1)", "", LIMITS))
+
+
+NAMESPACES = r"""
+import ctypes, errno, subprocess, threading
+libc = ctypes.CDLL(None, use_errno=True)
+def call(*args):
+    result = libc.syscall(*args)
+    return errno.errorcode.get(ctypes.get_errno()) if result == -1 else "allowed"
+print("unshare", call(272, 0x10000000))           # unshare(CLONE_NEWUSER)
+print("clone", call(56, 0x10000000 | 17, 0, 0, 0, 0))  # clone(CLONE_NEWUSER | SIGCHLD): a child if allowed
+print("clone3", call(435, 0, 0))
+print("child", subprocess.run(["/bin/sh", "-c", "echo ran"], capture_output=True, text=True).stdout.strip())
+threading.Thread(target=print, args=("thread",)).start()
+"""
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="the program calls x86_64 system call numbers")
+def test_a_program_cannot_create_a_user_namespace(backend: BubblewrapBackend) -> None:
+    """unshare and clone refuse a new user namespace, clone3 is absent (glibc falls back to clone), and
+    processes and threads are still made."""
+    result = go(backend, NAMESPACES)
+    assert result.outcome is Outcome.OK, result.stderr
+    assert result.stdout.splitlines() == ["unshare EPERM", "clone EPERM", "clone3 ENOSYS", "child ran", "thread"]
+
+
+# What every container engine does to /proc/sys (docker, podman, containerd): a read-only bind mount.
+READ_ONLY_PROC_SYS = 'mount --bind /proc/sys /proc/sys && mount -o remount,bind,ro /proc/sys && exec "$@"'
+IN_A_CONTAINER = """
+import asyncio
+from grpcgrade_code import Limits, run
+from grpcgrade_code.bubblewrap import BubblewrapBackend
+result = asyncio.run(run(BubblewrapBackend(), "python", "print(int(input()) * 2)", "21", Limits()))
+print(result.outcome.value, result.stdout.strip())
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="making a mount namespace with a read-only /proc/sys needs root")
+def test_the_sandbox_starts_where_proc_sys_is_read_only() -> None:
+    """As in a container (bwrap's --disable-userns needed /proc/sys writable: every run failed there)."""
+    site = {str(Path(m.__file__).resolve().parents[1]) for m in (grpcgrade, grpcgrade_code)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sorted(site))}
+    command = ["unshare", "--mount", "--propagation", "private", "sh", "-c", READ_ONLY_PROC_SYS, "sh"]
+    done = subprocess.run([*command, sys.executable, "-c", IN_A_CONTAINER], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["ok", "42"]

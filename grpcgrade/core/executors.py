@@ -1,0 +1,164 @@
+"""Executors: where a unit of grading work runs, behind one interface.
+
+The engine hands an executor `Work` and awaits its result; it never learns whether the work ran in the
+server process (`InProcess`), in one of this machine's worker processes (`workers.WorkerPool`, a
+supervisor of its own), or on another machine (a Ray executor implements the same interface). An
+executor implements three things:
+
+- `submit(work)`: run the work once, somewhere, and return its result, or raise one of the typed outcomes
+  `WorkerDied` (the process running it died: killed, out of memory) or `WorkTimedOut` (it ran past its
+  watchdog, `watchdog(work)`, and the process running it was stopped). Any other exception is the work's
+  own and is raised as it is.
+- **cancel**: cancelling the task awaiting `submit` cancels the work. The executor tells whatever runs it
+  to stop (the grading loops stop at the next sample, or within `grading.ALARM_MAX_INTERVAL` inside one) and
+  the process is free again once it has; nobody waits for the answer.
+- `size` (how many items run at once), `alive()` (the processes up now: what health and metrics report),
+  `restarts` (processes replaced so far), `ready()` (every process up and warmed) and `close(patience)`.
+
+`Executor.run` is the fault policy every executor shares: a chunk whose process died or hung is run again
+sample by sample, so only the sample that kills or hangs a process is answered WORKER_LOST or TIMEOUT, and
+every other sample still gets its result.
+
+What crosses to another process or machine is a `Task`: the function, its arguments, and the time the
+call has left, in *seconds* (`seconds_left`), never an absolute clock reading: a deadline on this
+machine's monotonic clock means nothing on another machine's. The process that runs a task turns the
+seconds back into a deadline on its own clock as it starts it.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import ErrorCode
+
+log = logging.getLogger(__name__)
+
+#: What a work item's watchdog allows beyond `timeout x size`: pickling, a busy machine, a worker's start.
+#: The per-sample limit itself is enforced where the work runs (`grading`).
+WATCHDOG_GRACE_SECONDS = 2.0
+
+
+class WorkerDied(Exception):
+    """`submit`'s outcome when the process running the work died before it answered."""
+
+
+class WorkTimedOut(Exception):
+    """`submit`'s outcome when the work ran past its watchdog: the process running it was stopped."""
+
+
+@dataclass(frozen=True)
+class Work:
+    """A unit an executor runs: `fn(*args)` over `size` samples (with `deadline=` when the call has one).
+
+    When a process dies or hangs on it, `split` gives the same work sample by sample, `failed(code,
+    message)` stands for a one-sample work that could not be done, and `join` puts split results back
+    together, so the fault handling is the same whatever travels. `deadline` is the call's, on this
+    process's `time.monotonic()`; it crosses to the process that runs the work as seconds left (`Task`).
+    """
+
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    size: int
+    timeout: float | None  # per sample; the watchdog allows `size` of them
+    split: Callable[[], list[Work]]
+    failed: Callable[[str, str], Any]
+    join: Callable[[list[Any]], Any]
+    deadline: float | None = None
+
+    def task(self) -> Task:
+        """What runs the work elsewhere, its deadline made the seconds the call has left from now."""
+        left = None if self.deadline is None else self.deadline - time.monotonic()
+        return Task(self.fn, self.args, left)
+
+
+@dataclass(frozen=True)
+class Task:
+    """What crosses to the process (or machine) that runs a work item: picklable, and free of clock
+    readings. `seconds_left` is the call's time left when the task was sent (None: no deadline)."""
+
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    seconds_left: float | None = None
+
+    def __call__(self) -> Any:
+        if self.seconds_left is None:
+            return self.fn(*self.args)
+        return self.fn(*self.args, deadline=time.monotonic() + self.seconds_left)
+
+
+def watchdog(work: Work) -> float | None:
+    """How long a process may hold `work` before it is taken for hung (None: no per-sample limit, no
+    watchdog; the call's deadline still stops the grading where it runs)."""
+    return work.timeout * work.size + WATCHDOG_GRACE_SECONDS if work.timeout else None
+
+
+class Executor(abc.ABC):
+    """Runs work items; see the module docstring for the contract an implementation keeps."""
+
+    size: int
+    restarts: int = 0
+
+    @abc.abstractmethod
+    async def submit(self, work: Work) -> Any:
+        """Run `work` once; raises `WorkerDied` or `WorkTimedOut` when it could not be done."""
+
+    @abc.abstractmethod
+    async def ready(self) -> None:
+        """Returns once every process is up, has loaded the plugins and warmed the graders."""
+
+    def alive(self) -> int:
+        """The processes up now."""
+        return self.size
+
+    @abc.abstractmethod
+    def close(self, patience: float = 3.0) -> None:
+        """At exit, after the drain: processes get `patience` seconds to finish what they hold, then stop."""
+
+    async def run(self, work: Work) -> Any:
+        """`work`'s result; a sample that kills or hangs its process gets `work.failed`, alone. A work item
+        of one sample whose process died is tried once more (the death may have been someone else's doing,
+        the OOM killer's or an operator's), then answered WORKER_LOST."""
+        attempts = 0
+        while True:
+            try:
+                return await self.submit(work)
+            except WorkTimedOut:
+                if work.size == 1:
+                    return work.failed(ErrorCode.TIMEOUT, f"grader ran past its time limit of {work.timeout:g} s")
+                return await self._one_by_one(work)
+            except WorkerDied as exc:
+                log.warning("worker lost while grading %d samples: %s", work.size, exc)
+                attempts += 1
+                if work.size > 1:  # find the sample that kills workers; the others still get results
+                    return await self._one_by_one(work)
+                if attempts >= 2:
+                    return work.failed(ErrorCode.WORKER_LOST, "the worker process grading this sample died twice")
+
+    async def _one_by_one(self, work: Work) -> Any:
+        """Sample by sample, each its own work item: the sample that kills or hangs a process takes no other
+        sample with it (each process holds one item), and the others run side by side."""
+        return work.join(list(await asyncio.gather(*(self.run(part) for part in work.split()))))
+
+
+class InProcess(Executor):
+    """Runs work in the server process, on the calling thread: for small work of bounded cost, where a hop
+    to another process costs more than the work (see `engine.inline_small`). It cannot survive the work
+    killing its process, so it runs only what `bounded_cost` graders do; it has no watchdog (the per-sample
+    limit and the call's deadline hold through `grading`'s timer)."""
+
+    size = 1
+
+    async def submit(self, work: Work) -> Any:
+        return work.task()()
+
+    async def ready(self) -> None:
+        return None  # the server process is up
+
+    def close(self, patience: float = 3.0) -> None:
+        return None  # nothing of its own to stop

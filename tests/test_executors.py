@@ -1,0 +1,327 @@
+"""The execution layer against real processes: worker deaths and stops with real signals to real worker PIDs.
+
+The wedge of issue 32: with one result pipe shared by every worker, a worker killed halfway through
+writing an answer larger than a pipe holds left half a message in the pipe and its lock held, and the
+service stopped grading while health said SERVING. Made deterministic here: the server is stopped
+(SIGSTOP) while its workers write such answers, so each worker blocks mid-write; one is killed there, and
+the server resumed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import platform
+import signal
+import threading
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2
+
+from grpcgrade.core.errors import GraderCancelled
+from grpcgrade.core.executors import InProcess, Work, WorkerDied, WorkTimedOut
+from grpcgrade.core.grading import cancellable, grade_sync
+from grpcgrade.core.workers import WorkerPool, grader_work
+from grpcgrade.grader import BaseGrader, GraderError, GraderScore
+from grpcgrade.service.convert import sample_to_pb, specs_to_pb
+from grpcgrade.testing import children, cpu_seconds, health_status, start_server
+from grpcgrade.v1 import grading_pb2 as pb
+from grpcgrade.v1 import grading_pb2_grpc as pb_grpc
+
+#: The system calls a process blocked writing to a pipe or socket is in (write, writev), by machine.
+WRITE_CALLS = {"x86_64": {1, 20}, "aarch64": {64, 66}}
+#: An answer this long (a reason of 3 MB) is far more than a pipe or a socket buffer holds.
+LONG = 3_000_000
+WAIT = 60  # seconds a condition may take to come true on a loaded machine before the test fails
+
+
+def worker_pids(server_pid: int) -> list[int]:
+    """The server's worker processes (its spawned children, not multiprocessing's resource tracker)."""
+    out = []
+    for pid in children(server_pid):
+        try:
+            if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                out.append(pid)
+        except OSError:
+            continue
+    return out
+
+
+def writing(pid: int) -> bool:
+    """Whether `pid` is blocked in a write system call (`/proc/PID/syscall`: the call's number first)."""
+    try:
+        call = Path(f"/proc/{pid}/syscall").read_text().split()
+    except OSError:
+        return False
+    return bool(call) and call[0].isdigit() and int(call[0]) in WRITE_CALLS.get(platform.machine(), {1})
+
+
+def blocked(pid: int) -> bool:
+    """Whether `pid` is asleep in the kernel (state S or D: waiting, not running Python code)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("S", "D")
+    except OSError:
+        return False
+
+
+def until(condition, what: str) -> None:
+    deadline = time.monotonic() + WAIT
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {WAIT} s: {what}"
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def srv(tmp_path, plugin_env):
+    config = tmp_path / "grpcgrade.yaml"  # each test meets its fault afresh: no quarantine
+    config.write_text("quarantine: {enabled: false}\n")
+    server = start_server(tmp_path, "--workers", "2", "--grader-timeout", "10", "--config", str(config), env=plugin_env)
+    yield server
+    os.kill(server.proc.pid, signal.SIGCONT)  # never leave it stopped
+    server.stop()
+
+
+def call_in_thread(target: str, samples: list[str], graders: list, out: list) -> threading.Thread:
+    """A BatchEvaluate call (chunks of one sample) on a thread: `out` gets each result by index, or the error."""
+    request = pb.BatchEvaluateRequest(
+        graders=specs_to_pb(graders), samples=[sample_to_pb({"response": r}) for r in samples], chunk_size=1
+    )
+
+    def run() -> None:
+        try:
+            with grpc.insecure_channel(target, options=[("grpc.max_receive_message_length", 64 << 20)]) as channel:
+                stream = pb_grpc.GradingServiceStub(channel).BatchEvaluate(request, timeout=WAIT)
+                out.extend(item for message in stream for item in message.items)
+        except grpc.RpcError as exc:
+            out.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+def outcomes(items: list) -> list[list[object]]:
+    assert not [i for i in items if isinstance(i, grpc.RpcError)], items
+    assert sorted(i.index for i in items) == list(range(len(items)))  # each sample answered exactly once
+    ordered = sorted(items, key=lambda i: i.index)
+    return [[r.error.code if r.HasField("error") else r.score for r in i.result.results] for i in ordered]
+
+
+def busy(pids: list[int], since: dict[int, float]) -> bool:
+    return all(cpu_seconds(p) - since[p] > 0.05 for p in pids)
+
+
+def test_a_worker_killed_halfway_through_writing_a_large_answer_wedges_nothing(srv):
+    """Both workers answer 3 MB into a stopped server; one is killed blocked mid-write; once the
+    server resumes, the call ends with every sample answered once, the pool is whole again, health is
+    SERVING and the next call is graded (before: the call hung and every later call with it)."""
+    pids = worker_pids(srv.proc.pid)
+    assert len(pids) == 2
+    before = {p: cpu_seconds(p) for p in pids}
+    restarts = srv.metric("grpcgrade_worker_pool_restarts_total")
+    # Each sample keeps a worker busy 1.5 s, then answers 3 MB: long enough to stop the server in between.
+    graders = [{"name": "sleepy", "params": {"seconds": 1.5}}, {"name": "misbehave"}]
+    out: list = []
+    thread = call_in_thread(srv.target, [f"long:{LONG}"] * 2, graders, out)
+    until(lambda: busy(pids, before), "both workers grading")
+    os.kill(srv.proc.pid, signal.SIGSTOP)
+    try:
+        # Both have graded and wait (the one first to write, blocked mid-write: its answer fills the pipe).
+        until(lambda: any(writing(p) for p in pids) and all(blocked(p) for p in pids), "a worker blocked mid-write")
+        victim = next(p for p in pids if writing(p))
+        os.kill(victim, signal.SIGKILL)
+        until(lambda: not Path(f"/proc/{victim}/cmdline").read_bytes(), "the killed worker gone")
+    finally:
+        os.kill(srv.proc.pid, signal.SIGCONT)
+    thread.join(WAIT + 10)
+    assert not thread.is_alive(), "the call hung"
+    assert outcomes(out) == [[1.0, 1.0], [1.0, 1.0]]  # the killed worker's sample was graded again
+    assert all(len(i.result.results[1].reason) == len("long:") + LONG for i in out)
+    until(lambda: srv.metric("grpcgrade_workers_alive") == 2, "the pool whole again")
+    assert srv.metric("grpcgrade_worker_pool_restarts_total") == restarts + 1  # one process replaced, alone
+    survivor = next(p for p in pids if p != victim)
+    assert survivor in worker_pids(srv.proc.pid) and victim not in worker_pids(srv.proc.pid)
+    assert health_status(srv.target) == health_pb2.HealthCheckResponse.SERVING
+    with srv.client(timeout=WAIT) as c:
+        replies = c.batch_evaluate([{"response": "ok"}] * 20, ["misbehave"])
+    assert [r.results[0].score for r in replies] == [1.0] * 20
+
+
+def test_a_stopped_worker_is_killed_by_its_watchdog_and_replaced_alone(tmp_path, plugin_env):
+    """A worker stopped (SIGSTOP) while it holds a sample: its watchdog kills it and a new one takes its
+    place; the other worker is untouched, and every sample is answered once (the stopped one TIMEOUT)."""
+    server = start_server(tmp_path, "--workers", "2", "--grader-timeout", "1", env=plugin_env)
+    try:
+        pids = worker_pids(server.proc.pid)
+        before = {p: cpu_seconds(p) for p in pids}
+        out: list = []
+        graders = [{"name": "sleepy", "params": {"seconds": 0.8}}]
+        thread = call_in_thread(server.target, ["x"] * 6, graders, out)
+        until(lambda: busy(pids, before), "both workers grading")
+        os.kill(pids[0], signal.SIGSTOP)
+        thread.join(WAIT + 10)
+        assert not thread.is_alive(), "the call hung"
+        results = outcomes(out)
+        assert results.count(["TIMEOUT"]) == 1 and results.count([1.0]) == 5
+        until(lambda: server.metric("grpcgrade_workers_alive") == 2, "the pool whole again")
+        now = worker_pids(server.proc.pid)
+        assert pids[0] not in now and pids[1] in now
+        assert server.metric("grpcgrade_worker_pool_restarts_total") == 1
+        assert health_status(server.target) == health_pb2.HealthCheckResponse.SERVING
+    finally:
+        server.stop()
+
+
+# -- the executor interface, in the test's own process ---------------------------------------------------
+
+
+def _work(fn, args, timeout=None, size=1) -> Work:
+    return Work(fn, args, size, timeout, split=lambda: [], failed=lambda code, message: code, join=list)
+
+
+@pytest.fixture
+def pool(monkeypatch, plugin_site):
+    monkeypatch.syspath_prepend(str(plugin_site))  # spawned workers start with this sys.path: the test plugins
+    pool = WorkerPool(1)
+    yield pool
+    pool.close(patience=0)
+
+
+def test_worker_death_and_timeout_are_typed_outcomes_and_cost_one_process(pool):
+    async def main() -> tuple[object, object, int]:
+        await pool.ready()
+        first = pool.alive()
+        with pytest.raises(WorkerDied):
+            await pool.submit(_work(os._exit, (3,)))  # the process ends as the work runs
+        with pytest.raises(WorkTimedOut):
+            await pool.submit(_work(time.sleep, (3600,), timeout=0.1))
+        return first, await pool.submit(_work(os.getpid, ())), pool.restarts
+
+    first, pid, restarts = asyncio.run(main())
+    assert first == 1 and isinstance(pid, int) and pid != os.getpid()
+    assert restarts == 2
+
+
+def test_a_cancelled_item_is_stopped_by_a_message_and_frees_its_worker(pool):
+    """Cancelling the awaiting task stops the grading loop in the worker (1,000 samples of 1 s each would
+    hold it for a quarter of an hour), with no process killed."""
+
+    async def main() -> tuple[object, int]:
+        await pool.ready()
+        endless = grader_work("sleepy", {"seconds": 1.0}, [{"response": "x"}] * 1000, None)
+        task = asyncio.ensure_future(pool.submit(endless))
+        await asyncio.sleep(0.5)  # the worker has it now (or soon: a cancel before it starts stops it too)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        pid = await asyncio.wait_for(pool.submit(_work(os.getpid, ())), WAIT)
+        return pid, pool.restarts
+
+    pid, restarts = asyncio.run(main())
+    assert isinstance(pid, int) and restarts == 0
+
+
+def test_work_crosses_as_seconds_left_and_in_process_runs_it_here():
+    """A call's deadline travels as the seconds it has left, never as a clock reading of this process."""
+    seen: list = []
+    deadline = time.monotonic() + 100.0
+    work = Work(lambda **kw: seen.append(kw), (), 1, None, lambda: [], lambda c, m: c, list, deadline)
+    task = work.task()
+    assert 99.0 < task.seconds_left <= 100.0  # type: ignore[operator]
+    asyncio.run(InProcess().submit(work))
+    assert abs(seen[0]["deadline"] - deadline) < 1.0
+
+
+# -- async graders, sample by sample ---------------------------------------------------------------------
+
+
+def stream_items(target: str, samples: list[dict], graders: list, **fields) -> tuple[list, grpc.RpcError | None]:
+    """The items a BatchEvaluate call streams back, read until the call ends (or fails: its error)."""
+    request = pb.BatchEvaluateRequest(
+        graders=specs_to_pb(graders), samples=[sample_to_pb(s) for s in samples], **fields
+    )
+    items: list = []
+    with grpc.insecure_channel(target) as channel:
+        try:
+            for message in pb_grpc.GradingServiceStub(channel).BatchEvaluate(request, timeout=20):
+                items.extend(message.items)
+        except grpc.RpcError as exc:
+            return items, exc
+    return items, None
+
+
+def test_a_judgment_that_never_comes_holds_back_no_other_sample(server):
+    """`napper` answers at once, except "hang" (an hour): a judge that never answers. The other 399
+    samples, in its chunk too, are all answered while it is still waiting (before, its chunk's 99 others
+    waited with it: the call ended at its deadline without them)."""
+    samples = [{"response": "hang" if i == 0 else "x"} for i in range(400)]
+    items, error = stream_items(server.target, samples, ["napper"], chunk_size=100)
+    assert error is not None and error.code() == grpc.StatusCode.DEADLINE_EXCEEDED  # the hang is still waiting
+    assert sorted(i.index for i in items) == list(range(1, 400))
+    assert {i.result.results[0].score for i in items} == {1.0}
+
+
+def test_a_step_budget_cuts_only_the_judgments_still_waiting(server):
+    """Two samples that never get their judgment, in the first two chunks of four: with a step budget,
+    they alone are BUDGET_EXCEEDED (before, their chunks held every slot, and the two chunks behind them
+    were cut whole)."""
+    samples = [{"response": "hang" if i in (0, 100) else "x"} for i in range(400)]
+    items, error = stream_items(server.target, samples, ["napper"], chunk_size=100, budget_seconds=2.0)
+    assert error is None
+    assert sorted(i.index for i in items) == list(range(400))  # each sample answered exactly once
+    codes = {i.index: i.result.results[0].error.code for i in items if i.result.results[0].HasField("error")}
+    assert codes == {0: "BUDGET_EXCEEDED", 100: "BUDGET_EXCEEDED"}
+
+
+# -- time limits on any thread ---------------------------------------------------------------------------
+
+
+class Spin(BaseGrader):
+    """Runs Python code for up to 20 s on "spin" (what a per-sample limit must interrupt); else 1.0."""
+
+    def evaluate(self, response: str) -> GraderScore:
+        if response == "spin":
+            end = time.perf_counter() + 20
+            while time.perf_counter() < end:
+                pass
+        return GraderScore(self.name, 1.0)
+
+
+def on_a_thread(fn) -> object:
+    """`fn()` on a thread of its own (as a Ray actor or a caller's thread pool runs grading): its result."""
+    out: list = []
+    thread = threading.Thread(target=lambda: out.append(fn()))
+    thread.start()
+    thread.join(WAIT)
+    assert not thread.is_alive()
+    return out[0]
+
+
+def codes(results) -> list[object]:
+    return [r.code if isinstance(r, GraderError) else r.score for r in results]
+
+
+def test_the_time_limit_holds_off_the_main_thread():
+    """Before, `_alarm` silently turned the limit off away from the main thread: the sample ran 20 s and
+    scored 1.0."""
+    samples = [{"response": "spin"}, {"response": "x"}]
+    assert codes(on_a_thread(lambda: grade_sync(Spin(), samples, 0.2))) == ["TIMEOUT", 1.0]
+
+
+def test_a_deadline_and_a_cancellation_hold_off_the_main_thread():
+    samples = [{"response": "x"}, {"response": "spin"}, {"response": "x"}]
+    deadline = time.monotonic() + 0.5
+    assert codes(on_a_thread(lambda: grade_sync(Spin(), samples, None, deadline))) == [1.0] + ["BUDGET_EXCEEDED"] * 2
+    asked = time.monotonic() + 0.5
+
+    def cancelled_midway() -> object:
+        with cancellable(lambda: time.monotonic() > asked):
+            try:
+                return grade_sync(Spin(), samples, None)
+            except GraderCancelled:
+                return "cancelled"
+
+    assert on_a_thread(cancelled_midway) == "cancelled"
