@@ -117,6 +117,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         tls_cert=args.tls_cert,
         http_host=args.http_host,
         http_port=args.http_port,
+        ray_address=args.ray,
         tls_key=args.tls_key,
         tls_client_ca=args.tls_client_ca,
     )
@@ -614,6 +615,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--http-host", default="127.0.0.1", help="address of the HTTP/JSON face (default 127.0.0.1)")
     p.add_argument(
         "--http-port", type=int, default=None, help="HTTP/JSON face for OpenRLHF's remote reward (default: off)"
+    )
+    p.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        help="run the workers as actors on this Ray cluster (host:port of its head; the grpcgrade[ray] extra), "
+        "one per cluster CPU unless --workers says how many",
     )
     p.add_argument("--tls-cert", metavar="FILE", help="serve TLS with this certificate (PEM), with --tls-key")
     p.add_argument("--tls-key", metavar="FILE", help="the server certificate's private key (PEM)")

@@ -27,6 +27,7 @@ from grpcgrade.core.coalesce import ServerCoalescer
 from grpcgrade.core.config import ServerConfig, load_config
 from grpcgrade.core.engine import Engine
 from grpcgrade.core.errors import ConfigError, InvalidParams, PortUnavailable, UnknownGrader
+from grpcgrade.core.executors import Executor
 from grpcgrade.core.registry import Registry, get_registry
 from grpcgrade.core.workers import WorkerPool
 from grpcgrade.llm.models import configure as configure_models
@@ -95,6 +96,7 @@ class ServeOptions:
     tls_client_ca: str | None = None
     http_host: str = "127.0.0.1"
     http_port: int | None = None  # None: no HTTP face; 0: a free port (see Service.http_port)
+    ray_address: str | None = None  # the workers as actors on this Ray cluster (core.executors_ray)
     extra_options: list[tuple[str, int]] = field(default_factory=list)
 
 
@@ -144,7 +146,7 @@ class Service:
     registry: Registry
     config: ServerConfig
     metrics: Metrics | None
-    pool: WorkerPool | None
+    pool: Executor | None
     tls: bool
     http_app: web.Application | None = None
     http_runner: web.AppRunner | None = None
@@ -254,7 +256,13 @@ def build_server(opts: ServeOptions) -> Service:
     configure_models(config.models, config.callers)  # before the rewards are resolved: their LLM graders look models up
     metrics = Metrics() if opts.metrics_port else None
     workers = os.cpu_count() or 1 if opts.workers is None else opts.workers
-    pool = WorkerPool(workers) if workers > 0 else None
+    pool: Executor | None
+    if opts.ray_address:  # one actor per cluster CPU unless --workers says how many
+        from grpcgrade.core.executors_ray import RayExecutor
+
+        pool = RayExecutor(opts.ray_address, opts.workers or None)
+    else:
+        pool = WorkerPool(workers) if workers > 0 else None
     cached = CachedGrading.from_config(config.cache, config.quarantine)
     if metrics is not None:
         metrics.watch_cache(cached)
