@@ -5,6 +5,10 @@ and answers 429 with Retry-After beyond, with a long tail of slow answers; a ser
 that limit grades N distinct judgments (`llm_rubric`) in one BatchEvaluate. In T seconds the endpoint
 allows at most its burst plus rate x T requests, so `judge_throughput_x_limit` = judgments answered /
 (burst + rate x T): 1.0 is every request the limit allows, used. The goal is >= 0.9 (issue 34).
+
+With `requests_per_minute` 0 the endpoint has no limit and answers every request in `ALL_IN_FLIGHT_LATENCY`
+seconds, and the model's concurrency is N: all N judgments are in flight at once, which measures the judge
+client itself (the choice of aiohttp over httpx was measured so: docs/llm-judges.md#provider-limits).
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ JUDGE_SLOW_SHARE = 0.01
 JUDGE_SLOW_SECONDS = 1.0
 #: Requests in flight the server may hold for the model: enough for the rate x the slow answers.
 JUDGE_CONCURRENCY = 512
+#: Without a limit: how long the endpoint takes to answer each of the N judgments all in flight at once.
+ALL_IN_FLIGHT_LATENCY = 1.0
 
 
 def _stats(port: int) -> dict[str, Any]:
@@ -40,10 +46,12 @@ def bench_judges(judgments: int, requests_per_minute: float = JUDGE_RPM, workers
     from .testing import free_port, start_server
 
     port = free_port()
+    limited = requests_per_minute > 0
+    latency, slow_share = (JUDGE_LATENCY, JUDGE_SLOW_SHARE) if limited else (ALL_IN_FLIGHT_LATENCY, 0.0)
     endpoint = subprocess.Popen(
         [sys.executable, "-m", "grpcgrade.fake_judge", "--port", str(port)]
-        + ["--requests-per-minute", str(requests_per_minute), "--latency", str(JUDGE_LATENCY)]
-        + ["--slow-share", str(JUDGE_SLOW_SHARE), "--slow-seconds", str(JUDGE_SLOW_SECONDS)]
+        + ["--requests-per-minute", str(requests_per_minute), "--latency", str(latency)]
+        + ["--slow-share", str(slow_share), "--slow-seconds", str(JUDGE_SLOW_SECONDS)]
     )
     try:
         for _ in range(400):
@@ -53,7 +61,7 @@ def bench_judges(judgments: int, requests_per_minute: float = JUDGE_RPM, workers
             except OSError:
                 time.sleep(0.05)
         model = {"base_url": f"http://127.0.0.1:{port}/v1", "requests_per_minute": requests_per_minute}
-        model["max_concurrency"] = JUDGE_CONCURRENCY
+        model["max_concurrency"] = JUDGE_CONCURRENCY if limited else judgments
         config = {"models": {"judge": model}, "grader_timeout_seconds": 600, "cache": {"enabled": False}}
         with tempfile.TemporaryDirectory() as tmp:
             (Path(tmp) / "config.yaml").write_text(yaml.safe_dump(config))
@@ -72,15 +80,20 @@ def bench_judges(judgments: int, requests_per_minute: float = JUDGE_RPM, workers
         endpoint.terminate()
         endpoint.wait(10)
     ok = sum(1 for r in replies if not r.results[0].HasField("error"))
-    bucket = Bucket(requests_per_minute)  # the endpoint's own burst and rate, as it enforces them
-    allowed = bucket.capacity + bucket.rate * elapsed
-    return {
+    figures = {
         "judge_judgments": judgments,
         "judge_answered": ok,
         "judge_seconds": round(elapsed, 3),
         "judge_per_second": round(ok / elapsed, 1),
-        "judge_endpoint_limit_per_second": round(bucket.rate, 1),
         "judge_endpoint_429s": stats["throttled"],
         "judge_endpoint_max_in_flight": stats["max_in_flight"],
+    }
+    if not limited:
+        return {**figures, "judge_endpoint_latency_seconds": latency}
+    bucket = Bucket(requests_per_minute)  # the endpoint's own burst and rate, as it enforces them
+    allowed = bucket.capacity + bucket.rate * elapsed
+    return {
+        **figures,
+        "judge_endpoint_limit_per_second": round(bucket.rate, 1),
         "judge_throughput_x_limit": round(ok / allowed, 3),
     }

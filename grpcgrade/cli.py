@@ -717,7 +717,13 @@ def build_parser() -> argparse.ArgumentParser:
         "of what its limit allows",
     )
     p.add_argument("--judge-samples", type=int, default=2_000, help="with --goals: LLM judgments (0: skip)")
-    p.add_argument("--judge-rpm", type=float, default=6000.0, help="with --judges: the endpoint's requests/minute")
+    p.add_argument(
+        "--judge-rpm",
+        type=float,
+        default=6000.0,
+        help="with --judges: the endpoint's requests/minute (0: no limit, every judgment in flight at once, each "
+        "answered in 1 s: the judge client's own cost)",
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=cmd_bench)
 

@@ -22,6 +22,7 @@ from grpcgrade.fake_judge import COMPLETION_TOKENS, SLOW_MARKER
 from grpcgrade.testing import ServerProcess, free_port, start_server
 
 RPM = 600  # 10 a second, a burst of 10
+HTTP_PORT = free_port()
 TPM = 120_000  # 2,000 tokens a second, a burst of 2,000: about 7 judgments of llm_rubric's prompt
 
 
@@ -89,9 +90,12 @@ def server(tmp_path_factory: pytest.TempPathFactory, endpoints: dict[str, Endpoi
             },
         },
         "callers": {"light": {"weight": 3}, "heavy": {"weight": 1}},
+        "rewards": {
+            "judged": {"graders": [{"name": "llm_rubric", "params": {"rubric": "Polite?", "model": "priced"}}]}
+        },
     }
     (workdir / "config.yaml").write_text(yaml.safe_dump(config))
-    proc = start_server(workdir, "--config", "config.yaml", "--workers", "1")
+    proc = start_server(workdir, "--config", "config.yaml", "--workers", "1", "--http-port", str(HTTP_PORT))
     yield proc
     proc.stop()
 
@@ -238,3 +242,16 @@ def test_a_step_budget_cuts_only_the_judgments_still_unanswered(server: ServerPr
     with server.client(caller="budget") as client:
         replies = client.batch_evaluate(batch, rubric("paced"), budget_seconds=4)
     assert codes(replies) == ["ok"] * 10 + ["BUDGET_EXCEEDED"] * 2 + ["ok"] * 10
+
+
+def test_the_http_face_takes_the_caller_from_its_header(server: ServerProcess) -> None:
+    """OpenRLHF's reward route with `X-Grpcgrade-Caller`: its judgments count under that caller."""
+    body = {"query": [f"q {time.time_ns()} CALLER-web SCORE-2"], "prompts": ["q"], "labels": [""]}
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{HTTP_PORT}/rewards/judged/get_reward",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json", "X-Grpcgrade-Caller": "web-trainer"},
+    )
+    with urllib.request.urlopen(request, timeout=30) as reply:
+        assert json.load(reply)["rewards"] == [2.0]
+    assert server.metric("grpcgrade_judge_requests_total", model="priced", caller="web-trainer") == 1
