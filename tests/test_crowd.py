@@ -148,6 +148,9 @@ def test_a_refusal_carries_the_limit_and_the_hint(crowd_server):
         assert exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert "limits.max_concurrent_calls" in exc.details()
         assert dict(exc.trailing_metadata())["grpc-retry-pushback-ms"] == "50"
+    # counted, not logged one by one: a crowd refused by the thousand would flood the log
+    assert crowd_server.metric("grpcgrade_calls_refused_total") >= len(errors)
+    assert "code=RESOURCE_EXHAUSTED" not in crowd_server.log()
 
 
 def test_admission_refuses_past_each_limit_and_frees_what_ends():
