@@ -101,6 +101,7 @@ def test_a_grpc_crowd_is_answered_every_call(crowd_server):
 def test_an_http_crowd_is_answered_or_refused_with_a_retry_hint(crowd_server):
     texts = responses(CROWD // 2)
     refusals: list[str] = []
+    coalesced_before = crowd_server.metric("grpcgrade_coalesced_samples_total")
 
     async def crowd() -> list[float]:
         connector = aiohttp.TCPConnector(limit=0)  # every caller on its own connection, as separate workers
@@ -123,6 +124,8 @@ def test_an_http_crowd_is_answered_or_refused_with_a_retry_hint(crowd_server):
     assert asyncio.run(crowd()) == [valid(t) for t in texts]
     assert refusals and all(int(after) >= 1 for after in refusals)
     assert crowd_server.metric("grpcgrade_http_requests_total", code="503") == len(refusals)
+    # every one-sample request went through the server's coalescer (graded with the others of its reward)
+    assert crowd_server.metric("grpcgrade_coalesced_samples_total") - coalesced_before == len(texts)
     assert crowd_server.metric("grpcgrade_calls_admitted") == 0
 
 
