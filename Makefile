@@ -28,15 +28,19 @@ BUF_VERSION := 1.75.0
 TOOLS := .tools
 BUF := $(TOOLS)/node_modules/.bin/buf
 
+# `make serve` and `make test` started together (the Quick start's two shells) share .venv: every step that
+# creates or installs into it holds one lock (flock, util-linux), so two pips never write it at once.
+LOCKED := flock $(VENV).lock
+
 $(SERVER_STAMP): pyproject.toml plugins/*/pyproject.toml
-	test -d $(VENV) || $(PY) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[server,math]' $(foreach p,$(BUNDLED),-e $(p))
+	$(LOCKED) sh -c 'test -d $(VENV) || $(PY) -m venv $(VENV)'
+	$(LOCKED) $(BIN)/pip install --quiet --upgrade pip
+	$(LOCKED) $(BIN)/pip install --quiet -e '.[server,math]' $(foreach p,$(BUNDLED),-e $(p))
 	touch $(SERVER_STAMP)
 
 # The development and docs tools on top (pyproject's dependency groups; pip >= 25.1 reads them).
 $(STAMP): $(SERVER_STAMP)
-	$(BIN)/pip install --quiet --group dev --group docs --group bench
+	$(LOCKED) $(BIN)/pip install --quiet --group dev --group docs --group bench
 	touch $(STAMP)
 
 serve: $(SERVER_STAMP)
@@ -126,4 +130,4 @@ image-test: $(SERVER_STAMP)
 	$(BIN)/python scripts/image/compose.py
 
 clean:
-	rm -rf $(VENV) $(OLDEST) $(TOOLS) $(PEER_VENV) build *.egg-info
+	rm -rf $(VENV) $(VENV).lock $(OLDEST) $(TOOLS) $(PEER_VENV) build *.egg-info

@@ -120,6 +120,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         ray_address=args.ray,
         tls_key=args.tls_key,
         tls_client_ca=args.tls_client_ca,
+        tokenizer=args.tokenizer,
     )
     for flag, path in (
         ("--config", opts.config),
@@ -225,10 +226,17 @@ def cmd_graders(args: argparse.Namespace) -> int:
                 raise RunFailed(rpc_message(exc, args.target)) from exc
         where = f"The graders, plugins and rewards of the server at {args.target}:"
     else:
-        from grpcgrade.core.registry import get_registry
-        from grpcgrade.service.catalog import list_graders
+        try:
+            from grpcgrade.core.registry import get_registry
+            from grpcgrade.service.catalog import list_graders
 
-        listing = list_graders(get_registry(), {})
+            listing = list_graders(get_registry(), {})
+        except ModuleNotFoundError as exc:  # `pip install grpcgrade`: the client, without the graders' packages
+            raise UsageError(
+                f"{exc.name} is missing: this installation is the client only, which grades nothing itself. "
+                "List a server's graders with --target HOST:PORT, or install the graders: "
+                "pip install 'grpcgrade[server]'"
+            ) from exc
         where = "The graders and plugins of this installation (a server's: --target HOST:PORT):"
     data = listing_data(listing)
     if args.json:
@@ -615,6 +623,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--http-host", default="127.0.0.1", help="address of the HTTP/JSON face (default 127.0.0.1)")
     p.add_argument(
         "--http-port", type=int, default=None, help="HTTP/JSON face for OpenRLHF's remote reward (default: off)"
+    )
+    p.add_argument(
+        "--tokenizer",
+        metavar="SPEC",
+        help="count a sample's completion_tokens when the trainer sends none (length gates): tiktoken:ENCODING "
+        "or the path of a model's tokenizer.json; overrides the config's `tokenizer:`",
     )
     p.add_argument(
         "--ray",

@@ -31,11 +31,14 @@ import grpc.experimental
 from google.protobuf.json_format import MessageToDict
 
 from grpcgrade.service.convert import SampleColumns as SampleColumns  # a batch as columns: the cheapest to send
-from grpcgrade.service.convert import add_samples, as_columns, sample_to_pb, specs_to_pb
+from grpcgrade.service.convert import add_samples, as_columns, graders_list, sample_to_pb, specs_to_pb
 
 from .batch_scores import BatchScores as BatchScores  # what batch_scores returns
 from .core.context import CALLER_HEADER
 from .core.retry import backoff
+from .errors import FailureBudgetExceeded as FailureBudgetExceeded
+from .errors import GradingError as GradingError
+from .errors import ServerUnavailable, typed
 from .v1 import grading_pb2 as pb
 from .v1 import grading_pb2_grpc as pb_grpc
 
@@ -90,28 +93,49 @@ def cache_mode(cache: Cache) -> pb.CacheMode:
     raise ValueError(f"cache must be 'on', 'off', None or a grading_pb2.CacheMode, not {cache!r}")
 
 
-class FailureBudgetExceeded(grpc.RpcError):
-    """The server ended a call because its failed samples passed `max_failure_ratio` (FAILED_PRECONDITION).
-    The message says how many failed and names the grader with the most errors and its most frequent code;
-    `code()` and `details()` answer as the grpc.RpcError it stands for."""
-
-    def __init__(self, details: str) -> None:
-        super().__init__(details)
-        self._details = details
-
-    def code(self) -> grpc.StatusCode:
-        return grpc.StatusCode.FAILED_PRECONDITION
-
-    def details(self) -> str:
-        return self._details
+#: How long a call keeps retrying while the server answers UNAVAILABLE (it is down, restarting, or not there
+#: yet) before it raises `ServerUnavailable`: a rolling restart must not end a training run. Per client:
+#: `unavailable_seconds=`.
+DEFAULT_UNAVAILABLE_SECONDS = 60.0
+#: The pause between those retries grows from the first to the last value (doubling).
+RETRY_PAUSES = (0.2, 2.0)
 
 
-def _surfaced(exc: grpc.RpcError) -> grpc.RpcError:
-    """A failed call's error as the caller should see it: the failure budget's as `FailureBudgetExceeded`."""
-    code = getattr(exc, "code", None)
-    if callable(code) and code() == grpc.StatusCode.FAILED_PRECONDITION:
-        return FailureBudgetExceeded(exc.details() or "")
-    return exc
+def _retrying(method: Callable[..., Any]) -> Callable[..., Any]:
+    """A client method whose grpc errors are raised as the `GradingError` family, and whose call is made again
+    while the server is unavailable, for up to the client's `unavailable_seconds`."""
+
+    @functools.wraps(method)
+    def call(self: _Base, *args: Any, **kwargs: Any) -> Any:
+        pause, deadline = RETRY_PAUSES[0], None
+        while True:
+            try:
+                return method(self, *args, **kwargs)
+            except grpc.RpcError as exc:
+                error = typed(exc, self.target)
+                deadline = self._retry_or_raise(error, deadline, pause)
+            time.sleep(pause)
+            pause = min(pause * 2, RETRY_PAUSES[1])
+
+    return call
+
+
+def _aretrying(method: Callable[..., Any]) -> Callable[..., Any]:
+    """`_retrying` for the asyncio client's coroutine methods."""
+
+    @functools.wraps(method)
+    async def call(self: _Base, *args: Any, **kwargs: Any) -> Any:
+        pause, deadline = RETRY_PAUSES[0], None
+        while True:
+            try:
+                return await method(self, *args, **kwargs)
+            except grpc.RpcError as exc:
+                error = typed(exc, self.target)
+                deadline = self._retry_or_raise(error, deadline, pause)
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, RETRY_PAUSES[1])
+
+    return call
 
 
 #: The trailer a server's refusal for load carries (`grpc-retry-pushback-ms`, see docs/security.md).
@@ -171,13 +195,26 @@ def call_timeout(request: pb.BatchEvaluateRequest, timeout: float) -> float:
 
 
 def channel_target(target: Target) -> str:
-    """One address, a gRPC name (`dns:///svc:50051`), or several addresses balanced round-robin."""
+    """One address, a gRPC name (`dns:///svc:50051`), or several addresses balanced round-robin. An
+    `http://host:port` URL (what an HTTP habit writes) is its `host:port`; an `https://` one is refused:
+    TLS is the client's `credentials=`, not a scheme."""
     if isinstance(target, str):
-        return target
-    addresses = list(target)
+        return _address(target)
+    addresses = [_address(a) for a in target]
     if len(addresses) == 1:
         return addresses[0]
     return "ipv4:" + ",".join(addresses)
+
+
+def _address(target: str) -> str:
+    if target.startswith("http://"):
+        return target[len("http://") :].rstrip("/")
+    if target.startswith("https://"):
+        raise ValueError(
+            f"grpcgrade: target {target!r} is an HTTPS URL; give host:port and TLS as credentials= "
+            "(grpcgrade.client.tls_credentials)"
+        )
+    return target
 
 
 def channel_options(max_message_bytes: int, server_name: str | None = None) -> list[tuple[str, Any]]:
@@ -308,10 +345,12 @@ class _Base:
         credentials: grpc.ChannelCredentials | None = None,
         max_message_bytes: int = 64 * 1024 * 1024,
         server_name: str | None = None,
+        unavailable_seconds: float = DEFAULT_UNAVAILABLE_SECONDS,
         caller: str | None = None,
     ) -> None:
         self.target = channel_target(target)
         self.timeout = timeout
+        self.unavailable_seconds = unavailable_seconds
         self.chunk_size = chunk_size
         self.max_in_flight = max_in_flight
         self._metadata: tuple[tuple[str, str], ...] = (("authorization", f"Bearer {token}"),) if token else ()
@@ -320,6 +359,22 @@ class _Base:
         self._credentials = credentials
         self._options = channel_options(max_message_bytes, server_name)
         self._columns_ok = True  # False once a server showed it does not read SampleColumns
+
+    def _retry_or_raise(self, error: GradingError, deadline: float | None, pause: float) -> float:
+        """When the caller may try again (the server is unavailable and the client's `unavailable_seconds`
+        are not spent), the time retrying ends; else raise `error`."""
+        if not isinstance(error, ServerUnavailable):
+            raise error from None
+        now = time.monotonic()
+        deadline = now + self.unavailable_seconds if deadline is None else deadline
+        if now + pause > deadline:
+            raise ServerUnavailable(
+                error.code(),
+                f"{error.details()} (no server answered for {self.unavailable_seconds:g} s of retries: "
+                "the client's unavailable_seconds)",
+                self.target,
+            ) from None
+        return deadline
 
     @staticmethod
     def _evaluate_request(
@@ -421,6 +476,7 @@ class GradingClient(_Base):
     def close(self) -> None:
         self.channel.close()
 
+    @_retrying
     def evaluate(
         self,
         sample: Mapping[str, Any] | pb.Sample,
@@ -446,6 +502,7 @@ class GradingClient(_Base):
             time.sleep(pause)
             attempt += 1
 
+    @_retrying
     def batch_evaluate(
         self,
         samples: Sequence[Mapping[str, Any] | pb.Sample],
@@ -474,6 +531,7 @@ class GradingClient(_Base):
         )
         return self._missing(out)
 
+    @_retrying
     def batch_scores(
         self,
         samples: Sequence[Mapping[str, Any] | pb.Sample] | SampleColumns,
@@ -514,7 +572,7 @@ class GradingClient(_Base):
         messages)` puts a call's answers where they belong and says how many it placed. A one-chunk batch
         is called on this thread (no thread pool: a small step's fixed cost). A server older than columns is
         sent the chunk again as `samples` (see `_no_columns`)."""
-        graders = list(graders or [])
+        graders = graders_list(graders)
         done = 0
         lock = threading.Lock()
         started = time.monotonic()
@@ -530,7 +588,7 @@ class GradingClient(_Base):
             except grpc.RpcError as exc:
                 pause = refusal_pause(exc, attempt, started + deadline)
                 if pause is None:
-                    raise _surfaced(exc) from None
+                    raise typed(exc, self.target) from None
                 time.sleep(pause)  # refused for load before anything was graded: sent again
                 run(start, part, columns, attempt + 1)
                 return
@@ -570,7 +628,7 @@ class GradingClient(_Base):
         `linger` seconds, so a slow producer sees results before it ends. `on_progress(n)` is called (from
         a worker thread) as each streamed message of n results arrives. Raises grpc.RpcError if a call fails,
         and whatever iterating `samples` raises."""
-        graders = list(graders or [])
+        graders = graders_list(graders)
         view = self._one_per_sample(view)
         lock = threading.Lock()
         calls: set[Any] = set()  # the streams in flight, cancelled if the caller stops early or one fails
@@ -607,6 +665,8 @@ class GradingClient(_Base):
             while pending:
                 yield from pending.popleft().result()
             finished = True
+        except grpc.RpcError as exc:
+            raise typed(exc, self.target) from None
         finally:
             if not finished:  # an error, or the caller stopped reading: nothing more is wanted
                 for future in pending:
@@ -617,6 +677,7 @@ class GradingClient(_Base):
                         call.cancel()
             executor.shutdown(wait=True)
 
+    @_retrying
     def list_graders(self, *, timeout: float | None = None) -> pb.ListGradersResponse:
         return self.stub.ListGraders(pb.ListGradersRequest(), timeout=timeout or self.timeout, metadata=self._metadata)
 
@@ -627,23 +688,27 @@ class GradingClient(_Base):
         except grpc.FutureTimeoutError:
             raise ConnectionError(f"no grpcgrade server reachable at {self.target} within {timeout:g} s") from None
 
+    @_retrying
     def check(self, graders: Graders = None, reward: str = "", *, timeout: float | None = None) -> None:
         """Ask the server to resolve `graders` or `reward` without grading anything (a BatchEvaluate of no
         samples): an unknown name or bad params raise grpc.RpcError (NOT_FOUND, INVALID_ARGUMENT) now."""
-        request = self._batch_request([], list(graders or []), reward, 0.0, pb.RESULT_VIEW_SCORES)
+        request = self._batch_request([], graders_list(graders), reward, 0.0, pb.RESULT_VIEW_SCORES)
         for _ in self.stub.BatchEvaluate(request, timeout=timeout or self.timeout, metadata=self._metadata):
             pass
 
     # -- administration (AdminService, on the same channel and token) --------------------------------
 
+    @_retrying
     def list_quarantine(self, grader: str = "", *, timeout: float | None = None) -> Any:
         """The server's quarantined inputs (an `admin_pb2.ListQuarantineResponse`), or only `grader`'s."""
         return self._admin("ListQuarantine", grader, timeout)
 
+    @_retrying
     def clear_quarantine(self, grader: str = "", *, timeout: float | None = None) -> int:
         """Forget the quarantined inputs (or only `grader`'s) so they are graded again; how many there were."""
         return int(self._admin("ClearQuarantine", grader, timeout).cleared)
 
+    @_retrying
     def clear_cache(self, grader: str = "", *, timeout: float | None = None) -> int:
         """Forget the cached results (or only `grader`'s) so their inputs are graded again; how many there were."""
         return int(self._admin("ClearCache", grader, timeout).cleared)
@@ -676,13 +741,15 @@ class AsyncGradingClient(_Base):
         except TimeoutError:
             raise ConnectionError(f"no grpcgrade server reachable at {self.target} within {timeout:g} s") from None
 
+    @_aretrying
     async def check(self, graders: Graders = None, reward: str = "", *, timeout: float | None = None) -> None:
         """Ask the server to resolve `graders` or `reward` without grading anything (a BatchEvaluate of no
         samples): an unknown name or bad params raise grpc.RpcError (NOT_FOUND, INVALID_ARGUMENT) now."""
-        request = self._batch_request([], list(graders or []), reward, 0.0, pb.RESULT_VIEW_SCORES)
+        request = self._batch_request([], graders_list(graders), reward, 0.0, pb.RESULT_VIEW_SCORES)
         async for _ in self.stub.BatchEvaluate(request, timeout=timeout or self.timeout, metadata=self._metadata):
             pass
 
+    @_aretrying
     async def evaluate(
         self,
         sample: Mapping[str, Any] | pb.Sample,
@@ -708,6 +775,7 @@ class AsyncGradingClient(_Base):
             await asyncio.sleep(pause)
             attempt += 1
 
+    @_aretrying
     async def batch_evaluate(
         self,
         samples: Sequence[Mapping[str, Any] | pb.Sample],
@@ -730,6 +798,7 @@ class AsyncGradingClient(_Base):
         await self._each_chunk(samples, graders, reward, view, grader_timeout, timeout, guards, place, on_progress)
         return self._missing(out)
 
+    @_aretrying
     async def batch_scores(
         self,
         samples: Sequence[Mapping[str, Any] | pb.Sample] | SampleColumns,
@@ -763,7 +832,7 @@ class AsyncGradingClient(_Base):
         on_progress: Progress | None,
     ) -> None:
         """`GradingClient._each_chunk` on this event loop, each message placed as it arrives."""
-        graders = list(graders or [])
+        graders = graders_list(graders)
         gate = asyncio.Semaphore(self.max_in_flight)
         done = 0
         started = time.monotonic()
@@ -787,7 +856,7 @@ class AsyncGradingClient(_Base):
                 except grpc.RpcError as exc:
                     pause = refusal_pause(exc, attempt, started + deadline) if not got else None
                     if pause is None:
-                        raise _surfaced(exc) from None
+                        raise typed(exc, self.target) from None
             if pause is not None:  # refused for load before anything was graded: sent again
                 await asyncio.sleep(pause)
                 await run(start, part, columns, attempt + 1)
@@ -796,19 +865,23 @@ class AsyncGradingClient(_Base):
 
         await asyncio.gather(*(run(s, p) for s, p in _chunks(samples, self.chunk_size)))
 
+    @_aretrying
     async def list_graders(self, *, timeout: float | None = None) -> pb.ListGradersResponse:
         return await self.stub.ListGraders(
             pb.ListGradersRequest(), timeout=timeout or self.timeout, metadata=self._metadata
         )
 
+    @_aretrying
     async def list_quarantine(self, grader: str = "", *, timeout: float | None = None) -> Any:
         """The server's quarantined inputs (an `admin_pb2.ListQuarantineResponse`), or only `grader`'s."""
         return await self._admin("ListQuarantine", grader, timeout)
 
+    @_aretrying
     async def clear_quarantine(self, grader: str = "", *, timeout: float | None = None) -> int:
         """Forget the quarantined inputs (or only `grader`'s) so they are graded again; how many there were."""
         return int((await self._admin("ClearQuarantine", grader, timeout)).cleared)
 
+    @_aretrying
     async def clear_cache(self, grader: str = "", *, timeout: float | None = None) -> int:
         """Forget the cached results (or only `grader`'s) so their inputs are graded again; how many there were."""
         return int((await self._admin("ClearCache", grader, timeout)).cleared)
@@ -826,7 +899,7 @@ class AsyncGradingClient(_Base):
     ) -> Coalescer:
         """One-sample calls that arrive together leave as one BatchEvaluate (see `Coalescer`); `guards`:
         `budget_seconds`, `max_failure_ratio`, `cache`, for each coalesced call."""
-        return Coalescer(self, list(graders or []), reward, linger, max_batch, grader_timeout, view, **guards)
+        return Coalescer(self, graders_list(graders), reward, linger, max_batch, grader_timeout, view, **guards)
 
 
 class Coalescer:

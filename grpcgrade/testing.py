@@ -7,6 +7,7 @@ mocked channel.
 from __future__ import annotations
 
 import os
+import platform
 import signal
 import socket
 import subprocess
@@ -39,6 +40,31 @@ def children(pid: int) -> list[int]:
             if int(fields[1]) == pid:
                 out.append(int(entry.name))
     return out
+
+
+def worker_pids(server_pid: int) -> list[int]:
+    """A server's worker processes: its spawned children, not multiprocessing's resource tracker."""
+    out = []
+    for pid in children(server_pid):
+        try:
+            if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                out.append(pid)
+        except OSError:  # ended meanwhile
+            continue
+    return out
+
+
+#: The system calls a process blocked writing to a pipe or socket is in (write, writev), by machine.
+WRITE_CALLS = {"x86_64": {1, 20}, "aarch64": {64, 66}}
+
+
+def writing(pid: int) -> bool:
+    """Whether `pid` is in a write system call (`/proc/PID/syscall` names the call it is blocked in first)."""
+    try:
+        call = Path(f"/proc/{pid}/syscall").read_text().split()
+    except OSError:
+        return False
+    return bool(call) and call[0].isdigit() and int(call[0]) in WRITE_CALLS.get(platform.machine(), {1})
 
 
 def memory_kib(pid: int, field: str = "VmRSS") -> int:

@@ -25,7 +25,7 @@ CONFIG_KEYS = {
     "`grader_timeout_seconds` may lower it, never raise it; `--grader-timeout` overrides the file",
     "limits": "request limits (below)",
     "rewards": "named rewards: a name -> `{description, graders: [spec, ...], canaries: [canary, ...]}` (see "
-    "[Rewards](rewards.md); canaries below)",
+    "[Rewards](rewards.md); canaries below); a reward's own `tokenizer:` comes before the top-level one",
     "models": "chat models LLM judges may name (see [LLM judges](llm-judges.md#configuring-models))",
     "default_reward": "the reward the HTTP face's `POST /get_reward` grades with "
     "(see [Trainers](trainers.md#openrlhf)); one of `rewards`",
@@ -36,6 +36,9 @@ CONFIG_KEYS = {
     "[Reward guard](reward-guard.md#quarantine))",
     "callers": "each caller's weight in every judge model's fair share: a name -> `{weight: N}` (a caller not "
     "named has weight 1; see [LLM judges](llm-judges.md#fair-share))",
+    "tokenizer": "what length gates count a response with when the trainer sends no `completion_tokens`: "
+    "`tiktoken:ENCODING` or a model's `tokenizer.json` (relative to this file); `--tokenizer` overrides it "
+    "(see [Trainers](trainers.md#token-counts-the-trainer-does-not-send))",
     "coalesce_linger_seconds": "one-sample calls (unary `Evaluate`, one-sample HTTP requests) with the same "
     "graders arriving together are graded as one chunk; while a chunk of theirs is being graded, a call waits "
     "at most this long for others (0: each call graded alone; see [Performance](performance.md#per-sample-callers))",

@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import random
 import signal
 import sys
@@ -42,7 +41,7 @@ from pathlib import Path
 import grpc
 
 from grpcgrade.service.convert import sample_to_pb, spec_to_pb
-from grpcgrade.testing import children, start_server
+from grpcgrade.testing import start_server, worker_pids, writing
 from grpcgrade.v1 import grading_pb2 as pb
 from grpcgrade.v1 import grading_pb2_grpc as pb_grpc
 
@@ -59,8 +58,6 @@ MIXES: dict[str, tuple[list[object], dict[str, object], int]] = {
 POOL = 4096
 ID_CHARS = 600  # each answer repeats its sample's id: a 2,048-sample chunk answers ~1.3 MB
 WORDS = 'the model answers 42 because 6 times 7 is 42 and nothing else { } [ ] " : , 漢字 é'.split()
-#: The system calls a process blocked writing to a pipe or socket is in (write, writev), by machine.
-WRITE_CALLS = {"x86_64": {1, 20}, "aarch64": {64, 66}}
 
 
 def pool_samples(seed: int) -> list[dict[str, str]]:
@@ -162,25 +159,6 @@ def stream(
                     tally.wrong += 1
                     if len(tally.wrong_examples) < 5:
                         tally.wrong_examples.append(f"{mix} pool[{p}]: {got[0]} != {reference[mix][p]}")
-
-
-def worker_pids(server_pid: int) -> list[int]:
-    out = []
-    for pid in children(server_pid):
-        try:
-            if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                out.append(pid)
-        except OSError:
-            continue
-    return out
-
-
-def writing(pid: int) -> bool:
-    try:
-        call = Path(f"/proc/{pid}/syscall").read_text().split()
-    except OSError:
-        return False
-    return bool(call) and call[0].isdigit() and int(call[0]) in WRITE_CALLS.get(platform.machine(), {1})
 
 
 def faults(server_pid: int, interval: float, stop: threading.Event, seed: int, made: Counter[str]) -> None:

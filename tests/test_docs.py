@@ -77,7 +77,7 @@ def judge_reply(number: int, body: dict) -> Reply:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory):
     workdir = tmp_path_factory.mktemp("docs-server")
-    config = blocks(DOCS / "configuration.md", "yaml")[0]
+    config = (ROOT / "examples" / "rewards.yaml").read_text()  # the ready config the README serves
     with http_service(judge_reply) as judge:
         base_url = judge.url.rsplit("/", 1)[0] + "/v1"
         (workdir / "grpcgrade.yaml").write_text(f"{config}models:\n  gpt-4o-mini: {{base_url: '{base_url}'}}\n")

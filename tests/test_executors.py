@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import os
-import platform
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -27,36 +27,13 @@ from grpcgrade.core.grading import cancellable, grade_sync
 from grpcgrade.core.workers import WorkerPool, grader_work
 from grpcgrade.grader import BaseGrader, GraderError, GraderScore
 from grpcgrade.service.convert import sample_to_pb, specs_to_pb
-from grpcgrade.testing import children, cpu_seconds, health_status, start_server
+from grpcgrade.testing import cpu_seconds, health_status, start_server, worker_pids, writing
 from grpcgrade.v1 import grading_pb2 as pb
 from grpcgrade.v1 import grading_pb2_grpc as pb_grpc
 
-#: The system calls a process blocked writing to a pipe or socket is in (write, writev), by machine.
-WRITE_CALLS = {"x86_64": {1, 20}, "aarch64": {64, 66}}
 #: An answer this long (a reason of 3 MB) is far more than a pipe or a socket buffer holds.
 LONG = 3_000_000
 WAIT = 60  # seconds a condition may take to come true on a loaded machine before the test fails
-
-
-def worker_pids(server_pid: int) -> list[int]:
-    """The server's worker processes (its spawned children, not multiprocessing's resource tracker)."""
-    out = []
-    for pid in children(server_pid):
-        try:
-            if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                out.append(pid)
-        except OSError:
-            continue
-    return out
-
-
-def writing(pid: int) -> bool:
-    """Whether `pid` is blocked in a write system call (`/proc/PID/syscall`: the call's number first)."""
-    try:
-        call = Path(f"/proc/{pid}/syscall").read_text().split()
-    except OSError:
-        return False
-    return bool(call) and call[0].isdigit() and int(call[0]) in WRITE_CALLS.get(platform.machine(), {1})
 
 
 def blocked(pid: int) -> bool:
@@ -325,3 +302,34 @@ def test_a_deadline_and_a_cancellation_hold_off_the_main_thread():
                 return "cancelled"
 
     assert on_a_thread(cancelled_midway) == "cancelled"
+
+
+def test_a_pool_whose_workers_cannot_start_says_so_until_they_can(tmp_path, monkeypatch):
+    """Workers that die as they start (here: a `grpcgrade` on their path that exits on import) make the pool
+    unhealthy, which the health check reports, instead of a pool that looks up and grades nothing; once a
+    worker starts again, the pool is healthy and grades."""
+    shadow = tmp_path / "shadow"
+    (shadow / "grpcgrade").mkdir(parents=True)
+    (shadow / "grpcgrade" / "__init__.py").write_text("raise SystemExit(3)\n")
+    monkeypatch.syspath_prepend(str(shadow))  # spawned workers start with this path; this process has its own
+    pool = WorkerPool(1)
+
+    async def until_async(condition, what: str) -> None:
+        deadline = time.monotonic() + WAIT
+        while not condition():
+            assert time.monotonic() < deadline, f"not within {WAIT} s: {what}"
+            await asyncio.sleep(0.05)
+
+    async def main() -> object:
+        with pytest.raises(RuntimeError, match="exit code 3"):
+            await pool.ready()
+        await until_async(lambda: not pool.healthy(), "the pool unhealthy")
+        sys.path.remove(str(shadow))  # the next worker finds the real package
+        await until_async(pool.healthy, "the pool healthy again")
+        return await asyncio.wait_for(pool.submit(_work(os.getpid, ())), WAIT)
+
+    try:
+        pid = asyncio.run(main())
+    finally:
+        pool.close(patience=0)
+    assert isinstance(pid, int) and pid != os.getpid()

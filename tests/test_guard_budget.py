@@ -105,7 +105,8 @@ def test_whole_chunks_of_two_graders_keep_every_sample_graded_in_time(srv):
     deadline still get the second's result; the hanging one gets BUDGET_EXCEEDED from both."""
     graders = [*CHEAP, "shout"]
     loud = {"response": "OK", "reference": "ok"}  # misbehave 1.0, shout 1.0
-    items, call = stream(srv.target, [loud] * 5 + [HANG], graders, budget_seconds=BUDGET)
+    hang = {**HANG, "reference": "hang"}  # shout compares with a reference: a sample without one is INVALID_SAMPLE
+    items, call = stream(srv.target, [loud] * 5 + [hang], graders, budget_seconds=BUDGET)
     assert call.code() == grpc.StatusCode.OK
     assert_cut(answered_once(items, 6), {5}, 2)
 

@@ -80,7 +80,8 @@ def test_the_failure_ratio_applies_to_each_chunk(server):
     with GradingClient(server.target, chunk_size=2, timeout=60) as client, pytest.raises(FailureBudgetExceeded) as err:
         client.batch_evaluate(samples, CHEAP, max_failure_ratio=0.5)
     assert isinstance(err.value, grpc.RpcError) and err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-    assert "'misbehave' INVALID_RESULT x2" in str(err.value) and err.value.details() == str(err.value)
+    assert "'misbehave' INVALID_RESULT x2" in err.value.details()
+    assert str(err.value) == f"FAILED_PRECONDITION from {server.target}: {err.value.details()}"
 
 
 def test_the_async_client_raises_the_failure_budget_too(server):

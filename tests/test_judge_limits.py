@@ -15,11 +15,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 import yaml
 
 from grpcgrade.fake_judge import COMPLETION_TOKENS, SLOW_MARKER
+from grpcgrade.service.convert import sample_to_pb, specs_to_pb
 from grpcgrade.testing import ServerProcess, free_port, start_server
+from grpcgrade.v1 import grading_pb2 as pb
+from grpcgrade.v1 import grading_pb2_grpc as pb_grpc
 
 RPM = 600  # 10 a second, a burst of 10
 HTTP_PORT = free_port()
@@ -235,13 +239,33 @@ def test_tokens_and_cost_are_counted_per_model_and_caller(server: ServerProcess,
     assert server.metric("grpcgrade_judge_queue_wait_seconds_count", **labels) == 5
 
 
-def test_a_step_budget_cuts_only_the_judgments_still_unanswered(server: ServerProcess, endpoints) -> None:
-    """Two judgments the endpoint answers after 10 s among 20 fast ones, under a 4 s step budget: the 20 are
-    judged, only the two still out when the budget ends are BUDGET_EXCEEDED."""
-    batch = samples("fast", 10) + samples("slow", 2, SLOW_MARKER) + samples("fast", 10)
-    with server.client(caller="budget") as client:
-        replies = client.batch_evaluate(batch, rubric("paced"), budget_seconds=4)
-    assert codes(replies) == ["ok"] * 10 + ["BUDGET_EXCEEDED"] * 2 + ["ok"] * 10
+def streamed(server: ServerProcess, batch: list[dict[str, str]], model: str, **fields: Any) -> list[Any]:
+    """The items one BatchEvaluate call streams back, in the order they arrive (chunks of 10 samples)."""
+    request = pb.BatchEvaluateRequest(
+        graders=specs_to_pb(rubric(model)), samples=[sample_to_pb(s) for s in batch], chunk_size=10, **fields
+    )
+    with grpc.insecure_channel(server.target) as channel:
+        stream = pb_grpc.GradingServiceStub(channel).BatchEvaluate(request, timeout=60)
+        return [item for message in stream for item in message.items]
+
+
+def test_slow_judgments_hold_back_no_other_sample_in_their_chunk_or_behind_it(server: ServerProcess) -> None:
+    """Samples 0 and 10, the first of the first two chunks, are judged in 10 s, the 38 others at once: all
+    38 come back before either slow one (each sample is handed on when its judgment is in)."""
+    batch = [samples("slow", 1, SLOW_MARKER)[0] if i in (0, 10) else samples("fast", 1)[0] for i in range(40)]
+    items = streamed(server, batch, "paced")
+    assert sorted(i.index for i in items) == list(range(40))
+    assert {i.index for i in items[-2:]} == {0, 10}
+    assert all(not i.result.results[0].HasField("error") for i in items)
+
+
+def test_a_step_budget_cuts_only_the_judgments_still_unanswered(server: ServerProcess) -> None:
+    """The same batch under a 4 s step budget: the two slow judgments alone are BUDGET_EXCEEDED."""
+    batch = [samples("slow", 1, SLOW_MARKER)[0] if i in (0, 10) else samples("fast", 1)[0] for i in range(40)]
+    items = streamed(server, batch, "paced", budget_seconds=4.0)
+    assert sorted(i.index for i in items) == list(range(40))  # each sample answered exactly once
+    errors = {i.index: i.result.results[0].error.code for i in items if i.result.results[0].HasField("error")}
+    assert errors == {0: "BUDGET_EXCEEDED", 10: "BUDGET_EXCEEDED"}
 
 
 def test_the_http_face_takes_the_caller_from_its_header(server: ServerProcess) -> None:

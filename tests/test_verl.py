@@ -186,3 +186,33 @@ def test_agent_loop_extra_fields_become_the_agent_inputs(server):
     assert extra["grpcgrade/tool_call_valid"] == [1.0]  # both calls valid against the tool's schema
     assert extra["grpcgrade/action_loop_detection"] == [0.0]  # the one pair of actions is the same call
     assert rewards == [pytest.approx(0.5)]
+
+
+def test_the_batch_managers_plural_call(server):
+    """veRL's `batch` reward manager (verl/workers/reward_manager/batch.py) calls the function once per step
+    with plural keywords and numpy object arrays (`non_tensor_batch`), reward_kwargs merged in."""
+    np = pytest.importorskip("numpy")
+    from grpcgrade.integrations.verl import compute_score_batch
+
+    fn = verl_wrap(compute_score_batch, {"target": server.target, "reward": "gsm8k_text"})
+    answers = ["<think>\nr\n</think>\n72", "<think>\nr\n</think>\n71"]
+    infos = np.array([{"index": 0}, {"index": 1}], dtype=object)
+    results = fn(
+        data_sources=np.array(["gsm8k", "gsm8k"], dtype=object),
+        solution_strs=answers,
+        ground_truths=[np.int64(72), np.int64(72)],
+        extra_infos=infos,
+    )
+    single, _ = reward_loop(
+        verl_wrap(compute_score, {"target": server.target, "reward": "gsm8k_text"}),
+        [
+            ("gsm8k", answers[0], "72", {"index": 0}),
+            ("gsm8k", answers[1], "72", {"index": 1}),
+        ],
+    )
+    assert [r["score"] for r in results] == single == [pytest.approx(1.0), pytest.approx(0.5)]
+    assert [r["grpcgrade/failed"] for r in results] == [0.0, 0.0]
+    floats = verl_wrap(compute_score_batch, {"target": server.target, "reward": "gsm8k_text", "scores_only": True})
+    assert floats(data_sources=["d"], solution_strs=[answers[0]], ground_truths=["72"], extra_infos=[None]) == [
+        pytest.approx(1.0)
+    ]

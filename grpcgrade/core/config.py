@@ -34,6 +34,7 @@ import yaml
 from grpcgrade.llm.limits import parse_weights
 from grpcgrade.llm.models import ModelConfig, parse_models
 
+from . import tokens
 from .canaries import (
     DEFAULT_INTERVAL_SECONDS,
     DEFAULT_TOLERANCE,
@@ -102,16 +103,18 @@ class ServerConfig:
     quarantine: QuarantineConfig = field(default_factory=QuarantineConfig)
     #: One-sample calls of the same plan wait at most this long for each other (`core.coalesce`); 0: off.
     coalesce_linger_seconds: float = DEFAULT_LINGER_SECONDS
+    #: The tokenizer length gates count with when a sample has no `completion_tokens` (`core.tokens`).
+    tokenizer: str = ""
 
 
 TOP_KEYS = (
     *("rewards", "limits", "grader_timeout_seconds", "models", "default_reward", "http", "canary"),
-    *("cache", "quarantine", "callers", "coalesce_linger_seconds"),
+    *("cache", "quarantine", "callers", "tokenizer", "coalesce_linger_seconds"),
 )
 #: The limits whose 0 means none.
 ZERO_IS_NO_LIMIT = ("max_memory_bytes",)
 SPEC_KEYS = ("name", "params", "key", "weight", "gate")
-REWARD_KEYS = ("graders", "description", "canaries")
+REWARD_KEYS = ("graders", "description", "canaries", "tokenizer")
 #: A canary's keys (`rewards.NAME.canaries[i]`), and the `canary:` section's.
 CANARY_KEYS = ("name", "sample", "expect", "tolerance")
 CANARY_SETTINGS_KEYS = ("interval_seconds", "fail_health")
@@ -230,9 +233,24 @@ def parse_canary_settings(raw: Any, where: str) -> CanarySettings:
     return CanarySettings(interval, fail_health)
 
 
-def parse_config(data: dict[str, Any], source: str = "config") -> ServerConfig:
+def parse_tokenizer(raw: Any, where: str, base: Path | None) -> str:
+    """A `tokenizer:` value (`core.tokens`), a relative tokenizer.json path made absolute against the config
+    file's directory; loaded now, so an unusable one stops the server at start with the key path."""
+    if raw is None or raw == "":
+        return ""
+    if not isinstance(raw, str):
+        raise ConfigError(f"{where}: must be tiktoken:ENCODING or the path of a tokenizer.json, got {raw!r}")
+    spec = tokens.normalize(raw, base)
+    try:
+        tokens.load(spec)
+    except InvalidParams as exc:
+        raise ConfigError(f"{where}: {exc.reason}") from None
+    return spec
+
+
+def parse_config(data: dict[str, Any], source: str = "config", base: Path | None = None) -> ServerConfig:
     """The configuration, checked; a ConfigError names the file, the key path (`rewards.gsm8k.graders[0]
-    .weight`) and what is allowed there."""
+    .weight`) and what is allowed there. `base`: the directory relative paths are read from (the file's)."""
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: the top level must be a mapping (keys: {', '.join(TOP_KEYS)})")
     _unknown(data, TOP_KEYS, source)
@@ -264,7 +282,8 @@ def parse_config(data: dict[str, Any], source: str = "config") -> ServerConfig:
         if not isinstance(body["graders"], list):
             raise ConfigError(f"{where}.graders: must be a list of graders")
         specs = [parse_spec(g, f"{where}.graders[{i}]") for i, g in enumerate(body["graders"])]
-        rewards[str(name)] = Reward(str(name), specs, str(body.get("description", "")))
+        tokenizer = parse_tokenizer(body.get("tokenizer"), f"{where}.tokenizer", base)
+        rewards[str(name)] = Reward(str(name), specs, str(body.get("description", "")), tokenizer)
         canaries.extend(parse_canaries(body.get("canaries"), str(name), f"{where}.canaries"))
     try:
         models = parse_models(data.get("models"))
@@ -295,6 +314,7 @@ def parse_config(data: dict[str, Any], source: str = "config") -> ServerConfig:
         cache=parse_store(data.get("cache"), CacheConfig, f"{source}: cache"),
         quarantine=parse_store(data.get("quarantine"), QuarantineConfig, f"{source}: quarantine"),
         coalesce_linger_seconds=linger,
+        tokenizer=parse_tokenizer(data.get("tokenizer"), f"{source}: tokenizer", base),
     )
 
 
@@ -336,10 +356,11 @@ def parse_http(raw: Any, source: str) -> HttpConfig:
 def load_config(path: str | Path) -> ServerConfig:
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except (OSError, yaml.YAMLError) as exc:
+        with path.open(encoding="utf-8") as stream:  # a stream, not a string: YAML's errors name the file
+            data = yaml.safe_load(stream) or {}
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
         raise ConfigError(f"{path}: {exc}") from exc
-    return parse_config(data, str(path))
+    return parse_config(data, str(path), path.resolve().parent)
 
 
 StoreConfig = TypeVar("StoreConfig", CacheConfig, QuarantineConfig)

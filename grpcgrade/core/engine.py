@@ -5,8 +5,11 @@ Where work runs, in the words used throughout (code, tests, docs):
   event loop; synchronous graders only when there are no workers (`--workers 0`) or the server's own
   configuration keeps them there (server-only graders). A synchronous grader on the loop would stall
   every call, health checks included, for as long as a request can make it run.
-- **in a worker**: in the worker pool. Every other synchronous grader runs in a worker, one chunk per
-  grader, beside the call's async graders; a unary call's graders go to one worker together.
+- **in a worker**: through the executor (`executors`: the local worker pool, or another implementation of
+  the interface). Every other synchronous grader runs in a worker, one chunk per grader, beside the call's
+  async graders; a unary call's graders go to one worker together.
+- **row by row**: async graders grade each sample on its own (`grade_rows`), so a slow one delays only its
+  sample; the call's window then counts samples in flight.
 - **whole chunks**: when every grader of a batch can run in a worker, whole chunks go there as the
   service's serialized samples and come back as its serialized response (see `service.wire`), so cheap
   graders use every core too.
@@ -31,14 +34,14 @@ import itertools
 import math
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Generic, TypeVar
 
 from grpcgrade.grader import BaseGrader, GraderError, GraderResult, Inputs
 
 from .budget import OutputBudget
 from .cached_grading import CachedGrading, quarantinable
-from .errors import ErrorCode, InvalidParams, SampleProblem, UnknownReward
+from .errors import ErrorCode, InvalidParams, SampleProblem, UnknownGrader, UnknownReward
 from .executors import Executor, InProcess, Work
 from .grading import (
     Stats,
@@ -59,6 +62,7 @@ from .registry import Registry
 from .result_cache import CacheMode
 from .rewards import Reward, SpecData, check_weights, number_repeats, reward_stats, rewards
 from .samples import select_all
+from .tokens import TOKENIZER_PARAM
 from .workers import chunk_work, grader_work
 
 T = TypeVar("T")
@@ -190,11 +194,18 @@ class Engine:
         observer: Observer | None = None,
         server_only_graders: Iterable[str] = (),
         cached: CachedGrading | None = None,
+        tokenizer: str = "",
     ) -> None:
         self.registry = registry
         self.pool = pool  # where work that may not run on the event loop goes; None: nowhere but here
         self.inline = InProcess()  # small whole chunks of bounded cost (`inline_small`)
-        self.rewards = rewards or {}
+        #: The server's tokenizer (`--tokenizer`, `tokenizer:`), given to every grader with a `tokenizer`
+        #: parameter its params leave unset; a reward's own `tokenizer:` comes first for its graders.
+        self.tokenizer = tokenizer
+        self.rewards = {
+            name: replace(r, specs=self.with_tokenizer(r.specs, r.tokenizer or tokenizer))
+            for name, r in (rewards or {}).items()
+        }
         self.grader_timeout = grader_timeout
         self.observer = observer
         self._server_only = set(server_only_graders)  # defined by this process's configuration only
@@ -203,6 +214,22 @@ class Engine:
         self.unissued = 0  # heavy calls' samples not yet handed out in a chunk, over every running call
 
     # -- resolution ---------------------------------------------------------------------------------
+
+    def with_tokenizer(self, specs: list[SpecData], tokenizer: str) -> list[SpecData]:
+        """`specs` with `tokenizer` in the params of each grader that takes one and names none (a length gate
+        then counts a response the trainer sent no count for; see `core.tokens`)."""
+        if not tokenizer:
+            return specs
+        out = []
+        for spec in specs:
+            try:
+                takes = any(p.name == TOKENIZER_PARAM for p in self.registry.entry(spec.name).params)
+            except UnknownGrader:
+                takes = False  # `resolve` says so, naming it
+            if takes and TOKENIZER_PARAM not in spec.params:
+                spec = replace(spec, params={**spec.params, TOKENIZER_PARAM: tokenizer})
+            out.append(spec)
+        return out
 
     def resolve(self, specs: list[SpecData], reward: str = "", cache: CacheMode = CacheMode.DEFAULT) -> list[Job]:
         """Graders for a call, built (or taken from the cache) once, and whether the result cache serves
@@ -215,6 +242,8 @@ class Engine:
             specs = self.rewards[reward].specs
         if not specs:
             raise InvalidParams("graders", "the request names no grader and no reward")
+        if not reward:
+            specs = self.with_tokenizer(specs, self.tokenizer)
         specs = number_repeats(specs)
         check_weights(specs)
         jobs = []

@@ -97,10 +97,12 @@ def _did_you_mean(name: str, known: list[str]) -> str:
 
 
 class UnknownGrader(LookupError):
-    """No installed plugin or configuration registered this grader name (NOT_FOUND)."""
+    """No installed plugin or configuration registered this grader name (NOT_FOUND). `failed`: the plugins
+    that failed to load ((name, error) pairs), named too: the grader may be one of theirs."""
 
-    def __init__(self, name: str, known: list[str]) -> None:
-        super().__init__(f"unknown grader {_cut(name)!r}{_did_you_mean(name, known)}")
+    def __init__(self, name: str, known: list[str], failed: list[tuple[str, str]] | None = None) -> None:
+        broken = "".join(f"; plugin {p!r} failed to load: {_cut(error)}" for p, error in failed or ())
+        super().__init__(f"unknown grader {_cut(name)!r}{_did_you_mean(name, known)}{broken}")
         self.name = name
 
 
@@ -108,7 +110,11 @@ class UnknownReward(LookupError):
     """The server configuration defines no reward of this name (NOT_FOUND)."""
 
     def __init__(self, name: str, known: list[str]) -> None:
-        super().__init__(f"unknown reward {_cut(name)!r}{_did_you_mean(name, known)}")
+        if known:
+            listed = f"; configured rewards: {', '.join(map(repr, known[:20]))}{' ...' if len(known) > 20 else ''}"
+        else:
+            listed = "; this server has no rewards configured (start it with --config FILE defining `rewards:`)"
+        super().__init__(f"unknown reward {_cut(name)!r}{_did_you_mean(name, known)}{listed}")
         self.name = name
 
 

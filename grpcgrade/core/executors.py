@@ -12,7 +12,8 @@ executor implements three things:
 - **cancel**: cancelling the task awaiting `submit` cancels the work. The executor tells whatever runs it
   to stop (the grading loops stop at the next sample, or within `grading.ALARM_MAX_INTERVAL` inside one) and
   the process is free again once it has; nobody waits for the answer.
-- `size` (how many items run at once), `alive()` (the processes up now: what health and metrics report),
+- `size` (how many items run at once), `alive()` (the processes up now: what the metrics report),
+  `healthy()` (whether it can grade at all: what the health check reports),
   `restarts` (processes replaced so far), `ready()` (every process up and warmed) and `close(patience)`.
 
 `Executor.run` is the fault policy every executor shares: a chunk whose process died or hung is run again
@@ -115,6 +116,11 @@ class Executor(abc.ABC):
     def alive(self) -> int:
         """The processes up now."""
         return self.size
+
+    def healthy(self) -> bool:
+        """Whether the executor can grade: false while none of its processes can be kept up (each one
+        replaced dies before it is ready). What the server's health check reports."""
+        return True
 
     @abc.abstractmethod
     def close(self, patience: float = 3.0) -> None:

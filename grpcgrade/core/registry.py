@@ -139,7 +139,8 @@ class Registry:
     def entry(self, name: str) -> GraderEntry:
         canonical = self._canonical.get(name)
         if canonical is None:
-            raise UnknownGrader(name, list(self._canonical))
+            failed = [(p.name, p.error) for p in self.plugins if p.status == FAILED]
+            raise UnknownGrader(name, list(self._canonical), failed)
         return self._entries[canonical]
 
     def coerce(self, entry: GraderEntry, params: dict[str, Any]) -> dict[str, Any]:

@@ -45,6 +45,8 @@ class Reward:
     name: str
     specs: list[SpecData]
     description: str = ""
+    #: The reward's own tokenizer for its length gates (`tokenizer:` on the reward), before the server's.
+    tokenizer: str = ""
 
 
 def number_repeats(specs: list[SpecData], keyed_too: bool = False) -> list[SpecData]:

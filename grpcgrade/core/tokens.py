@@ -52,6 +52,8 @@ CACHED_ENCODING_FILES = {
 TIKTOKEN_PREFIX = "tiktoken:"
 #: The option and config key that name the tokenizer, for messages that tell a user what to set.
 TOKENIZER_OPTION = "--tokenizer"
+#: The construction parameter the server fills with its tokenizer, in graders that take one.
+TOKENIZER_PARAM = "tokenizer"
 
 Counter = Callable[[str], int]
 
@@ -150,3 +152,25 @@ def _hf_tokenizer(path: str) -> Counter:
 def count_tokens(text: str, spec: str) -> int:
     """The number of tokens of `text` by the tokenizer `spec` names, without special tokens."""
     return load(spec)(text)
+
+
+def uncounted(grader: object) -> bool:
+    """Whether `grader` gates on a token count it can neither be sent nor make: a length gate (its class says
+    `counts_tokens`) with no tokenizer that fails a sample without a count. A trainer path that never sends
+    counts (veRL, OpenRLHF's face) must refuse such a reward, naming `--tokenizer`, instead of letting it
+    multiply every reward by its `min_reward`."""
+    return (
+        bool(getattr(grader, "counts_tokens", False))
+        and not getattr(grader, "tokenizer", "")
+        and bool(getattr(grader, "treat_missing_as_fail", True))
+    )
+
+
+def no_tokenizer_message(reward: str, gates: list[str], path: str) -> str:
+    """What a trainer path that sends no counts says when a reward has `uncounted` gates."""
+    return (
+        f"reward {reward!r} gates on completion_tokens ({', '.join(gates)}), which {path} never sends: every "
+        f"reward would be cut to the gate's min_reward. Start the server with {TOKENIZER_OPTION} SPEC "
+        "(tiktoken:ENCODING or the model's tokenizer.json), or set `tokenizer:` in its config or on the "
+        "reward, so the server counts the response; or use a reward without the gate"
+    )

@@ -59,6 +59,7 @@ CANCEL_POLL_SECONDS = 0.01
 #: so a plugin that kills every new process costs a process a few seconds, not a busy loop.
 RESPAWN_FIRST_SECONDS = 0.1
 RESPAWN_MAX_SECONDS = 5.0
+UNHEALTHY_STARTS = 3  # deaths before ready in a row, in every slot, that make the pool unhealthy
 _SEQ = struct.Struct("=q")  # a cancel message: the sequence number of the work item to stop (atomic write)
 _READY = "ready"
 _STOP = b""  # a task of no bytes: finish, and exit
@@ -411,6 +412,11 @@ class WorkerPool(Executor):
         """Worker processes running now (started, not ended), as health and metrics report them."""
         return sum(1 for w in self._workers if not w.exited)
 
+    def healthy(self) -> bool:
+        """False once every worker has died `UNHEALTHY_STARTS` times in a row before it was ready (a plugin
+        that kills its process, a missing module): the pool cannot grade, whatever else is up."""
+        return any(self._failed_starts.get(w.slot, 0) < UNHEALTHY_STARTS for w in self._workers)
+
     def _idle(self, worker: _Worker) -> None:
         """`worker` is ready for an item: to the first call waiting for one, else to the free list."""
         if worker.exited or worker not in self._workers:
@@ -433,6 +439,8 @@ class WorkerPool(Executor):
                 future.set_exception(WorkerDied(f"worker {worker.pid} ended (exit code {code})"))
         if worker in self._free:
             self._free.remove(worker)
+        for end in (worker.conn, worker.cancel):  # its threads are done with them: no descriptor stays open
+            end.close()
         if self.closing or worker not in self._workers:
             return
         self.restarts += 1

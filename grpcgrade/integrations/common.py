@@ -11,6 +11,7 @@ from typing import Any
 
 from grpcgrade.core.samples import AGENT_FIELDS, INPUT_FIELDS, SAMPLE_FIELDS, plain
 from grpcgrade.core.samples import as_text as as_text  # the integrations' rule for a field's text
+from grpcgrade.core.tokens import TOKENIZER_PARAM
 from grpcgrade.v1 import grading_pb2 as pb
 
 #: Names a grader gets from the sample itself; a trainer's column or field of that name never goes to `extra`.
@@ -83,3 +84,23 @@ def score_of(result: pb.EvaluateResponse, key: str) -> float | None:
     if found is None or found.HasField("error") or found.rank:
         return None
     return found.score
+
+
+def uncounted_gates(catalog: pb.ListGradersResponse, reward: str) -> list[str]:
+    """The graders of configured `reward` that gate on a token count and have no tokenizer to make one, as
+    the server's catalog shows them (the server fills its `--tokenizer` into their params): for a trainer
+    path that sends no counts, each would cut every reward to its `min_reward` (`core.tokens.uncounted`)."""
+    takes: set[str] = set()
+    for grader in catalog.graders:
+        if any(p.name == TOKENIZER_PARAM for p in grader.params):
+            takes.update((grader.name, *grader.aliases))
+    found = next((r for r in catalog.rewards if r.name == reward), None)
+    out = []
+    for spec in found.graders if found is not None else ():
+        params = spec.params.fields
+        if spec.name not in takes or (TOKENIZER_PARAM in params and params[TOKENIZER_PARAM].string_value):
+            continue
+        missing_fails = params.get("treat_missing_as_fail")
+        if missing_fails is None or missing_fails.bool_value:
+            out.append(spec.key or spec.name)
+    return out

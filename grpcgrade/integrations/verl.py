@@ -20,7 +20,14 @@ catch (the run ends). Calls of one sample make a failure ratio mean "any failure
 to leave it out.
 
 `compute_score` is the async form (veRL's reward loop); `compute_score_sync` the blocking one, for the
-managers of veRL before 0.9 that call the function directly (`verl/workers/reward_manager/naive.py`).
+per-sample managers of veRL before 0.9 that call the function directly (`naive`, `prime`:
+`verl/workers/reward_manager/naive.py`); `compute_score_batch` the batch form, for the `batch` manager
+(`verl/workers/reward_manager/batch.py`), which calls it once per step with plural keywords:
+
+    compute_score(data_sources=..., solution_strs=..., ground_truths=..., extra_infos=..., **reward_kwargs)
+
+and takes one result per sample (a dict: its `score` and the rest to reward_extra_info; the oldest batch
+manager, which reads only numbers, gets floats with `scores_only=True`).
 """
 
 from __future__ import annotations
@@ -28,15 +35,17 @@ from __future__ import annotations
 import asyncio
 import math
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from grpcgrade.client import DEFAULT_LINGER, DEFAULT_MAX_BATCH, AsyncGradingClient, Cache, Coalescer
+from grpcgrade.core.tokens import no_tokenizer_message
 from grpcgrade.integrations.common import (  # absolute: veRL may load this file by path
     agent_inputs,
     as_text,
     reward_of,
     score_of,
+    uncounted_gates,
     usable_extra,
 )
 from grpcgrade.v1 import grading_pb2 as pb
@@ -57,6 +66,7 @@ class _Connection:
         self.linger, self.max_batch = linger, max_batch
         self.coalescers: dict[tuple[Any, ...], Coalescer] = {}
         self.labels: dict[str, list[str]] | None = None
+        self.uncounted: dict[str, list[str]] = {}  # per reward: its length gates without a tokenizer
         self._catalog_lock = asyncio.Lock()
 
     def coalescer(self, reward: str, **guards: Any) -> Coalescer:
@@ -75,6 +85,7 @@ class _Connection:
             if self.labels is None:
                 catalog = await self.client.list_graders()
                 self.labels = {r.name: [g.key or g.name for g in r.graders] for r in catalog.rewards}
+                self.uncounted = {r.name: uncounted_gates(catalog, r.name) for r in catalog.rewards}
         missing = [r for r in rewards if r not in self.labels]
         if missing:
             raise ValueError(f"grpcgrade: the server at {self.client.target} has no reward {missing[0]!r}")
@@ -154,6 +165,9 @@ async def compute_score(
     chosen, every = _pick(data_source, reward, rewards)
     conn = _connection(str(target), token, float(timeout), float(linger), int(max_batch))
     keys = await conn.keys(every)
+    gates = conn.uncounted.get(chosen)
+    if gates and "completion_tokens" not in (extra_info or {}):
+        raise ValueError("grpcgrade: " + no_tokenizer_message(chosen, gates, "veRL's compute_score"))
     guards = {"budget_seconds": float(budget_seconds), "max_failure_ratio": max_failure_ratio, "cache": cache}
     coalescer = conn.coalescer(chosen, **guards)
     result = await coalescer.evaluate(sample_of(solution_str, ground_truth, extra_info))
@@ -177,6 +191,15 @@ _loop_thread: _LoopThread | None = None
 _loop_lock = threading.Lock()
 
 
+def _background_loop() -> asyncio.AbstractEventLoop:
+    """The one event loop (in a daemon thread) the blocking forms share."""
+    global _loop_thread
+    with _loop_lock:
+        if _loop_thread is None:
+            _loop_thread = _LoopThread()
+        return _loop_thread.loop
+
+
 def compute_score_sync(
     data_source: str,
     solution_str: str,
@@ -186,12 +209,40 @@ def compute_score_sync(
 ) -> dict[str, float]:
     """`compute_score` for callers that block (veRL's legacy reward managers, or a thread pool): calls from
     many threads at once are still coalesced, on one background event loop."""
-    global _loop_thread
-    with _loop_lock:
-        if _loop_thread is None:
-            _loop_thread = _LoopThread()
-        loop = _loop_thread.loop
+    loop = _background_loop()
     future = asyncio.run_coroutine_threadsafe(
         compute_score(data_source, solution_str, ground_truth, extra_info, **kw), loop
     )
     return future.result()
+
+
+def compute_score_batch(
+    data_sources: Sequence[str],
+    solution_strs: Sequence[str],
+    ground_truths: Sequence[Any],
+    extra_infos: Sequence[Mapping[str, Any] | None] | None = None,
+    *,
+    scores_only: bool = False,
+    **kw: Any,
+) -> list[dict[str, float]] | list[float]:
+    """veRL's `batch` reward manager's call (plural keywords, one call per step; see the module docstring):
+    `compute_score` for every sample, as one coalesced stream of calls, in order. Its arrays come as veRL
+    holds them (numpy object arrays). `scores_only`: each sample's reward as a float, for the batch manager
+    of veRL before 0.4, which turns anything else into 0.0."""
+    n = len(solution_strs)
+    if not len(data_sources) == len(ground_truths) == n:
+        raise ValueError(
+            f"grpcgrade: {len(data_sources)} data_sources, {n} solution_strs, {len(ground_truths)} ground_truths"
+        )
+    infos = list(extra_infos) if extra_infos is not None else [None] * n
+    loop = _background_loop()
+
+    async def every() -> list[dict[str, float]]:
+        calls = (
+            compute_score(str(d), s, g, i, **kw)
+            for d, s, g, i in zip(data_sources, solution_strs, ground_truths, infos, strict=True)
+        )
+        return list(await asyncio.gather(*calls))
+
+    results = asyncio.run_coroutine_threadsafe(every(), loop).result()
+    return [r["score"] for r in results] if scores_only else results

@@ -382,8 +382,12 @@ def spec_to_pb(spec: str | Mapping[str, Any] | pb.GraderSpec) -> pb.GraderSpec:
     if isinstance(spec, str):
         return pb.GraderSpec(name=spec)
     out = pb.GraderSpec(name=spec["name"], key=spec.get("key", ""), gate=bool(spec.get("gate", False)))
-    if spec.get("params"):
-        out.params.update(spec["params"])
+    params = spec.get("params")
+    if params is not None and not isinstance(params, Mapping):
+        hint = " (parse the JSON text first: json.loads)" if isinstance(params, (str, bytes)) else ""
+        raise TypeError(f"grader {spec['name']!r}: params must be a mapping, not {type(params).__name__}{hint}")
+    if params:
+        out.params.update(params)
     if spec.get("weight") is not None:
         out.weight = float(spec["weight"])
     return out
@@ -601,5 +605,18 @@ def add_samples(container: Any, samples: Sequence[Mapping[str, Any] | pb.Sample]
             _fill_sample(add(), sample)
 
 
-def specs_to_pb(graders: Iterable[str | Mapping[str, Any] | pb.GraderSpec] | None) -> list[pb.GraderSpec]:
-    return [spec_to_pb(g) for g in graders or ()]
+GraderArg = str | Mapping[str, Any] | pb.GraderSpec
+
+
+def graders_list(graders: Iterable[GraderArg] | GraderArg | None) -> list[GraderArg]:
+    """A call's `graders` as a list: one grader given on its own (a name, a dict, a spec) is a list of one,
+    not a name read letter by letter."""
+    if graders is None:
+        return []
+    if isinstance(graders, (str, Mapping, pb.GraderSpec)):
+        return [graders]
+    return list(graders)
+
+
+def specs_to_pb(graders: Iterable[GraderArg] | GraderArg | None) -> list[pb.GraderSpec]:
+    return [spec_to_pb(g) for g in graders_list(graders)]

@@ -79,11 +79,7 @@ class _RestartsCollector(Collector):
         self.read: Callable[[], int] = lambda: 0
 
     def collect(self) -> list[CounterMetricFamily]:
-        return [
-            CounterMetricFamily(
-                "grpcgrade_worker_pool_restarts", "Times the worker pool was replaced.", value=self.read()
-            )
-        ]
+        return [CounterMetricFamily("grpcgrade_worker_pool_restarts", "Worker processes replaced.", value=self.read())]
 
 
 class _Distributions(Collector):

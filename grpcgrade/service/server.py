@@ -12,6 +12,7 @@ import logging
 import math
 import os
 import signal
+import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from aiohttp import web
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from grpcgrade.core import tokens as token_counts
 from grpcgrade.core.admission import Admission
 from grpcgrade.core.cached_grading import CachedGrading
 from grpcgrade.core.canaries import CanaryResult, run_canaries, watch
@@ -45,6 +47,7 @@ from .servicer import GradingServicer, add_to_server
 log = logging.getLogger("grpcgrade.service.server")
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["GradingService"].full_name
+POOL_HEALTH_SECONDS = 1.0  # how often the health check asks whether the worker pool can grade
 
 
 class _WatchEnded(Exception):
@@ -97,6 +100,7 @@ class ServeOptions:
     http_host: str = "127.0.0.1"
     http_port: int | None = None  # None: no HTTP face; 0: a free port (see Service.http_port)
     ray_address: str | None = None  # the workers as actors on this Ray cluster (core.executors_ray)
+    tokenizer: str | None = None  # None: the config's `tokenizer:` (core.tokens)
     extra_options: list[tuple[str, int]] = field(default_factory=list)
 
 
@@ -108,6 +112,12 @@ def read_config(opts: ServeOptions, registry: Registry) -> ServerConfig:
         config = load_kolibrify_config(opts.kolibrify_config, registry, base=config)
     if opts.grader_timeout_seconds is not None:
         config.grader_timeout_seconds = opts.grader_timeout_seconds
+    if opts.tokenizer:
+        config.tokenizer = token_counts.normalize(opts.tokenizer)
+        try:
+            token_counts.load(config.tokenizer)
+        except InvalidParams as exc:
+            raise ConfigError(f"--tokenizer {opts.tokenizer}: {exc.reason}") from None
     return config
 
 
@@ -154,6 +164,9 @@ class Service:
     http_port: int | None = None
     #: The periodic canary runs (None without canaries), and whether a canary failed at the last run.
     canary_task: asyncio.Task[None] | None = None
+    #: Watches whether the worker pool can grade (`Executor.healthy`): the health check says so.
+    pool_task: asyncio.Task[None] | None = None
+    pool_failing: bool = False
     canaries_failing: bool = False
 
     async def start(self) -> None:
@@ -179,6 +192,8 @@ class Service:
             await self._report_canaries(await run_canaries(self.engine, canaries))
             interval = self.config.canary.interval_seconds
             self.canary_task = asyncio.create_task(watch(self.engine, canaries, interval, self._report_canaries))
+        if self.pool is not None:
+            self.pool_task = asyncio.create_task(self._watch_pool(self.pool))
         await self._set_health()
         log.info(
             "grpcgrade serving on %s:%d (%d graders, %d rewards, %d workers%s%s)",
@@ -197,10 +212,23 @@ class Service:
         """SERVING, unless a canary fails and the configuration makes that fail the health check."""
         if self.health.draining:
             return
-        failing = self.canaries_failing and self.config.canary.fail_health
+        failing = (self.canaries_failing and self.config.canary.fail_health) or self.pool_failing
         status = health_pb2.HealthCheckResponse.NOT_SERVING if failing else health_pb2.HealthCheckResponse.SERVING
         for name in ("", SERVICE_NAME):
             await self.health.set(name, status)
+
+    async def _watch_pool(self, pool: Executor) -> None:
+        """NOT_SERVING while the worker pool cannot grade (no worker stays up), SERVING again once it can."""
+        while True:
+            await asyncio.sleep(POOL_HEALTH_SECONDS)
+            failing = not pool.healthy()
+            if failing != self.pool_failing:
+                self.pool_failing = failing
+                if failing:
+                    log.error("the worker pool cannot keep a worker up: NOT_SERVING")
+                else:
+                    log.info("the worker pool is up again")
+                await self._set_health()
 
     async def _report_canaries(self, results: list[CanaryResult]) -> None:
         """A canary run's results into the metrics, and into the health service with `canary.fail_health`."""
@@ -235,6 +263,8 @@ class Service:
         """Drain: NOT_SERVING, refuse new calls, finish in-flight ones for up to the grace period."""
         grace = self.options.grace_seconds
         log.info("draining: NOT_SERVING, finishing in-flight calls for up to %.0f s", grace)
+        if self.pool_task is not None:
+            self.pool_task.cancel()
         if self.canary_task is not None:
             self.canary_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -248,9 +278,28 @@ class Service:
         log.info("stopped")
 
 
+def _bindable(option: str, host: str, port: int) -> None:
+    """PortUnavailable now when `host:port` cannot be bound (in use, not this machine's address), with the
+    operating system's reason: grpc would say so only after its C core had logged lines of its own."""
+    if not port:
+        return
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except OSError as exc:
+        raise PortUnavailable(option, host, port, exc.strerror or str(exc)) from exc
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as grpc binds: TIME_WAIT is no obstacle
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            raise PortUnavailable(option, host, port, exc.strerror or str(exc)) from exc
+
+
 def build_server(opts: ServeOptions) -> Service:
     """Everything `serve` runs, assembled: configuration read, rewards resolved (a broken one fails here,
     not on the first call), workers started, the port bound. Raises for a bad configuration."""
+    _bindable("port", opts.host, opts.port)  # before grpc tries: its C core logs its own lines first
     registry = get_registry()
     config = read_config(opts, registry)
     configure_models(config.models, config.callers)  # before the rewards are resolved: their LLM graders look models up
@@ -274,14 +323,20 @@ def build_server(opts: ServeOptions) -> Service:
         observer=metrics.observe_grading if metrics else None,
         server_only_graders=config.server_only_graders,
         cached=cached,
+        tokenizer=config.tokenizer,
     )
     try:
-        for name, reward in config.rewards.items():
+        source = " or ".join(str(f) for f in (opts.config, opts.kolibrify_config) if f)
+        for name, reward in engine.rewards.items():
             try:
-                engine.resolve(reward.specs)
+                jobs = engine.resolve(reward.specs)
             except (UnknownGrader, InvalidParams) as exc:
-                source = " or ".join(str(f) for f in (opts.config, opts.kolibrify_config) if f)
                 raise ConfigError(f"{source}: reward {name!r}: {exc}") from exc
+            gates = [job.spec.name for job in jobs if token_counts.uncounted(job.grader)]
+            if gates and name == config.default_reward and opts.http_port is not None:
+                # OpenRLHF's remote reward model never sends token counts: refuse now, not every reward x0.2
+                message = token_counts.no_tokenizer_message(name, gates, "the HTTP face (OpenRLHF)")
+                raise ConfigError(f"{source}: default_reward: {message}")
     except Exception:
         if pool is not None:
             pool.close(patience=0)

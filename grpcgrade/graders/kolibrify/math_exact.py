@@ -14,7 +14,9 @@ from .parsing import NUMBER_RE, final_answer, no_answer
 
 
 class MathExactGrader(BaseGrader):
-    """1.0 when any number in the final answer equals the first number of the reference, else 0.0."""
+    """1.0 when a number after `<think>...</think>` (both tags needed) is the reference's first number, else 0.
+
+    The final answer is the text after `</think>`; without both tags there is none, and the score is 0."""
 
     #: Compares the response with the reference: a sample without either is INVALID_SAMPLE, not a match of
     #: two empty texts.

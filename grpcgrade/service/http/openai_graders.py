@@ -13,6 +13,9 @@ What differs from OpenAI: when a grader fails on the sample, `reward` is null (O
 the error flags); grpcgrade never reports a number that no grader computed. A grader config that does not
 parse is HTTP 400 on both endpoints, except a formula or formula variable error on `run`, which OpenAI
 reports with `formula_parse_error` / `invalid_variable_error` and so does grpcgrade.
+
+One extension (docs/agents.md): `run` also takes `tool_calls`, the sample's chat-completions tool calls,
+which fill `sample.output_tools` (OpenAI's `model_sample` is text only). OpenAI's own client never sends it.
 """
 
 from __future__ import annotations
@@ -24,9 +27,9 @@ from typing import Any
 from aiohttp import web
 
 from grpcgrade.core.engine import Engine
-from grpcgrade.core.errors import ErrorCode, InvalidParams
+from grpcgrade.core.errors import ErrorCode, InvalidParams, SampleProblem
 from grpcgrade.core.rewards import SpecData
-from grpcgrade.core.samples import Limits
+from grpcgrade.core.samples import Limits, check_fields
 from grpcgrade.grader import GraderError, GraderResult, GraderScore
 from grpcgrade.graders.openai.grader import ITEM_KWARG
 from grpcgrade.graders.openai.outcome import ERROR_FLAGS
@@ -144,13 +147,21 @@ def openai_graders_app(engine: Engine, *, tokens: Sequence[str] = (), limits: Li
     async def run(request: web.Request) -> web.Response:
         try:
             _auth(request, accepted)
-            body = await _body(request, ("grader", "model_sample"), ("item",))
+            body = await _body(request, ("grader", "model_sample"), ("item", "tool_calls"))
             sample = body["model_sample"]
             if not isinstance(sample, str):
                 raise BadRequest("model_sample: must be a string", param="model_sample")
             if len(sample) > limits.max_field_chars:
                 message = f"model_sample: {len(sample)} characters, over the limit of {limits.max_field_chars}"
                 raise BadRequest(message, param="model_sample")
+            tools = body.get("tool_calls")
+            if tools is not None:
+                if not isinstance(tools, list):
+                    raise BadRequest("tool_calls: must be a list of tool calls", param="tool_calls")
+                try:
+                    check_fields({"tool_calls": tools}, limits)
+                except SampleProblem as exc:
+                    raise BadRequest(str(exc), param="tool_calls") from None
             try:
                 jobs = engine.resolve([SpecData(GRADER_NAME, {"grader": body["grader"]})])
             except GraderConfigError as exc:
@@ -163,6 +174,8 @@ def openai_graders_app(engine: Engine, *, tokens: Sequence[str] = (), limits: Li
             return exc.response()
         item = body.get("item")
         kwargs = {"response": sample, ITEM_KWARG: {} if item is None else item}
+        if tools is not None:
+            kwargs["tool_calls"] = tools
         start = time.perf_counter()
         graded = await engine.grade_chunk(jobs, [(0, kwargs)])
         result = graded.columns[0][0]

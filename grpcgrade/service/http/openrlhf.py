@@ -38,6 +38,7 @@ from aiohttp import web
 
 from grpcgrade.core.errors import SampleProblem
 from grpcgrade.core.samples import as_text
+from grpcgrade.core.tokens import no_tokenizer_message, uncounted
 
 from .common import FaceContext, agent_columns, faced, sample_fields
 
@@ -102,6 +103,9 @@ class OpenRLHFFace:
         reward = ctx.reward_of(request, "get_reward")
         body = await ctx.json_object(request, '"query", "prompts", "labels"')
         jobs = ctx.resolve(reward, body.get("cache", "default"))
+        gates = [job.spec.name for job in jobs if uncounted(job.grader)]
+        if gates:  # OpenRLHF sends no token counts: every reward would be cut to the gate's min_reward
+            raise web.HTTPBadRequest(text=no_tokenizer_message(reward, gates, "OpenRLHF's remote reward model"))
         queries = _strings(body, "query", None)
         if queries is None:
             raise web.HTTPBadRequest(text="`query` is required: a list of strings")

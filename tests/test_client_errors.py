@@ -1,0 +1,113 @@
+"""Errors a caller can act on: the client raises the `GradingError` family (code, details, the server, the
+grader or reward), against real servers; a server that goes away is retried for `unavailable_seconds`."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+
+import grpc
+import pytest
+
+from grpcgrade.client import GradingClient
+from grpcgrade.errors import GradingError, InvalidRequest, ServerUnavailable, UnknownName
+from grpcgrade.testing import free_port, start_server
+
+
+def test_an_unknown_grader_is_a_typed_error_naming_it_and_the_server(client, server):
+    with pytest.raises(UnknownName) as caught:
+        client.evaluate({"response": "x"}, ["json_validatr"])
+    error = caught.value
+    assert isinstance(error, grpc.RpcError) and error.code() == grpc.StatusCode.NOT_FOUND
+    assert error.grader == "json_validatr" and server.target in str(error)
+    assert "did you mean 'json_validator'" in error.details()
+
+
+def test_a_grader_of_a_plugin_that_failed_to_load_names_the_plugin_and_its_error(client):
+    with pytest.raises(UnknownName) as caught:
+        client.evaluate({"response": "x"}, ["no_such_grader"])
+    # tests/plugins/grpcgrade-broken imports a module that does not exist
+    assert "plugin 'broken' failed to load" in caught.value.details()
+    assert "ModuleNotFoundError" in caught.value.details() or "No module named" in caught.value.details()
+
+
+def test_bad_params_are_an_invalid_request_naming_the_grader(client):
+    with pytest.raises(InvalidRequest) as caught:
+        client.evaluate({"response": "x", "reference": "x"}, [{"name": "string_match", "params": {"algorithm": "?"}}])
+    assert caught.value.grader == "string_match"
+
+
+def test_one_grader_given_as_a_string_is_one_grader(client):
+    (result,) = client.batch_evaluate([{"response": "{}"}], graders="json_validator")
+    assert [r.grader for r in result.results] == ["json_validator"]
+    assert [r.grader for r in client.evaluate({"response": "{}"}, "json_validator").results] == ["json_validator"]
+    client.check("json_validator")  # not five graders named j, s, o, n, ...
+
+
+def test_params_given_as_json_text_are_refused_naming_the_grader(client):
+    with pytest.raises(TypeError, match=r"grader 'similarity': params must be a mapping, not str .*json.loads"):
+        spec = {"name": "similarity", "params": '{"algorithm": "bleu"}'}
+        client.evaluate({"response": "a", "reference": "a"}, [spec])
+
+
+def test_an_unknown_reward_lists_the_configured_ones(client):
+    with pytest.raises(UnknownName) as caught:
+        client.evaluate({"response": "x"}, reward="gsm9k")
+    assert caught.value.reward == "gsm9k" and "configured rewards: " in caught.value.details()
+    assert "'gsm8k'" in caught.value.details()
+
+
+def test_an_unknown_reward_on_a_server_without_rewards_says_how_to_configure_them(tmp_path):
+    srv = start_server(tmp_path, "--workers", "0")
+    try:
+        with srv.client() as client, pytest.raises(UnknownName, match="no rewards configured .*--config"):
+            client.evaluate({"response": "x"}, reward="gsm8k")
+    finally:
+        srv.stop()
+
+
+def test_no_server_is_retried_for_unavailable_seconds_then_a_typed_error_names_it():
+    target = f"127.0.0.1:{free_port()}"
+    client = GradingClient(target, unavailable_seconds=1.0, timeout=5)
+    with client, pytest.raises(ServerUnavailable) as caught:
+        client.batch_evaluate([{"response": "x"}], ["json_validator"])
+    error = caught.value
+    assert isinstance(error, GradingError) and error.target == target and target in str(error)
+    assert "unavailable_seconds" in error.details()
+
+
+def test_a_server_that_starts_within_unavailable_seconds_answers_the_call(tmp_path):
+    """A rolling restart: the call is made while no server listens, and the server comes up meanwhile."""
+    port = free_port()
+    answers: list[object] = []
+
+    def call() -> None:
+        with GradingClient(f"127.0.0.1:{port}", unavailable_seconds=120, timeout=10) as client:
+            try:
+                answers.append(client.evaluate({"response": "{}"}, ["json_validator"]))
+            except Exception as exc:  # noqa: BLE001 - reported by the assertion below
+                answers.append(exc)
+
+    thread = threading.Thread(target=call)
+    thread.start()
+    time.sleep(0.5)  # the call is retrying by now (its first attempt is refused at once)
+    cmd = [sys.executable, "-m", "grpcgrade.cli", "serve", "--port", str(port), "--workers", "0"]
+    with open(tmp_path / "server.log", "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
+    try:
+        thread.join(120)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    (answer,) = answers
+    assert not isinstance(answer, Exception), answer
+    assert answer.results[0].score == 1.0
+
+
+def test_an_http_url_target_is_its_address_and_https_is_refused(client, server):
+    with GradingClient(f"http://{server.target}/") as by_url:
+        assert by_url.evaluate({"response": "{}"}, ["json_validator"]).results[0].score == 1.0
+    with pytest.raises(ValueError, match="HTTPS URL; give host:port and TLS as credentials="):
+        GradingClient(f"https://{server.target}")
