@@ -21,7 +21,7 @@ CONFIG ?=
 BUNDLED := $(filter-out plugins/grpcgrade-openjudge/,$(wildcard plugins/*/))
 OPENJUDGE_VENV := .venv-openjudge
 
-.PHONY: serve test test-trainers test-openjudge proto lint typecheck proto-check bench perf-peers docs cog clean system-deps image-test
+.PHONY: serve test test-trainers test-ray test-openjudge proto lint typecheck proto-check bench perf-peers docs cog clean system-deps image-test
 
 # buf (lint and breaking-change checks of proto/) from the npm registry, pinned, into .tools/.
 BUF_VERSION := 1.75.0
@@ -40,7 +40,7 @@ $(SERVER_STAMP): pyproject.toml plugins/*/pyproject.toml
 
 # The development and docs tools on top (pyproject's dependency groups; pip >= 25.1 reads them).
 $(STAMP): $(SERVER_STAMP)
-	$(LOCKED) $(BIN)/pip install --quiet --group dev --group docs
+	$(LOCKED) $(BIN)/pip install --quiet --group dev --group docs --group bench
 	touch $(STAMP)
 
 serve: $(SERVER_STAMP)
@@ -94,6 +94,15 @@ $(OPENJUDGE_VENV)/.installed: pyproject.toml plugins/grpcgrade-openjudge/pyproje
 
 test-openjudge: $(OPENJUDGE_VENV)/.installed
 	$(OPENJUDGE_VENV)/bin/python -m pytest -q -p no:cacheprovider -c plugins/grpcgrade-openjudge/pyproject.toml -m openjudge plugins/grpcgrade-openjudge/tests
+
+# The Ray executor's tests (`serve --ray`): the grpcgrade[ray] extra, then a local two-node cluster per test.
+RAY_STAMP := $(VENV)/.installed-ray
+$(RAY_STAMP): $(STAMP)
+	$(BIN)/pip install --quiet -e '.[ray]'
+	touch $(RAY_STAMP)
+
+test-ray: $(RAY_STAMP)
+	$(BIN)/python -m pytest -q -m ray
 
 $(OLDEST_STAMP): Makefile
 	test -d $(OLDEST) || $(PY) -m venv $(OLDEST)

@@ -44,6 +44,7 @@ from .canaries import (
     Canary,
     CanarySettings,
 )
+from .coalesce import DEFAULT_LINGER_SECONDS, MAX_LINGER_SECONDS
 from .errors import ConfigError, InvalidParams, SampleProblem
 from .guard import call_guards
 from .result_cache import CacheConfig, QuarantineConfig
@@ -109,14 +110,18 @@ class ServerConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     #: Inputs that timed out or killed a worker, answered at once with the same error.
     quarantine: QuarantineConfig = field(default_factory=QuarantineConfig)
+    #: One-sample calls of the same plan wait at most this long for each other (`core.coalesce`); 0: off.
+    coalesce_linger_seconds: float = DEFAULT_LINGER_SECONDS
     #: The tokenizer length gates count with when a sample has no `completion_tokens` (`core.tokens`).
     tokenizer: str = ""
 
 
 TOP_KEYS = (
     *("rewards", "limits", "grader_timeout_seconds", "models", "default_reward", "http", "canary"),
-    *("cache", "quarantine", "callers", "tokenizer"),
+    *("cache", "quarantine", "callers", "tokenizer", "coalesce_linger_seconds"),
 )
+#: The limits whose 0 means none.
+ZERO_IS_NO_LIMIT = ("max_memory_bytes",)
 SPEC_KEYS = ("name", "params", "key", "weight", "gate")
 REWARD_KEYS = ("graders", "description", "canaries", "tokenizer")
 #: A canary's keys (`rewards.NAME.canaries[i]`), and the `canary:` section's.
@@ -268,7 +273,7 @@ def parse_config(data: dict[str, Any], source: str = "config", base: Path | None
         **{
             k: _number(v, f"{source}: limits.{k}", float, 0.001)
             if kinds[k] == "float"
-            else _number(v, f"{source}: limits.{k}", int, 1)
+            else _number(v, f"{source}: limits.{k}", int, 0 if k in ZERO_IS_NO_LIMIT else 1)
             for k, v in raw_limits.items()
         }
     )
@@ -301,6 +306,10 @@ def parse_config(data: dict[str, Any], source: str = "config", base: Path | None
     if default_reward and default_reward not in rewards:
         raise ConfigError(f"{source}: default_reward {default_reward!r} is not one of the rewards")
     timeout = data.get("grader_timeout_seconds", 30.0)
+    linger = data.get("coalesce_linger_seconds", DEFAULT_LINGER_SECONDS)
+    linger = _number(linger, f"{source}: coalesce_linger_seconds", float)
+    if linger > MAX_LINGER_SECONDS:
+        raise ConfigError(f"{source}: coalesce_linger_seconds: at most {MAX_LINGER_SECONDS:g}, got {linger!r}")
     return ServerConfig(
         default_reward=default_reward,
         http=parse_http(data.get("http"), source),
@@ -313,6 +322,7 @@ def parse_config(data: dict[str, Any], source: str = "config", base: Path | None
         canary=parse_canary_settings(data.get("canary"), f"{source}: canary"),
         cache=parse_store(data.get("cache"), CacheConfig, f"{source}: cache"),
         quarantine=parse_store(data.get("quarantine"), QuarantineConfig, f"{source}: quarantine"),
+        coalesce_linger_seconds=linger,
         tokenizer=parse_tokenizer(data.get("tokenizer"), f"{source}: tokenizer", base),
     )
 

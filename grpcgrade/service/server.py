@@ -25,8 +25,10 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from grpcgrade.core import tokens as token_counts
+from grpcgrade.core.admission import Admission
 from grpcgrade.core.cached_grading import CachedGrading
 from grpcgrade.core.canaries import CanaryResult, run_canaries, watch
+from grpcgrade.core.coalesce import ServerCoalescer
 from grpcgrade.core.config import ServerConfig, load_config
 from grpcgrade.core.engine import Engine
 from grpcgrade.core.errors import ConfigError, InvalidParams, PortUnavailable, UnknownGrader
@@ -101,6 +103,7 @@ class ServeOptions:
     tls_client_ca: str | None = None
     http_host: str = "127.0.0.1"
     http_port: int | None = None  # None: no HTTP face; 0: a free port (see Service.http_port)
+    ray_address: str | None = None  # the workers as actors on this Ray cluster (core.executors_ray)
     tokenizer: str | None = None  # None: the config's `tokenizer:` (core.tokens)
     extra_options: list[tuple[str, int]] = field(default_factory=list)
 
@@ -157,7 +160,7 @@ class Service:
     registry: Registry
     config: ServerConfig
     metrics: Metrics | None
-    pool: WorkerPool | None
+    pool: Executor | None
     tls: bool
     http_app: web.Application | None = None
     http_runner: web.AppRunner | None = None
@@ -322,7 +325,13 @@ def build_server(opts: ServeOptions) -> Service:
     configure_models(config.models, config.callers)  # before the rewards are resolved: their LLM graders look models up
     metrics = Metrics() if opts.metrics_port else None
     workers = os.cpu_count() or 1 if opts.workers is None else opts.workers
-    pool = WorkerPool(workers) if workers > 0 else None
+    pool: Executor | None
+    if opts.ray_address:  # one actor per cluster CPU unless --workers says how many
+        from grpcgrade.core.executors_ray import RayExecutor
+
+        pool = RayExecutor(opts.ray_address, opts.workers or None)
+    else:
+        pool = WorkerPool(workers) if workers > 0 else None
     cached = CachedGrading.from_config(config.cache, config.quarantine)
     if metrics is not None:
         metrics.watch_cache(cached)
@@ -360,12 +369,15 @@ def build_server(opts: ServeOptions) -> Service:
     interceptors.append(CallerInterceptor())  # who calls: the judges' fair share
     interceptors.append(DecodeGuardInterceptor())  # innermost: after auth, inside the logging and metrics
     max_bytes = config.limits.max_message_bytes
+    pending = config.limits.max_pending_calls  # past gRPC's own pending limit its core cancels calls (admission)
     server = grpc.aio.server(
         interceptors=interceptors,
         options=[
             ("grpc.so_reuseport", 0),  # a second server on the same port fails instead of sharing it
             ("grpc.max_receive_message_length", max_bytes),
             ("grpc.max_send_message_length", max_bytes),
+            ("grpc.server.max_pending_requests", pending),
+            ("grpc.server.max_pending_requests_hard_limit", pending),
             ("grpc.keepalive_time_ms", 60_000),
             ("grpc.keepalive_timeout_ms", 20_000),
             ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
@@ -374,7 +386,14 @@ def build_server(opts: ServeOptions) -> Service:
             *opts.extra_options,
         ],
     )
-    add_to_server(GradingServicer(engine, config.limits, metrics), server)
+    admission = Admission(config.limits)
+    if metrics is not None:
+        metrics.watch_admission(admission)
+    linger = config.coalesce_linger_seconds
+    coalescer = ServerCoalescer(engine, linger) if linger > 0 else None
+    if metrics is not None and coalescer is not None:
+        metrics.watch_coalescer(coalescer)
+    add_to_server(GradingServicer(engine, config.limits, metrics, admission, coalescer), server)
     admin_pb2_grpc.add_AdminServiceServicer_to_server(AdminServicer(cached, registry), server)
     health_servicer = DrainingHealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -402,6 +421,8 @@ def build_server(opts: ServeOptions) -> Service:
             config.default_reward,
             tokens=tokens,
             metrics=metrics,
+            admission=admission,
+            coalescer=coalescer,
         )
     return service
 

@@ -10,6 +10,7 @@ step budget and failure ratio, worker pool and grader metrics as the gRPC servic
 from __future__ import annotations
 
 import hmac
+import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -17,9 +18,18 @@ from typing import Any, NamedTuple
 
 from aiohttp import BasicAuth, web
 
+from grpcgrade.core.admission import Admission
+from grpcgrade.core.coalesce import ServerCoalescer
 from grpcgrade.core.config import HttpConfig
 from grpcgrade.core.engine import Batch, Engine, GradedChunk, Job
-from grpcgrade.core.errors import InvalidParams, SampleProblem, TooManyFailures, UnknownGrader, UnknownReward
+from grpcgrade.core.errors import (
+    InvalidParams,
+    Overloaded,
+    SampleProblem,
+    TooManyFailures,
+    UnknownGrader,
+    UnknownReward,
+)
 from grpcgrade.core.guard import FailureTally, call_guards
 from grpcgrade.core.result_cache import CacheMode
 from grpcgrade.core.samples import (
@@ -35,6 +45,7 @@ from grpcgrade.core.tokens import no_tokenizer_message, uncounted
 from grpcgrade.grader import GraderError, GraderResult
 
 from ..metrics import Metrics
+from ..overload import service_unavailable
 from .limits import MAX_JSON_DEPTH, BodyError, depth_within, read_json
 
 __all__ = ["MAX_JSON_DEPTH", "BodyError", "depth_within", "read_json"]  # where the faces have found them
@@ -197,10 +208,14 @@ class FaceContext:
     default_reward: str = ""
     tokens: Sequence[str] = ()
     metrics: Metrics | None = None
+    admission: Admission | None = None
+    coalescer: ServerCoalescer | None = None  # None: a one-sample request is graded alone
     secrets: list[bytes] = field(init=False)
 
     def __post_init__(self) -> None:
         self.secrets = [t.encode() for t in self.tokens if t]
+        if self.admission is None:
+            self.admission = Admission(self.limits)
 
     def check_auth(self, request: web.Request) -> None:
         """401 (plain text) unless the request carries one of the server's tokens (when it has any)."""
@@ -307,7 +322,17 @@ class FaceContext:
         out = [Graded(None, []) for _ in range(n)]
         batch = Batch(n, lambda a, b: [(i, checked(i)) for i in range(a, b)])
         deadline, failures = guards
+        admission = self.admission
+        assert admission is not None  # set in __post_init__
         try:
+            admission.reserve(n)  # the call was admitted by the app's middleware; now its samples count
+        except Overloaded as exc:
+            raise service_unavailable(exc) from None
+        try:
+            if n == 1 and guards == (None, None) and self.coalescer is not None:  # with concurrent one-sample calls
+                results, value = await self.coalescer.grade(jobs, checked(0), self.engine.timeout(None), reward)
+                out[0] = Graded(value, results)
+                return out
             async for graded in self.engine.grade_batch(
                 jobs, batch, self.engine.chunks(jobs, n), reward=reward, deadline=deadline, failures=failures
             ):
@@ -319,6 +344,7 @@ class FaceContext:
                 self.metrics.failure_budget_calls.inc()
             raise web.HTTPBadRequest(text=f"FAILED_PRECONDITION: {exc}") from None
         finally:
+            admission.release(n)
             self._report(face, unusable, n)
         failed = [g for g in out if g.reward is None]
         if failed:
