@@ -187,3 +187,15 @@ def test_the_agents_page_configuration_loads():
     for reward in config.rewards.values():
         engine.resolve(reward.specs)
     assert "agent_judge" in config.rewards
+
+
+def test_graders_without_a_model_are_sync_and_judges_async():
+    """OpenJudge's local graders run like grpcgrade's sync graders (in workers, under the time limit), its
+    judges as async graders bounding their own time."""
+    from grpcgrade.core.registry import get_registry
+
+    local = get_registry().build("openjudge.patch_similarity", {})
+    judge = get_registry().build("openjudge.correctness", {})
+    assert local.is_sync and not local.bounds_own_time
+    assert local.evaluate(response="abcd", reference_response="abce").score == 0.75  # difflib's 2*3/8
+    assert not judge.is_sync and judge.bounds_own_time
