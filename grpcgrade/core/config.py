@@ -86,7 +86,7 @@ class HttpConfig:
     body_timeout_seconds: float = 60.0
     header_timeout_seconds: float = 10.0
     idle_timeout_seconds: float = 15.0
-    max_connections: int = 512
+    max_connections: int = 4096
 
 
 @dataclass

@@ -332,13 +332,13 @@ class FaceContext:
             if n == 1 and guards == (None, None) and self.coalescer is not None:  # with concurrent one-sample calls
                 results, value = await self.coalescer.grade(jobs, checked(0), self.engine.timeout(None), reward)
                 out[0] = Graded(value, results)
-                return out
-            async for graded in self.engine.grade_batch(
-                jobs, batch, self.engine.chunks(jobs, n), reward=reward, deadline=deadline, failures=failures
-            ):
-                assert isinstance(graded, GradedChunk)  # no whole-chunk work offered: results come back as Python
-                for k, (index, value) in enumerate(zip(graded.indices, graded.rewards, strict=True)):
-                    out[index] = Graded(value, [column[k] for column in graded.columns])
+            else:
+                async for graded in self.engine.grade_batch(
+                    jobs, batch, self.engine.chunks(jobs, n), reward=reward, deadline=deadline, failures=failures
+                ):
+                    assert isinstance(graded, GradedChunk)  # no whole-chunk work offered: results come as Python
+                    for k, (index, value) in enumerate(zip(graded.indices, graded.rewards, strict=True)):
+                        out[index] = Graded(value, [column[k] for column in graded.columns])
         except TooManyFailures as exc:
             if self.metrics is not None:
                 self.metrics.failure_budget_calls.inc()
