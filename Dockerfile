@@ -28,7 +28,7 @@ FROM ${PYTHON_IMAGE} AS runtime
 # Not pinned to a version: Debian's security updates of the sandbox must reach the image.
 # hadolint ignore=DL3008
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends bubblewrap \
+    && apt-get install -y --no-install-recommends bubblewrap libseccomp2 \
     && rm -rf /var/lib/apt/lists/*
 # HOME and TMPDIR: jieba keeps its dictionary cache in the temp dir, and in Kubernetes the root
 # filesystem is read-only with an emptyDir mounted on /tmp.

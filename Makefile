@@ -21,7 +21,7 @@ CONFIG ?=
 BUNDLED := $(filter-out plugins/grpcgrade-openjudge/,$(wildcard plugins/*/))
 OPENJUDGE_VENV := .venv-openjudge
 
-.PHONY: serve test test-openjudge proto lint typecheck proto-check bench perf-peers docs cog clean system-deps image-test
+.PHONY: serve test test-trainers test-ray test-openjudge proto lint typecheck proto-check bench perf-peers docs cog clean system-deps image-test
 
 # buf (lint and breaking-change checks of proto/) from the npm registry, pinned, into .tools/.
 BUF_VERSION := 1.75.0
@@ -40,7 +40,7 @@ $(SERVER_STAMP): pyproject.toml plugins/*/pyproject.toml
 
 # The development and docs tools on top (pyproject's dependency groups; pip >= 25.1 reads them).
 $(STAMP): $(SERVER_STAMP)
-	$(LOCKED) $(BIN)/pip install --quiet --group dev --group docs
+	$(LOCKED) $(BIN)/pip install --quiet --group dev --group docs --group bench
 	touch $(STAMP)
 
 serve: $(SERVER_STAMP)
@@ -49,6 +49,41 @@ serve: $(SERVER_STAMP)
 test: $(STAMP)
 	@command -v bwrap >/dev/null || echo "bubblewrap (bwrap) is missing: the code sandbox's tests will fail; install it with: make system-deps"
 	$(BIN)/python -m pytest -q
+
+# The trainer frameworks' own packages, for the tests marked `trainers` (`make test-trainers`; .ci/run runs
+# them, `make test` does not): each test drives the framework's real code in a subprocess of these venvs
+# against a server started from .venv. Two venvs because NeMo Gym pins openai<=2.7.2 and verifiers 0.3.1
+# needs openai>=2.9. Sizes and install times: docs/trainers.md.
+TRAINERS := .venv-trainers
+TRAINERS_STAMP := $(TRAINERS)/.installed
+TRAINER_PINS := skyrl-gym==0.4.0 verifiers==0.3.1 colorlog==6.12.0
+# AReaL without its dependencies (CUDA torch, 9 GB): its reward wrapper needs only colorlog.
+AREAL_PIN := areal==1.0.4
+NEMO_GYM := .venv-nemo-gym
+NEMO_GYM_STAMP := $(NEMO_GYM)/.installed
+# nemo-gym 0.4.0 says Python >= 3.12 but runs on 3.11; its own requirement list (its wheel's METADATA).
+NEMO_GYM_PIN := nemo-gym==0.4.0
+NEMO_GYM_REQS := 'openai<=2.7.2' 'anthropic<=0.109.2' tqdm pydantic pydantic_core devtools fastapi 'mcp>=1.27,<2' \
+	itsdangerous uvicorn uvloop hydra-core omegaconf rich 'mlflow-skinny>=3.14.0' 'mlflow>=3.14.0' 'aiohttp>=3.14.1' \
+	yappi 'ray[default]>=2.55.1' psutil datasets orjson 'urllib3>=2.7.0' 'fonttools>=4.60.2' \
+	'python-multipart>=0.0.22' wandb 'GitPython>=3.1.50' gprof2dot pydot
+
+$(TRAINERS_STAMP): Makefile pyproject.toml
+	flock $(TRAINERS).lock sh -c 'test -d $(TRAINERS) || $(PY) -m venv $(TRAINERS)'
+	flock $(TRAINERS).lock $(TRAINERS)/bin/pip install --quiet --upgrade pip
+	flock $(TRAINERS).lock $(TRAINERS)/bin/pip install --quiet -e . $(TRAINER_PINS)
+	flock $(TRAINERS).lock $(TRAINERS)/bin/pip install --quiet --no-deps $(AREAL_PIN)
+	touch $(TRAINERS_STAMP)
+
+$(NEMO_GYM_STAMP): Makefile
+	flock $(NEMO_GYM).lock sh -c 'test -d $(NEMO_GYM) || $(PY) -m venv $(NEMO_GYM)'
+	flock $(NEMO_GYM).lock $(NEMO_GYM)/bin/pip install --quiet --upgrade pip
+	flock $(NEMO_GYM).lock $(NEMO_GYM)/bin/pip install --quiet --no-deps --ignore-requires-python $(NEMO_GYM_PIN)
+	flock $(NEMO_GYM).lock $(NEMO_GYM)/bin/pip install --quiet $(NEMO_GYM_REQS)
+	touch $(NEMO_GYM_STAMP)
+
+test-trainers: $(STAMP) $(TRAINERS_STAMP) $(NEMO_GYM_STAMP)
+	$(BIN)/python -m pytest -q -m trainers
 
 # The bridge plugin in its own environment: the server, the plugin (py-openjudge pulled in by pip), pytest.
 $(OPENJUDGE_VENV)/.installed: pyproject.toml plugins/grpcgrade-openjudge/pyproject.toml
@@ -59,6 +94,15 @@ $(OPENJUDGE_VENV)/.installed: pyproject.toml plugins/grpcgrade-openjudge/pyproje
 
 test-openjudge: $(OPENJUDGE_VENV)/.installed
 	$(OPENJUDGE_VENV)/bin/python -m pytest -q -p no:cacheprovider -c plugins/grpcgrade-openjudge/pyproject.toml -m openjudge plugins/grpcgrade-openjudge/tests
+
+# The Ray executor's tests (`serve --ray`): the grpcgrade[ray] extra, then a local two-node cluster per test.
+RAY_STAMP := $(VENV)/.installed-ray
+$(RAY_STAMP): $(STAMP)
+	$(BIN)/pip install --quiet -e '.[ray]'
+	touch $(RAY_STAMP)
+
+test-ray: $(RAY_STAMP)
+	$(BIN)/python -m pytest -q -m ray
 
 $(OLDEST_STAMP): Makefile
 	test -d $(OLDEST) || $(PY) -m venv $(OLDEST)
@@ -109,9 +153,10 @@ docs: $(STAMP)
 cog: $(STAMP)
 	$(BIN)/cog -r -I scripts $$(grep -l '\[\[\[cog' README.md docs/*.md)
 
-# What pip cannot install: bubblewrap, the code sandbox of plugins/grpcgrade-code (Debian/Ubuntu, as root).
+# What pip cannot install: bubblewrap, the code sandbox of plugins/grpcgrade-code, and libseccomp, its
+# seccomp filter's builder (Debian/Ubuntu, as root).
 system-deps:
-	apt-get update && apt-get install -y --no-install-recommends bubblewrap
+	apt-get update && apt-get install -y --no-install-recommends bubblewrap libseccomp2
 
 # The image built and run by a real container engine, then the compose stack (docs/deploy.md says what it
 # checks). As root on Debian: installs and configures podman from Debian's packages first.

@@ -56,9 +56,13 @@ class Goal:
 
 #: The goals of issue 21 that `grpcgrade bench` measures (the peer goals are the harness's).
 GOALS: dict[str, Goal] = {
-    "cheap_batch_full_x_bare": Goal(0.5),
+    # the full view restated from 0.5x (issue 35): its floor is ~13 us a sample of work a trainer does not
+    # read (reasons, metadata); the scores view is what trainers take
+    "cheap_batch_full_x_bare": Goal(0.3),
     "cheap_batch_scores_x_bare": Goal(0.5),
     "chrf_batch_x_bare": Goal(0.925, per_core=True),
+    # the machine's own parallel ceiling (the bare loop on every core at once), not a nominal 2x (issue 35)
+    "chrf_batch_x_bare_every_core": Goal(0.95),
     "math_verify_batch_x_bare": Goal(0.925, per_core=True),
     "step_8_median_ms": Goal(1.0, at_least=False),
     "unary_paced_p99_ms": Goal(5.0, at_least=False),
@@ -292,5 +296,25 @@ def run_goals(
         report.notes["judge_endpoint"] = {
             k: judges[k] for k in ("judge_endpoint_limit_per_second", "judge_endpoint_429s")
         }
+    report.notes.update(_sandbox_overhead())
     report.load_average["end"] = [round(x, 2) for x in os.getloadavg()]
     return report
+
+
+#: Trivial programs started each way for the code sandbox's start-up overhead.
+SANDBOX_RUNS = 20
+
+
+def _sandbox_overhead() -> dict[str, Any]:
+    """code_tests' sandbox start-up over a bare subprocess of the same program (reported, no goal), when
+    the grpcgrade-code plugin and bubblewrap are there."""
+    try:
+        from .bench import bench_sandbox
+
+        figures = bench_sandbox(SANDBOX_RUNS)
+    except ImportError:
+        return {"sandbox": "not measured: the grpcgrade-code plugin is not installed"}
+    except (OSError, RuntimeError) as exc:  # no bwrap, or user namespaces refused on this machine
+        return {"sandbox": f"not measured: {exc}"}
+    keys = ("sandboxed_ms", "bare_ms", "sandbox_startup_overhead_ms", "sandboxed_runs_per_second")
+    return {key: figures[key] for key in keys}

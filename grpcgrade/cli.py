@@ -117,6 +117,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         tls_cert=args.tls_cert,
         http_host=args.http_host,
         http_port=args.http_port,
+        ray_address=args.ray,
         tls_key=args.tls_key,
         tls_client_ca=args.tls_client_ca,
         tokenizer=args.tokenizer,
@@ -478,6 +479,18 @@ def cmd_bench(args: argparse.Namespace) -> int:
             ref = f"{r['reference_us']:>10.1f} us  x{r['speedup']:.2f}" if "reference_us" in r else ""
             print(f"{label:<45} {r['ours_us']:>10.1f} us  {ref}")
         return 0
+    if args.per_sample:
+        from .bench_crowd import run_per_sample
+
+        try:
+            crowd = run_per_sample(
+                args.grader, calls=args.samples or 20_000, callers=args.callers, workers=args.workers
+            )
+        except RuntimeError as exc:
+            print(f"grpcgrade bench: {exc}", file=sys.stderr)
+            return 2
+        print(json.dumps(crowd, indent=None if args.json else 2))
+        return 0
     if args.sandbox:
         try:
             from .bench import bench_sandbox
@@ -617,6 +630,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="count a sample's completion_tokens when the trainer sends none (length gates): tiktoken:ENCODING "
         "or the path of a model's tokenizer.json; overrides the config's `tokenizer:`",
     )
+    p.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        help="run the workers as actors on this Ray cluster (host:port of its head; the grpcgrade[ray] extra), "
+        "one per cluster CPU unless --workers says how many",
+    )
     p.add_argument("--tls-cert", metavar="FILE", help="serve TLS with this certificate (PEM), with --tls-key")
     p.add_argument("--tls-key", metavar="FILE", help="the server certificate's private key (PEM)")
     p.add_argument("--tls-client-ca", metavar="FILE", help="require client certificates signed by this CA (mutual TLS)")
@@ -690,6 +709,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--step-reps", type=int, default=500, help="with --goals: timed 8-sample steps")
     p.add_argument("--compare-metrics", action="store_true", help="also run the batch with metrics off")
     p.add_argument("--per-call", action="store_true", help="instead: µs per call of every built-in grader")
+    p.add_argument(
+        "--per-sample",
+        action="store_true",
+        help="instead: one-sample calls from a crowd of callers, gRPC and HTTP, as ratios to a plain FastAPI "
+        "per-sample server grading the same grader (--samples calls, default 20000)",
+    )
+    p.add_argument("--callers", type=int, default=4_000, help="with --per-sample: concurrent callers")
     p.add_argument("--stream", type=int, metavar="N", help="instead: stream N samples and report the server's RSS")
     p.add_argument(
         "--sandbox",

@@ -35,6 +35,7 @@ from grpcgrade.service.convert import add_samples, as_columns, graders_list, sam
 
 from .batch_scores import BatchScores as BatchScores  # what batch_scores returns
 from .core.context import CALLER_HEADER
+from .core.retry import backoff
 from .errors import FailureBudgetExceeded as FailureBudgetExceeded
 from .errors import GradingError as GradingError
 from .errors import ServerUnavailable, typed
@@ -135,6 +136,28 @@ def _aretrying(method: Callable[..., Any]) -> Callable[..., Any]:
             pause = min(pause * 2, RETRY_PAUSES[1])
 
     return call
+
+
+#: The trailer a server's refusal for load carries (`grpc-retry-pushback-ms`, see docs/security.md).
+PUSHBACK_KEY = "grpc-retry-pushback-ms"
+
+
+def refusal_pause(exc: grpc.RpcError, attempt: int, deadline: float) -> float | None:
+    """How long to wait before sending again a call the server refused for load (RESOURCE_EXHAUSTED with
+    its retry hint: nothing of it was graded), backing off from the hint with jitter as attempts go on; None
+    for any other error, or when the pause would pass `deadline` (`time.monotonic()`)."""
+    code, trailers = getattr(exc, "code", None), getattr(exc, "trailing_metadata", None)
+    if not callable(code) or code() != grpc.StatusCode.RESOURCE_EXHAUSTED or not callable(trailers):
+        return None
+    hint = next((v for k, v in trailers() or () if k == PUSHBACK_KEY), None)
+    try:
+        seconds = int(hint) / 1000 if hint is not None else -1.0
+    except ValueError:
+        return None
+    if seconds < 0:  # no hint (another RESOURCE_EXHAUSTED), or the server says not to retry
+        return None
+    pause = backoff(attempt, max(seconds, 0.001), after=seconds / 2)
+    return pause if time.monotonic() + pause < deadline else None
 
 
 def set_guards(
@@ -467,7 +490,17 @@ class GradingClient(_Base):
     ) -> pb.EvaluateResponse:
         request = self._evaluate_request(sample, graders, reward, grader_timeout, view)
         request.cache = cache_mode(cache)
-        return self.stub.Evaluate(request, timeout=timeout or self.timeout, metadata=self._metadata)
+        deadline = time.monotonic() + (timeout or self.timeout)
+        attempt = 0
+        while True:  # a refusal for load is sent again after the server's hint, until the deadline
+            try:
+                return self.stub.Evaluate(request, timeout=deadline - time.monotonic(), metadata=self._metadata)
+            except grpc.RpcError as exc:
+                pause = refusal_pause(exc, attempt, deadline)
+                if pause is None:
+                    raise
+            time.sleep(pause)
+            attempt += 1
 
     @_retrying
     def batch_evaluate(
@@ -544,7 +577,7 @@ class GradingClient(_Base):
         lock = threading.Lock()
         started = time.monotonic()
 
-        def run(start: int, part: Sequence[Any], columns: bool = True) -> None:
+        def run(start: int, part: Sequence[Any], columns: bool = True, attempt: int = 0) -> None:
             nonlocal done
             request = self._batch_request(part, graders, reward, grader_timeout, view, columns)
             set_guards(request, started, *guards)
@@ -553,7 +586,12 @@ class GradingClient(_Base):
             try:
                 got = place(start, stream)
             except grpc.RpcError as exc:
-                raise typed(exc, self.target) from None
+                pause = refusal_pause(exc, attempt, started + deadline)
+                if pause is None:
+                    raise typed(exc, self.target) from None
+                time.sleep(pause)  # refused for load before anything was graded: sent again
+                run(start, part, columns, attempt + 1)
+                return
             if self._no_columns(request, got, len(part)):
                 run(start, part, columns=False)
                 return
@@ -725,7 +763,17 @@ class AsyncGradingClient(_Base):
     ) -> pb.EvaluateResponse:
         request = self._evaluate_request(sample, graders, reward, grader_timeout, view)
         request.cache = cache_mode(cache)
-        return await self.stub.Evaluate(request, timeout=timeout or self.timeout, metadata=self._metadata)
+        deadline = time.monotonic() + (timeout or self.timeout)
+        attempt = 0
+        while True:  # a refusal for load is sent again after the server's hint, until the deadline
+            try:
+                return await self.stub.Evaluate(request, timeout=deadline - time.monotonic(), metadata=self._metadata)
+            except grpc.RpcError as exc:
+                pause = refusal_pause(exc, attempt, deadline)
+                if pause is None:
+                    raise
+            await asyncio.sleep(pause)
+            attempt += 1
 
     @_aretrying
     async def batch_evaluate(
@@ -789,8 +837,9 @@ class AsyncGradingClient(_Base):
         done = 0
         started = time.monotonic()
 
-        async def run(start: int, part: Sequence[Any], columns: bool = True) -> None:
+        async def run(start: int, part: Sequence[Any], columns: bool = True, attempt: int = 0) -> None:
             nonlocal done
+            pause = None
             async with gate:
                 request = self._batch_request(part, graders, reward, grader_timeout, view, columns)
                 set_guards(request, started, *guards)
@@ -805,8 +854,13 @@ class AsyncGradingClient(_Base):
                         if on_progress:
                             on_progress(done, len(samples))
                 except grpc.RpcError as exc:
-                    raise typed(exc, self.target) from None
-            if self._no_columns(request, got, len(part)):
+                    pause = refusal_pause(exc, attempt, started + deadline) if not got else None
+                    if pause is None:
+                        raise typed(exc, self.target) from None
+            if pause is not None:  # refused for load before anything was graded: sent again
+                await asyncio.sleep(pause)
+                await run(start, part, columns, attempt + 1)
+            elif self._no_columns(request, got, len(part)):
                 await run(start, part, columns=False)
 
         await asyncio.gather(*(run(s, p) for s, p in _chunks(samples, self.chunk_size)))

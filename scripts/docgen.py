@@ -39,6 +39,9 @@ CONFIG_KEYS = {
     "tokenizer": "what length gates count a response with when the trainer sends no `completion_tokens`: "
     "`tiktoken:ENCODING` or a model's `tokenizer.json` (relative to this file); `--tokenizer` overrides it "
     "(see [Trainers](trainers.md#token-counts-the-trainer-does-not-send))",
+    "coalesce_linger_seconds": "one-sample calls (unary `Evaluate`, one-sample HTTP requests) with the same "
+    "graders arriving together are graded as one chunk; while a chunk of theirs is being graded, a call waits "
+    "at most this long for others (0: each call graded alone; see [Performance](performance.md#per-sample-callers))",
 }
 
 #: What each setting of `cache:` and `quarantine:` means. A setting missing here fails generation.
@@ -65,13 +68,23 @@ CANARY_DOCS = {
 
 #: What each setting of the HTTP face means. A setting missing here fails generation.
 HTTP_DOCS = {
-    "failure_reward": "the reward a failed sample gets over HTTP, where OpenRLHF needs a number (it is also "
-    "flagged in `extra_logs.grpcgrade_failed`)",
+    "failure_reward": "the reward a failed sample gets over HTTP, where the trainer needs a number (OpenRLHF, "
+    "slime, NeMo Gym); it is also flagged in the answer (`grpcgrade_failed`), counted and logged "
+    "([Trainers](trainers.md))",
     "strip_suffixes": "trailing end-of-turn tokens removed, repeatedly, from each decoded query before grading",
     "budget_seconds": "the step budget of a request whose body has no `budget_seconds`; 0: none "
     "(see [Reward guard](reward-guard.md#step-budget))",
     "max_failure_ratio": "the failure budget of a request whose body has no `max_failure_ratio`; null: none "
     "(see [Reward guard](reward-guard.md#failure-budget))",
+    "max_body_bytes": "the largest request body: a larger declared one is refused 413 before it is read, a larger "
+    "chunked one as it passes the limit (see [Security](security.md))",
+    "body_timeout_seconds": "seconds a request's body may take to arrive once its head has; past it, 408",
+    "header_timeout_seconds": "seconds a new connection may take to send its first complete request head; past "
+    "it, the connection is closed",
+    "idle_timeout_seconds": "seconds a keep-alive connection may sit idle (or take to send its next request head) "
+    "before it is closed",
+    "max_connections": "HTTP connections open at once; past it, a new connection is closed at once (gRPC's "
+    "are not counted)",
 }
 
 #: What each request limit bounds. A limit missing here fails generation.
@@ -87,6 +100,16 @@ LIMIT_DOCS = {
     "the call ends with `RESOURCE_EXHAUSTED` and its graded answers are dropped (see [Security](security.md))",
     "max_buffered_output_bytes": "graded answers waiting for their readers, server-wide; while spent, calls "
     "wait before starting new chunks (see [Security](security.md))",
+    "max_concurrent_calls": "gRPC calls and HTTP requests handled at once; past it a call is refused at once with "
+    "`RESOURCE_EXHAUSTED` (HTTP 503) and the retry hint, never cancelled "
+    "(see [Security](security.md#a-crowd-of-callers))",
+    "max_queued_samples": "samples accepted and not yet answered, over every call; a call that would pass it is "
+    "refused as above (one that finds nothing queued is admitted whatever its size)",
+    "max_memory_bytes": "the server process's resident memory past which calls are refused as above; 0: no such limit",
+    "max_pending_calls": "calls gRPC's core holds before the server takes them up (it cancels calls past its own "
+    "limit: 1,000 to 3,000 by default, the CANCELLED calls of a crowd)",
+    "retry_after_seconds": "the retry hint of a refusal: gRPC's `grpc-retry-pushback-ms` trailer, HTTP's "
+    "`Retry-After` (whole seconds, at least 1); the Python client waits about this long, longer as refusals repeat",
 }
 
 #: What each model setting does. A setting missing here fails generation.
@@ -178,7 +201,11 @@ def config_reference() -> str:
 
     top = [f.name for f in dataclasses.fields(ServerConfig) if f.name not in ("server_only_graders", "canaries")]
     _check_documented("ServerConfig", top, CONFIG_KEYS)
-    defaults = {"grader_timeout_seconds": ServerConfig().grader_timeout_seconds, "default_reward": "none"}
+    defaults = {
+        "grader_timeout_seconds": ServerConfig().grader_timeout_seconds,
+        "default_reward": "none",
+        "coalesce_linger_seconds": ServerConfig().coalesce_linger_seconds,
+    }
     out = ["| key | default | meaning |", "|---|---|---|"]
     out += [f"| `{k}` | {defaults.get(k, '')} | {_cell(CONFIG_KEYS[k])} |" for k in top]
 

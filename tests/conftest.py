@@ -28,6 +28,25 @@ def oldest_python() -> Path:
     return ROOT / ".venv-oldest" / "bin" / "python"
 
 
+def made_venv(name: str) -> Path:
+    """A Makefile venv of a trainer framework's own packages (`make NAME/.installed`, made once and kept):
+    the `trainers`-marked tests run the framework's code in it."""
+    subprocess.run(["make", "--no-print-directory", "-C", str(ROOT), f"{name}/.installed"], check=True)
+    return ROOT / name / "bin" / "python"
+
+
+@pytest.fixture(scope="session")
+def nemo_gym_python() -> Path:
+    """nemo-gym 0.4.0 and its requirements (Makefile: .venv-nemo-gym)."""
+    return made_venv(".venv-nemo-gym")
+
+
+@pytest.fixture(scope="session")
+def trainers_python() -> Path:
+    """skyrl-gym, verifiers and AReaL's reward wrapper, with this client (Makefile: .venv-trainers)."""
+    return made_venv(".venv-trainers")
+
+
 @pytest.fixture(scope="session")
 def plugin_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The test plugins, pip-installed (entry points and all) into a directory of their own."""

@@ -93,6 +93,8 @@ def test_judge_throughput_is_a_share_of_what_the_endpoint_allows(tmp_path) -> No
     allowed = 50 + 50 * figures["judge_seconds"]
     assert figures["judge_throughput_x_limit"] == pytest.approx(150 / allowed, abs=2e-3)
     assert 0 < figures["judge_throughput_x_limit"] <= 1.0  # nothing beyond the limit is answered
+    # the code sandbox's start-up over a bare subprocess is reported beside the goals (bwrap is on CI)
+    assert goals["sandbox_startup_overhead_ms"] == pytest.approx(goals["sandboxed_ms"] - goals["bare_ms"], abs=0.02)
 
 
 def test_goal_bounds_read_as_the_issue_states_them():
@@ -100,7 +102,9 @@ def test_goal_bounds_read_as_the_issue_states_them():
     assert GOALS["chrf_batch_x_bare"].text(2) == ">= 1.85"
     assert GOALS["step_8_median_ms"].met(0.9, 2) and not GOALS["step_8_median_ms"].met(1.1, 2)
     assert GOALS["unary_paced_p99_ms"].text(2) == "<= 5"
-    assert GOALS["cheap_batch_full_x_bare"].met(0.5, 2) and not GOALS["cheap_batch_full_x_bare"].met(0.49, 2)
+    # issue 35: the full view restated to >= 0.3x; chrf >= 0.95x of the bare loop on every core at once
+    assert GOALS["cheap_batch_full_x_bare"].met(0.3, 2) and not GOALS["cheap_batch_full_x_bare"].met(0.29, 2)
+    assert GOALS["chrf_batch_x_bare_every_core"].text(2) == ">= 0.95"
 
 
 def test_the_bench_server_grades_every_run_and_never_answers_from_the_cache(tmp_path):

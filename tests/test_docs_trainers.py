@@ -10,9 +10,11 @@ import importlib.util
 import inspect
 import re
 import shlex
+import subprocess
 from functools import partial
 from pathlib import Path
 
+import pytest
 import yaml
 
 from grpcgrade.testing import free_port, start_server
@@ -120,3 +122,65 @@ def test_openrlhf_command_lines(tmp_path, plugin_env):
     finally:
         srv.stop()
     assert reply == {"rewards": [1.0], "scores": [1.0], "extra_logs": {"grpcgrade_failed": [0.0]}}
+
+
+def titled(title: str) -> str:
+    """The page's Python block titled `title` (run in that framework's own installation)."""
+    (block,) = re.findall(rf'```python title="{title}"\n(.*?)```', PAGE.read_text(), flags=re.S)
+    return block
+
+
+def http_server(tmp_path: Path, plugin_env, *tokens: str):
+    """A server of the page's configuration with its HTTP face; (server, port)."""
+    (config,) = blocks("yaml")
+    (tmp_path / "rewards.yaml").write_text(config)
+    args = ["--config", "rewards.yaml", "--workers", "0", "--http-port", str(port := free_port())]
+    if tokens:
+        (tmp_path / "tokens").write_text("\n".join(tokens) + "\n")
+        args += ["--auth-token-file", "tokens"]
+    return start_server(tmp_path, *args, env=plugin_env), port
+
+
+def test_slime_command_lines(tmp_path, plugin_env):
+    import aiohttp
+
+    (block,) = [b for b in blocks("bash") if "--rm-url" in b]
+    serve, train = commands(block)
+    assert serve[:2] == ["grpcgrade", "serve"] and train[train.index("--rm-type") + 1] == "remote_rm"
+    srv, port = http_server(tmp_path, plugin_env, "TOKEN-from-the-test")
+    try:
+        url = train[train.index("--rm-url") + 1]
+        url = url.replace("TOKEN", "TOKEN-from-the-test").replace("127.0.0.1:8000", f"127.0.0.1:{port}")
+
+        async def remote_rm():  # slime/rollout/rm_hub/__init__.py
+            connector = aiohttp.TCPConnector(limit=64)
+            timeout = aiohttp.ClientTimeout(total=120)
+            async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+                body = {"prompt": "What is 8*9?", "response": "<think>\nr\n</think>\n72", "label": "#### 72"}
+                async with session.post(url, json=body) as resp:
+                    resp.raise_for_status()
+                    return await resp.json()
+
+        assert asyncio.run(remote_rm()) == 1.0
+    finally:
+        srv.stop()
+
+
+def _run_in(python: Path, code: str) -> None:
+    done = subprocess.run([str(python), "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+@pytest.mark.trainers
+def test_framework_examples_run_in_their_frameworks(server, trainers_python):
+    for title in ("skyrl", "areal", "verifiers"):
+        _run_in(trainers_python, titled(title).replace(DOC_TARGET, server.target))
+
+
+@pytest.mark.trainers
+def test_nemo_gym_example_runs_with_nemo_gym(tmp_path, plugin_env, nemo_gym_python):
+    srv, port = http_server(tmp_path, plugin_env)
+    try:
+        _run_in(nemo_gym_python, titled("nemo_gym").replace('"port": 8000', f'"port": {port}'))
+    finally:
+        srv.stop()

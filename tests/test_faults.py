@@ -354,3 +354,61 @@ def test_a_grader_written_as_a_dataclass_is_graded_and_its_params_kept_apart(fau
                 assert by_key[0][word].reason == f"counted {word!r}"
                 assert by_key[0][word].cached == bool(again)
             assert [r.score for r in unary.results[:2]] == [2 / 5, 1 / 5]
+
+
+def test_shutdown_exits_within_the_grace_period_and_its_margin(tmp_path, plugin_env):
+    """A gRPC stream and an HTTP request both stuck in graders past the grace period: the faces drained one
+    after the other (HTTP for up to twice the grace, as aiohttp waits again for handlers it cancelled), then
+    the workers got their patience: with --grace 10 the process took 36 s. Now the faces drain at once
+    and the process is gone within grace + SHUTDOWN_MARGIN_SECONDS (the bound below leaves 10 s of slack
+    for a loaded machine, far under the old 30 s). The stream keeps what was streamed before the grace ran
+    out and ends UNAVAILABLE; the HTTP client's connection is closed without an answer."""
+    import json
+    import urllib.request
+
+    from grpcgrade.service.server import SHUTDOWN_MARGIN_SECONDS
+    from grpcgrade.testing import free_port
+
+    grace = 10.0
+    (tmp_path / "config.yaml").write_text("grader_timeout_seconds: 300\nrewards:\n  nap:\n    graders: [napper]\n")
+    http_port = free_port()
+    srv = start_server(
+        tmp_path, "--workers", "2", "--grace", str(grace), "--config", "config.yaml",
+        "--http-port", str(http_port), env=plugin_env,
+    )  # fmt: skip
+    fast = 4
+    request = pb.BatchEvaluateRequest(
+        graders=[pb.GraderSpec(name="misbehave")],
+        chunk_size=1,
+        samples=[pb.Sample(response="x") for _ in range(fast)] + [pb.Sample(response="hang_in_c")] * 2,
+    )
+    outcome: dict[str, object] = {}
+
+    def post() -> None:
+        body = json.dumps({"query": ["hang"]}).encode()
+        url = f"http://127.0.0.1:{http_port}/rewards/nap/get_reward"
+        try:
+            urllib.request.urlopen(urllib.request.Request(url, data=body), timeout=120)
+            outcome["http"] = "answered"
+        except Exception as exc:  # noqa: BLE001 - what the client sees is the point
+            outcome["http"] = type(exc).__name__
+
+    poster = threading.Thread(target=post)
+    poster.start()
+    with grpc.insecure_channel(srv.target) as channel:
+        stream = pb_grpc.GradingServiceStub(channel).BatchEvaluate(request, timeout=120)
+        seen = [item.index for _ in range(fast) for item in next(stream).items]
+        time.sleep(0.5)  # the HTTP request reaches its grader
+        srv.proc.send_signal(signal.SIGTERM)
+        bound = time.monotonic() + grace + SHUTDOWN_MARGIN_SECONDS + 10
+        with pytest.raises(grpc.RpcError) as ended:
+            seen += [item.index for message in stream for item in message.items]
+        try:
+            assert srv.proc.wait(max(0.0, bound - time.monotonic())) == 0
+        finally:
+            if srv.proc.poll() is None:
+                srv.proc.kill()
+    poster.join(30)
+    assert sorted(seen) == list(range(fast))
+    assert ended.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert outcome["http"] in {"RemoteDisconnected", "ConnectionResetError", "URLError"}, outcome

@@ -144,7 +144,8 @@ def test_bad_requests_are_named(http_server):
 
     assert asyncio.run(go("/rewards/gsm9k/get_reward", json={"query": []})) == (
         404,
-        "unknown reward 'gsm9k'; did you mean 'gsm8k'?",
+        "unknown reward 'gsm9k'; did you mean 'gsm8k'?; "
+        "configured rewards: 'exact', 'flaky', 'gsm8k', 'napping', 'tools'",
     )
     status, text = asyncio.run(go("/get_reward", json={"query": ["a"], "prompts": ["a", "b"]}))
     assert status == 400 and "`prompts` has 2 items but `query` has 1" in text

@@ -308,3 +308,25 @@ def test_errors_from_outside_the_grader_map_to_openai_flags():
         assert {k: v for k, v in body["metadata"]["errors"].items() if k in ERROR_FLAGS} == raised(flag)
         assert (body["metadata"]["name"], body["metadata"]["type"]) == ("exact", "string_check")
         assert body["metadata"]["grpcgrade"]["error"] == {"code": result.code, "message": result.error}
+
+
+def test_run_takes_tool_calls_as_output_tools(client):
+    """grpcgrade's one extension of the run body (docs/agents.md): `tool_calls` fill `sample.output_tools`.
+    OpenAI's client sends it through `extra_body`."""
+    picked = {
+        "type": "string_check",
+        "name": "picked",
+        "input": "{{ sample.output_tools[0].function.name }}",
+        "reference": "{{ item.tool }}",
+        "operation": "eq",
+    }
+    call = {"id": "c1", "type": "function", "function": {"name": "weather", "arguments": '{"city": "Oslo"}'}}
+    run = client.fine_tuning.alpha.graders.run
+    hit = run(grader=picked, model_sample="", item={"tool": "weather"}, extra_body={"tool_calls": [call]})
+    assert hit.reward == 1.0
+    miss = run(grader=picked, model_sample="", item={"tool": "stocks"}, extra_body={"tool_calls": [call]})
+    assert miss.reward == 0.0
+    with pytest.raises(openai.BadRequestError, match="tool_calls"):
+        run(grader=picked, model_sample="", item={}, extra_body={"tool_calls": "weather"})
+    with pytest.raises(openai.BadRequestError, match="max_field_chars"):  # this app's limit is 10,000
+        run(grader=picked, model_sample="", item={}, extra_body={"tool_calls": [{"x": "y" * 20_000}]})

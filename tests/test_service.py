@@ -80,7 +80,7 @@ def test_list_graders_names_plugins_versions_and_params(client):
         "tool_call_names",
         "typed_length",
     ]
-    assert [r.name for r in listing.rewards] == ["flaky", "gsm8k", "gsm8k_text"]
+    assert [r.name for r in listing.rewards] == ["agent", "flaky", "gsm8k", "gsm8k_text"]
 
 
 def test_evaluate_with_a_plugin_grader(client):

@@ -7,11 +7,18 @@ identical completions are common). Successes are stored; a TIMEOUT or WORKER_LOS
 quarantine wherever it was graded, whole chunks included. A call none of whose graders uses either pays
 one check per call and nothing per sample.
 
+Identical inputs in flight at once are graded once as well: async graders are graded sample by sample (a
+slow judgment holds only its own sample), so the duplicates of a GRPO group arrive as separate runs, often
+from separate calls. A miss whose key is being graded already waits for that grading instead of starting
+its own; it takes the result only when it is a success the cache kept (an error, a budget cut or a
+cancelled owner belongs to the owner's call), and otherwise grades its sample itself.
+
 Counts per grader (hits, misses, quarantine hits) are plain counters the metrics read when scraped.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -51,6 +58,9 @@ class CachedGrading:
         self.hits: Counter[str] = Counter()
         self.misses: Counter[str] = Counter()
         self.quarantine_hits: Counter[str] = Counter()
+        #: Keys being graded now: the cached result their grading stored (None: nothing kept), for the
+        #: identical misses that arrive meanwhile.
+        self._inflight: dict[bytes, asyncio.Future[GraderResult | None]] = {}
 
     @classmethod
     def from_config(cls, cache: CacheConfig, quarantine: QuarantineConfig) -> CachedGrading:
@@ -92,6 +102,8 @@ class CachedGrading:
         cache = self.cache if job.use_cache else None
         quarantine = self.quarantine if self._quarantined(job) else None
         hits = quarantined = 0
+        waiting: list[tuple[int, asyncio.Future[GraderResult | None]]] = []  # misses graded by another run
+        owned: list[bytes] = []  # keys this run grades that other runs may wait for
         for i, key in enumerate(keys):
             if quarantine is not None and (error := quarantine.answer(key, name, limit)) is not None:
                 out[i] = error
@@ -102,24 +114,60 @@ class CachedGrading:
             elif cache is not None and key in todo:
                 todo[key].append(i)  # graded once, for the first of its duplicates
                 hits += 1
+            elif cache is not None and (pending := self._inflight.get(key)) is not None:
+                waiting.append((i, pending))  # being graded by another run right now
             else:
                 todo[key if cache is not None else i.to_bytes(8)] = [i]
-        graded = await grade([batch[positions[0]] for positions in todo.values()])  # even none: stats count
-        for (key, positions), result in zip(todo.items(), graded, strict=True):
-            first = positions[0]
-            out[first] = result
-            if cache is not None:
-                stored = cache.store(key, result, scope)
-                for other in positions[1:]:
-                    out[other] = stored or result
-            if isinstance(result, GraderError) and result.code in QUARANTINE_CODES:
-                self._add(job, keys[first], batch[first], result, limit)
+                if cache is not None:
+                    self._inflight[key] = asyncio.get_running_loop().create_future()
+                    owned.append(key)
+        try:
+            graded = await grade([batch[positions[0]] for positions in todo.values()])  # even none: stats count
+            for (key, positions), result in zip(todo.items(), graded, strict=True):
+                first = positions[0]
+                out[first] = result
+                if cache is not None:
+                    stored = cache.store(key, result, scope)
+                    self._settle(key, stored)
+                    for other in positions[1:]:
+                        out[other] = stored or result
+                if isinstance(result, GraderError) and result.code in QUARANTINE_CODES:
+                    self._add(job, keys[first], batch[first], result, limit)
+        finally:  # graded, failed or cancelled: nobody waits on this run's keys any more
+            for key in owned:
+                self._settle(key, None)
+        if waiting:
+            shared = await self._shared(waiting)
+            hits += sum(kept is not None for _, kept in shared)
+            alone = [i for i, kept in shared if kept is None]
+            for i, kept in shared:
+                out[i] = kept
+            if alone:  # the other run kept nothing for them: graded here after all, as misses
+                for i, result in zip(alone, await grade([batch[i] for i in alone]), strict=True):
+                    out[i] = result
+                    if isinstance(result, GraderError) and result.code in QUARANTINE_CODES:
+                        self._add(job, keys[i], batch[i], result, limit)
+                self.misses[name] += len(alone)
         if cache is not None:
             self.hits[name] += hits
             self.misses[name] += len(todo)
         if quarantined:
             self.quarantine_hits[name] += quarantined
         return out  # type: ignore[return-value]  # every position was filled
+
+    def _settle(self, key: bytes, stored: GraderResult | None) -> None:
+        """The grading of `key` has ended: the runs waiting for it get what the cache kept (None: nothing)."""
+        pending = self._inflight.pop(key, None)
+        if pending is not None and not pending.done():
+            pending.set_result(stored)
+
+    @staticmethod
+    async def _shared(
+        waiting: list[tuple[int, asyncio.Future[GraderResult | None]]],
+    ) -> list[tuple[int, GraderResult | None]]:
+        """What the runs grading these positions' keys kept, once they have ended (shielded: this run
+        being cancelled must not cancel a result other runs wait for too)."""
+        return [(i, await asyncio.shield(pending)) for i, pending in waiting]
 
     def _add(self, job: Job, key: bytes, selected: dict[str, Any], error: GraderError, limit: float | None) -> None:
         if self.quarantine is not None:

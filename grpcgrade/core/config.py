@@ -44,6 +44,7 @@ from .canaries import (
     Canary,
     CanarySettings,
 )
+from .coalesce import DEFAULT_LINGER_SECONDS, MAX_LINGER_SECONDS
 from .errors import ConfigError, InvalidParams, SampleProblem
 from .guard import call_guards
 from .result_cache import CacheConfig, QuarantineConfig
@@ -77,6 +78,15 @@ class HttpConfig:
     strip_suffixes: tuple[str, ...] = DEFAULT_STRIP_SUFFIXES
     budget_seconds: float = 0.0
     max_failure_ratio: float | None = None
+    # What bounds a hostile client (grpcgrade.service.http.limits, docs/security.md): a body, far below
+    # gRPC's message limit (the face's requests are one sample or one trainer batch of text), the time it
+    # may take to arrive, the time a connection may take to send its request head and sit idle, and how
+    # many connections may be open at once.
+    max_body_bytes: int = 8 * 1024 * 1024
+    body_timeout_seconds: float = 60.0
+    header_timeout_seconds: float = 10.0
+    idle_timeout_seconds: float = 15.0
+    max_connections: int = 512
 
 
 @dataclass
@@ -100,14 +110,18 @@ class ServerConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     #: Inputs that timed out or killed a worker, answered at once with the same error.
     quarantine: QuarantineConfig = field(default_factory=QuarantineConfig)
+    #: One-sample calls of the same plan wait at most this long for each other (`core.coalesce`); 0: off.
+    coalesce_linger_seconds: float = DEFAULT_LINGER_SECONDS
     #: The tokenizer length gates count with when a sample has no `completion_tokens` (`core.tokens`).
     tokenizer: str = ""
 
 
 TOP_KEYS = (
     *("rewards", "limits", "grader_timeout_seconds", "models", "default_reward", "http", "canary"),
-    *("cache", "quarantine", "callers", "tokenizer"),
+    *("cache", "quarantine", "callers", "tokenizer", "coalesce_linger_seconds"),
 )
+#: The limits whose 0 means none.
+ZERO_IS_NO_LIMIT = ("max_memory_bytes",)
 SPEC_KEYS = ("name", "params", "key", "weight", "gate")
 REWARD_KEYS = ("graders", "description", "canaries", "tokenizer")
 #: A canary's keys (`rewards.NAME.canaries[i]`), and the `canary:` section's.
@@ -259,7 +273,7 @@ def parse_config(data: dict[str, Any], source: str = "config", base: Path | None
         **{
             k: _number(v, f"{source}: limits.{k}", float, 0.001)
             if kinds[k] == "float"
-            else _number(v, f"{source}: limits.{k}", int, 1)
+            else _number(v, f"{source}: limits.{k}", int, 0 if k in ZERO_IS_NO_LIMIT else 1)
             for k, v in raw_limits.items()
         }
     )
@@ -292,6 +306,10 @@ def parse_config(data: dict[str, Any], source: str = "config", base: Path | None
     if default_reward and default_reward not in rewards:
         raise ConfigError(f"{source}: default_reward {default_reward!r} is not one of the rewards")
     timeout = data.get("grader_timeout_seconds", 30.0)
+    linger = data.get("coalesce_linger_seconds", DEFAULT_LINGER_SECONDS)
+    linger = _number(linger, f"{source}: coalesce_linger_seconds", float)
+    if linger > MAX_LINGER_SECONDS:
+        raise ConfigError(f"{source}: coalesce_linger_seconds: at most {MAX_LINGER_SECONDS:g}, got {linger!r}")
     return ServerConfig(
         default_reward=default_reward,
         http=parse_http(data.get("http"), source),
@@ -304,6 +322,7 @@ def parse_config(data: dict[str, Any], source: str = "config", base: Path | None
         canary=parse_canary_settings(data.get("canary"), f"{source}: canary"),
         cache=parse_store(data.get("cache"), CacheConfig, f"{source}: cache"),
         quarantine=parse_store(data.get("quarantine"), QuarantineConfig, f"{source}: quarantine"),
+        coalesce_linger_seconds=linger,
         tokenizer=parse_tokenizer(data.get("tokenizer"), f"{source}: tokenizer", base),
     )
 
@@ -313,7 +332,7 @@ def parse_http(raw: Any, source: str) -> HttpConfig:
         return HttpConfig()
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: http must be a mapping")
-    allowed = ("failure_reward", "strip_suffixes", "budget_seconds", "max_failure_ratio")
+    allowed = ("failure_reward", "strip_suffixes", "budget_seconds", "max_failure_ratio", *HTTP_BOUNDS)
     unknown = set(raw) - set(allowed)
     if unknown:
         raise ConfigError(f"{source}: http: unknown key {sorted(unknown)[0]!r} (allowed: {', '.join(allowed)})")
@@ -335,12 +354,27 @@ def parse_http(raw: Any, source: str) -> HttpConfig:
         call_guards(float(budget), None if ratio is None else float(ratio), 0, 0.0)
     except InvalidParams as exc:
         raise ConfigError(f"{source}: http: {exc}") from None
+    bounds: dict[str, Any] = {}
+    for key, kind in HTTP_BOUNDS.items():
+        if key in raw:
+            bounds[key] = _number(raw[key], f"{source}: http: {key}", kind, 1 if kind is int else 0.001)
     return HttpConfig(
         failure_reward=failure,
         strip_suffixes=tuple(suffixes),
         budget_seconds=float(budget),
         max_failure_ratio=None if ratio is None else float(ratio),
+        **bounds,
     )
+
+
+#: The HTTP face's bounds on hostile clients, each a positive number of this type.
+HTTP_BOUNDS: dict[str, type[int] | type[float]] = {
+    "max_body_bytes": int,
+    "body_timeout_seconds": float,
+    "header_timeout_seconds": float,
+    "idle_timeout_seconds": float,
+    "max_connections": int,
+}
 
 
 def load_config(path: str | Path) -> ServerConfig:

@@ -173,3 +173,17 @@ NOT_A_RESULT: tuple[type[BaseException], ...] = (
 class TooManyFailures(Exception):
     """A call's failures passed its failure budget (`max_failure_ratio`): the call ends with
     FAILED_PRECONDITION; the message names the grader with the most errors and its most frequent code."""
+
+
+#: How a refusal for load begins (`Overloaded`): the request log leaves these out (they are counted).
+OVERLOADED = "server busy"
+
+
+class Overloaded(Exception):
+    """The server holds as much as its admission limits allow (`limits.max_concurrent_calls`,
+    `max_queued_samples`, `max_memory_bytes`): the call is refused at once, before any work, with
+    RESOURCE_EXHAUSTED (HTTP 503) and `retry_after` seconds as the retry hint; `limit` names the limit."""
+
+    def __init__(self, limit: str, message: str, retry_after: float) -> None:
+        super().__init__(f"{OVERLOADED}: {message} (limits.{limit}); retry in {retry_after:g} s")
+        self.limit, self.retry_after = limit, retry_after

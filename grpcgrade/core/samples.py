@@ -74,6 +74,18 @@ class Limits:
     send_timeout_seconds: float = 30.0
     #: Graded answers held server-wide for clients that have not taken them; calls wait past it.
     max_buffered_output_bytes: int = 256 * 1024 * 1024
+    #: Admission control (`core.admission`): calls past these are refused at once with RESOURCE_EXHAUSTED
+    #: (HTTP 503) and a retry hint, never left to be cancelled. Calls (gRPC and HTTP) being handled at once:
+    max_concurrent_calls: int = 10_000
+    #: Samples accepted and not yet answered, over every call (a call that finds none waiting is admitted
+    #: whatever its size, up to max_samples_per_batch).
+    max_queued_samples: int = 1_000_000
+    #: The server process's resident memory past which calls are refused; 0: no such limit.
+    max_memory_bytes: int = 0
+    #: Calls gRPC's core may hold before the server takes them up (past it, gRPC itself cancels them).
+    max_pending_calls: int = 65_536
+    #: The retry hint sent with a refusal (gRPC's `grpc-retry-pushback-ms`, HTTP's Retry-After).
+    retry_after_seconds: float = 0.5
 
 
 def plain(value: Any) -> Any:

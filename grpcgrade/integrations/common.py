@@ -6,9 +6,12 @@ from __future__ import annotations
 import json
 import logging
 import math
+import threading
 from collections.abc import Iterable
 from typing import Any
 
+from grpcgrade.client import GradingClient
+from grpcgrade.core.chat import last_text as last_text  # prompts and completions as chats
 from grpcgrade.core.samples import AGENT_FIELDS, INPUT_FIELDS, SAMPLE_FIELDS, plain
 from grpcgrade.core.samples import as_text as as_text  # the integrations' rule for a field's text
 from grpcgrade.core.tokens import TOKENIZER_PARAM
@@ -84,6 +87,28 @@ def score_of(result: pb.EvaluateResponse, key: str) -> float | None:
     if found is None or found.HasField("error") or found.rank:
         return None
     return found.score
+
+
+def failure_of(result: pb.EvaluateResponse) -> str:
+    """Why a sample has no reward, in one line: the first failed grader's `key CODE: message`."""
+    for r in result.results:
+        if r.HasField("error"):
+            return f"{r.key or r.grader} {r.error.code}: {r.error.message[:200]}"
+    return "no reward (no grader failed: a gate or an empty result)"
+
+
+_clients: dict[tuple[str, str | None, float], GradingClient] = {}
+_clients_lock = threading.Lock()
+
+
+def shared_client(target: str, token: str | None, timeout: float) -> GradingClient:
+    """One blocking client per target, token and timeout in the process: frameworks that make an object per
+    prompt (SkyRL's environments) or call from a process pool (AReaL) then share one channel."""
+    key = (target, token, timeout)
+    with _clients_lock:
+        if key not in _clients:
+            _clients[key] = GradingClient(target, token=token, timeout=timeout)
+        return _clients[key]
 
 
 def uncounted_gates(catalog: pb.ListGradersResponse, reward: str) -> list[str]:

@@ -20,7 +20,7 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError
 
-from grpcgrade.core.errors import NOT_A_RESULT
+from grpcgrade.core.errors import NOT_A_RESULT, OVERLOADED
 
 from .metrics import Metrics
 
@@ -285,7 +285,11 @@ class ObservingInterceptor(_Wrapping):
                 log.debug("rpc %s/%s request_id=%s code=OK seconds=%.4f", service, method, rid, elapsed)
             else:
                 details = context.details() if hasattr(context, "details") else ""
-                log.warning(
+                # A refusal for load is counted (grpcgrade_calls_refused_total), not logged one by one: a crowd
+                # refused by the thousand would spend the event loop on log lines when it has least to spare.
+                refused = code == "RESOURCE_EXHAUSTED" and str(details).startswith(OVERLOADED)
+                log.log(
+                    logging.DEBUG if refused else logging.WARNING,
                     "rpc %s/%s request_id=%s code=%s seconds=%.4f details=%s",
                     service,
                     method,

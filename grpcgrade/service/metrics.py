@@ -37,7 +37,9 @@ from prometheus_client.utils import floatToGoString
 
 from grpcgrade import __version__
 from grpcgrade.core import histograms
+from grpcgrade.core.admission import LIMITS, Admission
 from grpcgrade.core.cached_grading import CachedGrading
+from grpcgrade.core.coalesce import ServerCoalescer
 from grpcgrade.core.errors import ErrorCode
 from grpcgrade.core.grading import Stats
 from grpcgrade.core.plugins import PluginInfo
@@ -173,6 +175,56 @@ class _CacheCollector(Collector):
                 "grpcgrade_quarantined_entries",
                 "Inputs in quarantine (timed out or killed a worker; expired ones until they are next looked at).",
                 value=len(c.quarantine or ()),
+            ),
+        ]
+
+
+class _AdmissionCollector(Collector):
+    """Admission control's counts and limits (`core.admission`), read when scraped: nothing is updated per
+    call for them."""
+
+    def __init__(self, admission: Admission) -> None:
+        self.admission = admission
+
+    def collect(self) -> list[Metric]:
+        a = self.admission
+        refused = CounterMetricFamily(
+            "grpcgrade_calls_refused",
+            "Calls refused at once for load (RESOURCE_EXHAUSTED, HTTP 503).",
+            labels=["limit"],
+        )
+        for name in LIMITS:
+            refused.add_metric([name], a.refused[name])
+        limits = GaugeMetricFamily("grpcgrade_admission_limit", "Admission limits (0: none).", labels=["limit"])
+        for name in LIMITS:
+            limits.add_metric([name], getattr(a.limits, name))
+        return [
+            GaugeMetricFamily("grpcgrade_calls_admitted", "Calls (gRPC and HTTP) being handled.", value=a.calls),
+            GaugeMetricFamily(
+                "grpcgrade_samples_queued", "Samples of admitted calls not yet answered.", value=a.samples
+            ),
+            GaugeMetricFamily(
+                "grpcgrade_resident_bytes", "The server's resident memory, as admission read it.", value=a.resident()
+            ),
+            refused,
+            limits,
+        ]
+
+
+class _CoalescerCollector(Collector):
+    """Server-side coalescing's counts (`core.coalesce`), read when scraped: samples / chunks is its gain."""
+
+    def __init__(self, coalescer: ServerCoalescer) -> None:
+        self.coalescer = coalescer
+
+    def collect(self) -> list[Metric]:
+        c = self.coalescer
+        return [
+            CounterMetricFamily(
+                "grpcgrade_coalesced_chunks", "Chunks graded from concurrent one-sample calls.", value=c.chunks
+            ),
+            CounterMetricFamily(
+                "grpcgrade_coalesced_samples", "One-sample calls graded in those chunks.", value=c.samples
             ),
         ]
 
@@ -332,6 +384,12 @@ class Metrics:
             ["face", "method", "code"],
             registry=r,
         )
+        self.http_failed_samples = Counter(
+            "grpcgrade_http_failed_samples",
+            "Samples an HTTP face answered as failed (no grader's reward), per face and reward.",
+            ["face", "reward"],
+            registry=r,
+        )
         self.http_unusable_samples = Counter(
             "grpcgrade_http_unusable_samples",
             "Samples an HTTP face could not grade at all (a query that does not start with its prompt, a missing "
@@ -367,6 +425,12 @@ class Metrics:
     def watch_workers(self, alive: Callable[[], int], restarts: Callable[[], int]) -> None:
         self.workers.set_function(alive)
         self.worker_restarts.read = restarts
+
+    def watch_admission(self, admission: Admission) -> None:
+        self.registry.register(_AdmissionCollector(admission))
+
+    def watch_coalescer(self, coalescer: ServerCoalescer) -> None:
+        self.registry.register(_CoalescerCollector(coalescer))
 
     def watch_cache(self, cached: CachedGrading) -> None:
         self.registry.register(_CacheCollector(cached))

@@ -11,8 +11,11 @@ import ctypes
 import logging
 import math
 import os
+import resource
 import signal
 import socket
+import sys
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,8 +25,10 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from grpcgrade.core import tokens as token_counts
+from grpcgrade.core.admission import Admission
 from grpcgrade.core.cached_grading import CachedGrading
 from grpcgrade.core.canaries import CanaryResult, run_canaries, watch
+from grpcgrade.core.coalesce import ServerCoalescer
 from grpcgrade.core.config import ServerConfig, load_config
 from grpcgrade.core.engine import Engine
 from grpcgrade.core.errors import ConfigError, InvalidParams, PortUnavailable, UnknownGrader
@@ -38,6 +43,7 @@ from .admin import SERVICE_NAME as ADMIN_SERVICE_NAME
 from .admin import AdminServicer
 from .callers import CallerInterceptor
 from .http import build_http_app
+from .http.limits import ConnectionGuard
 from .interceptors import AuthInterceptor, DecodeGuardInterceptor, ObservingInterceptor
 from .metrics import Metrics
 from .servicer import GradingServicer, add_to_server
@@ -97,6 +103,7 @@ class ServeOptions:
     tls_client_ca: str | None = None
     http_host: str = "127.0.0.1"
     http_port: int | None = None  # None: no HTTP face; 0: a free port (see Service.http_port)
+    ray_address: str | None = None  # the workers as actors on this Ray cluster (core.executors_ray)
     tokenizer: str | None = None  # None: the config's `tokenizer:` (core.tokens)
     extra_options: list[tuple[str, int]] = field(default_factory=list)
 
@@ -153,10 +160,11 @@ class Service:
     registry: Registry
     config: ServerConfig
     metrics: Metrics | None
-    pool: WorkerPool | None
+    pool: Executor | None
     tls: bool
     http_app: web.Application | None = None
     http_runner: web.AppRunner | None = None
+    http_guard: ConnectionGuard | None = None
     #: The HTTP face's bound port once started (None without one).
     http_port: int | None = None
     #: The periodic canary runs (None without canaries), and whether a canary failed at the last run.
@@ -244,21 +252,27 @@ class Service:
     async def _start_http(self, app: web.Application) -> None:
         # handler_cancellation: a request whose client went away (OpenRLHF gives up after 180 s, then posts it
         # again) stops grading, as a cancelled gRPC call does, instead of running to an answer nobody reads.
+        # Its connections are served by http.limits' guard: a cap, a time for the request head, an idle timeout.
+        self.http_guard = ConnectionGuard(self.config.http)
         self.http_runner = web.AppRunner(
-            app, access_log=None, shutdown_timeout=self.options.grace_seconds, handler_cancellation=True
+            app,
+            shutdown_timeout=self.options.grace_seconds,
+            handler_cancellation=True,
+            **self.http_guard.connection_options(),
         )
         await self.http_runner.setup()
         host, port = self.options.http_host, self.options.http_port or 0
-        site = web.TCPSite(self.http_runner, host, port, reuse_port=False)
         try:
-            await site.start()
+            self.http_port = await self.http_guard.start(self.http_runner, host, port)
         except OSError as exc:
             raise PortUnavailable("http_port", host, port, exc.strerror or str(exc)) from exc
-        self.http_port = self.http_runner.addresses[0][1]
 
     async def stop(self) -> None:
-        """Drain: NOT_SERVING, refuse new calls, finish in-flight ones for up to the grace period."""
+        """Drain: NOT_SERVING, refuse new calls, finish in-flight ones for up to the grace period, all
+        within `grace_seconds + SHUTDOWN_MARGIN_SECONDS` (`exit_deadline` holds the process to it)."""
         grace = self.options.grace_seconds
+        loop = asyncio.get_running_loop()
+        end = loop.time() + grace + SHUTDOWN_MARGIN_SECONDS
         log.info("draining: NOT_SERVING, finishing in-flight calls for up to %.0f s", grace)
         if self.pool_task is not None:
             self.pool_task.cancel()
@@ -267,12 +281,21 @@ class Service:
             with contextlib.suppress(asyncio.CancelledError):
                 await self.canary_task
         await self.health.enter_graceful_shutdown()
-        if self.http_runner is not None:
-            await self.http_runner.cleanup()  # stops accepting, lets in-flight requests finish
-        await self.server.stop(grace)
-        if self.pool is not None:
-            self.pool.close()
+        # The two faces drain at once, each for the grace period: one after the other took twice as long.
+        await asyncio.gather(self._stop_http(grace), self.server.stop(grace))
+        if self.pool is not None:  # what workers still hold after the grace, nobody waits for any more
+            self.pool.close(patience=max(0.0, min(POOL_PATIENCE_SECONDS, end - loop.time() - 1.5)))
         log.info("stopped")
+
+    async def _stop_http(self, grace: float) -> None:
+        """Stop accepting, let in-flight HTTP requests finish for up to `grace`, then end them. aiohttp
+        spends up to its shutdown_timeout waiting for handlers and as long again for the cancelled ones to
+        end: bounded here to the grace period and half a second more."""
+        if self.http_guard is not None:
+            self.http_guard.close()
+        if self.http_runner is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.http_runner.cleanup(), grace + 0.5)
 
 
 def _bindable(option: str, host: str, port: int) -> None:
@@ -302,7 +325,13 @@ def build_server(opts: ServeOptions) -> Service:
     configure_models(config.models, config.callers)  # before the rewards are resolved: their LLM graders look models up
     metrics = Metrics() if opts.metrics_port else None
     workers = os.cpu_count() or 1 if opts.workers is None else opts.workers
-    pool = WorkerPool(workers) if workers > 0 else None
+    pool: Executor | None
+    if opts.ray_address:  # one actor per cluster CPU unless --workers says how many
+        from grpcgrade.core.executors_ray import RayExecutor
+
+        pool = RayExecutor(opts.ray_address, opts.workers or None)
+    else:
+        pool = WorkerPool(workers) if workers > 0 else None
     cached = CachedGrading.from_config(config.cache, config.quarantine)
     if metrics is not None:
         metrics.watch_cache(cached)
@@ -340,12 +369,15 @@ def build_server(opts: ServeOptions) -> Service:
     interceptors.append(CallerInterceptor())  # who calls: the judges' fair share
     interceptors.append(DecodeGuardInterceptor())  # innermost: after auth, inside the logging and metrics
     max_bytes = config.limits.max_message_bytes
+    pending = config.limits.max_pending_calls  # past gRPC's own pending limit its core cancels calls (admission)
     server = grpc.aio.server(
         interceptors=interceptors,
         options=[
             ("grpc.so_reuseport", 0),  # a second server on the same port fails instead of sharing it
             ("grpc.max_receive_message_length", max_bytes),
             ("grpc.max_send_message_length", max_bytes),
+            ("grpc.server.max_pending_requests", pending),
+            ("grpc.server.max_pending_requests_hard_limit", pending),
             ("grpc.keepalive_time_ms", 60_000),
             ("grpc.keepalive_timeout_ms", 20_000),
             ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
@@ -354,7 +386,14 @@ def build_server(opts: ServeOptions) -> Service:
             *opts.extra_options,
         ],
     )
-    add_to_server(GradingServicer(engine, config.limits, metrics), server)
+    admission = Admission(config.limits)
+    if metrics is not None:
+        metrics.watch_admission(admission)
+    linger = config.coalesce_linger_seconds
+    coalescer = ServerCoalescer(engine, linger) if linger > 0 else None
+    if metrics is not None and coalescer is not None:
+        metrics.watch_coalescer(coalescer)
+    add_to_server(GradingServicer(engine, config.limits, metrics, admission, coalescer), server)
     admin_pb2_grpc.add_AdminServiceServicer_to_server(AdminServicer(cached, registry), server)
     health_servicer = DrainingHealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -382,8 +421,34 @@ def build_server(opts: ServeOptions) -> Service:
             config.default_reward,
             tokens=tokens,
             metrics=metrics,
+            admission=admission,
+            coalescer=coalescer,
         )
     return service
+
+
+#: How long past `--grace` the process may take to exit: the faces' ends, the workers' stop, the exit
+#: itself. Kubernetes' terminationGracePeriodSeconds (deploy/k8s) leaves room for preStop + grace + this.
+SHUTDOWN_MARGIN_SECONDS = 3.0
+#: Workers' time to finish what they hold at exit, within the margin.
+POOL_PATIENCE_SECONDS = 1.0
+
+
+def exit_deadline(seconds: float) -> threading.Timer:
+    """A timer that ends the process (status 0) if it is still there `seconds` from now: a grading thread
+    (a synchronous grader in the server process, a sandbox's wait) or a stuck worker's join would otherwise
+    hold the interpreter's exit past the grace period the orchestrator was promised."""
+
+    def force() -> None:
+        still = [t.name for t in threading.enumerate() if t is not threading.current_thread() and not t.daemon]
+        log.warning("exiting %.1f s after the drain began; still running: %s", seconds, ", ".join(still) or "-")
+        logging.shutdown()
+        os._exit(0)
+
+    timer = threading.Timer(seconds, force)
+    timer.daemon = True
+    timer.start()
+    return timer
 
 
 #: glibc's `mallopt` parameter for the size from which an allocation gets its own memory map.
@@ -400,23 +465,52 @@ def return_large_buffers_to_the_os() -> None:
         ctypes.CDLL(None).mallopt(M_MMAP_THRESHOLD, LARGE_ALLOCATION_BYTES)
 
 
+def raise_open_files_limit() -> int:
+    """Raise this process's soft limit on open files to its hard limit, and return it. Every HTTP and gRPC
+    connection, every sandbox's pipes and every worker's take descriptors; the soft limit is often 1,024
+    (systemd, many shells) where the hard one is far higher, and running out fails whatever asks next (a
+    new client, a sandbox). Workers and sandboxes started later inherit it."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard > soft:
+        wanted = hard if hard != resource.RLIM_INFINITY else max(soft, OPEN_FILES_WANTED)
+        with contextlib.suppress(ValueError, OSError):  # some platforms refuse RLIM_INFINITY or above nr_open
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+#: How long a thread holding the GIL keeps it while the event loop waits for it (CPython's default: 5 ms).
+#: A thread parsing a large HTTP body (http.limits) would otherwise delay each of the loop's steps by up
+#: to 5 ms, and a gRPC call takes several: measured, gRPC calls answered during such a parse went from
+#: 57-86/s to 180-220/s with this.
+GIL_SWITCH_SECONDS = 0.0005
+
+#: The soft open-files limit asked for when the hard limit is unlimited.
+OPEN_FILES_WANTED = 1 << 20
+
+
 async def serve(opts: ServeOptions) -> int:
     """Run until SIGTERM/SIGINT, then drain."""
     return_large_buffers_to_the_os()
+    open_files = raise_open_files_limit()
+    sys.setswitchinterval(GIL_SWITCH_SECONDS)
     service = build_server(opts)
     try:
         await service.start()
     except BaseException:
+        if service.http_guard is not None:
+            service.http_guard.close()
         if service.http_runner is not None:
             await service.http_runner.cleanup()
         await service.server.stop(None)
         if service.pool is not None:
             service.pool.close(patience=0)
         raise
+    log.info("open files limit: %d", open_files)  # once serving: a refused start's message stays alone
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
+    exit_deadline(opts.grace_seconds + SHUTDOWN_MARGIN_SECONDS)
     await service.stop()
     return 0

@@ -9,9 +9,18 @@ from typing import Any
 
 import grpc
 
+from grpcgrade.core.admission import Admission
 from grpcgrade.core.budget import OutputBudget
+from grpcgrade.core.coalesce import ServerCoalescer
 from grpcgrade.core.engine import Batch, Chunk, Engine, Job, WholeChunk
-from grpcgrade.core.errors import MAX_DETAIL_CHARS, InvalidParams, TooManyFailures, UnknownGrader, UnknownReward
+from grpcgrade.core.errors import (
+    MAX_DETAIL_CHARS,
+    InvalidParams,
+    Overloaded,
+    TooManyFailures,
+    UnknownGrader,
+    UnknownReward,
+)
 from grpcgrade.core.executors import Work
 from grpcgrade.core.guard import FailureTally, call_guards
 from grpcgrade.core.samples import Limits, requirements
@@ -32,6 +41,7 @@ from .convert import (
     spec_from_pb,
 )
 from .metrics import Metrics
+from .overload import refuse_overloaded
 from .wire import ReceivedBatch, quarantine_failures, wire_work
 
 Request = pb.EvaluateRequest | ReceivedBatch
@@ -113,10 +123,19 @@ def add_to_server(servicer: GradingServicer, server: grpc.aio.Server) -> None:
 
 
 class GradingServicer(pb_grpc.GradingServiceServicer):
-    def __init__(self, engine: Engine, limits: Limits, metrics: Metrics | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        limits: Limits,
+        metrics: Metrics | None = None,
+        admission: Admission | None = None,
+        coalescer: ServerCoalescer | None = None,
+    ) -> None:
+        self.coalescer = coalescer  # None: each unary call graded alone
         self.engine = engine
         self.limits = limits
         self.metrics = metrics
+        self.admission = admission or Admission(limits)
         self.budget = OutputBudget(limits.max_buffered_output_bytes)
 
     def _in_flight(self, delta: int) -> None:
@@ -147,16 +166,26 @@ class GradingServicer(pb_grpc.GradingServiceServicer):
         return [(job.spec.label, job.grader.name) for job in jobs]
 
     async def Evaluate(self, request: pb.EvaluateRequest, context: grpc.aio.ServicerContext) -> pb.EvaluateResponse:
-        jobs, timeout = await self._resolve(request, context)
-        chunk = [(0, sample_kwargs(request.sample, self.limits, required=_required(jobs)))]
+        try:
+            self.admission.enter(1)
+        except Overloaded as exc:
+            await refuse_overloaded(context, exc)
         self._in_flight(1)
         try:
-            graded = await self.engine.grade_chunk(jobs, chunk, timeout, request.reward, nbytes=request.ByteSize())
+            jobs, timeout = await self._resolve(request, context)
+            kwargs = sample_kwargs(request.sample, self.limits, required=_required(jobs))
+            if self.coalescer is not None:  # graded with the concurrent calls of the same plan
+                results, reward = await self.coalescer.grade(jobs, kwargs, timeout, request.reward, request.ByteSize())
+            else:
+                graded = await self.engine.grade_chunk(
+                    jobs, [(0, kwargs)], timeout, request.reward, nbytes=request.ByteSize()
+                )
+                results, reward = [column[0] for column in graded.columns], graded.rewards[0]
         finally:
             self._in_flight(-1)
+            self.admission.leave(1)
         response = pb.EvaluateResponse()
-        results = [column[0] for column in graded.columns]
-        fill_response(response, request.sample.id, self._labels(jobs), results, graded.rewards[0], _full(request))
+        fill_response(response, request.sample.id, self._labels(jobs), results, reward, _full(request))
         if response.ByteSize() > self.limits.max_message_bytes:
             leave_out_details(response, self.limits.max_message_bytes)
         return response
@@ -180,6 +209,19 @@ class GradingServicer(pb_grpc.GradingServiceServicer):
                 f"{n} samples in one batch, over the limit max_samples_per_batch="
                 f"{self.limits.max_samples_per_batch}; split the batch (the Python client does)",
             )
+        try:
+            self.admission.enter(n)
+        except Overloaded as exc:
+            await refuse_overloaded(context, exc)
+        try:
+            await self._answer_batch(request, context, n, started)
+        finally:
+            self.admission.leave(n)
+
+    async def _answer_batch(
+        self, request: ReceivedBatch, context: grpc.aio.ServicerContext, n: int, started: float
+    ) -> None:
+        """BatchEvaluate's work once the call is admitted."""
         jobs, timeout = await self._resolve(request, context)
         request.rows.required = _required(jobs)
         if request.view == pb.RESULT_VIEW_COLUMNS:

@@ -213,6 +213,29 @@ class OpenJudgeGrader(BaseGrader):
         return _result(self.name, await self.inner.aevaluate(**kwargs))
 
 
+class LocalOpenJudgeGrader(OpenJudgeGrader):
+    """An OpenJudge grader that calls no model (format, text, agent, code, math): CPU work on what a request
+    sent, so it is graded like grpcgrade's own sync graders, in a worker process under the per-sample time
+    limit, never on the server's event loop."""
+
+    bounds_own_time = False
+    cache_by_default = False
+
+    def evaluate(self, **kwargs: Any) -> GraderScore | GraderRank | GraderError:
+        return _result(self.name, _finished(self.inner.aevaluate(**kwargs)))
+
+
+def _finished(coro: Any) -> Any:
+    """A coroutine that never waits (OpenJudge's local graders are `async` but do no I/O) run to its end in
+    this thread, which may already run an event loop; one that waits is an error result, not a hang."""
+    try:
+        coro.send(None)
+    except StopIteration as done:
+        return done.value
+    coro.close()
+    raise RuntimeError("an OpenJudge grader without a model waited on I/O; it cannot run as a local grader")
+
+
 def _factory(found: Found) -> Callable[..., BaseGrader]:
     served = PREFIX + found.name
 
@@ -237,7 +260,8 @@ def _factory(found: Found) -> Callable[..., BaseGrader]:
             inner = cls(**params)
         except (TypeError, ValueError) as exc:
             raise InvalidParams("params", f"{served}: {exc}") from None
-        return OpenJudgeGrader(served, inner, found.listwise)
+        kind = OpenJudgeGrader if found.takes_model else LocalOpenJudgeGrader
+        return kind(served, inner, found.listwise)
 
     build.__signature__ = _signature(cls, found.takes_model)  # type: ignore[attr-defined]
     build.__doc__ = found.description

@@ -4,7 +4,7 @@ The config is validated and built once (templates and formula compiled, models l
 `sample` and `item` namespaces come from the grpcgrade Sample:
 
 * `sample.output_text` <- `response`; `sample.output_json` <- `response` parsed as JSON;
-  `sample.output_tools` <- `extra.tool_calls` (chat-completions tool calls); `sample.choices` <- one
+  `sample.output_tools` <- the sample's `tool_calls` (chat-completions tool calls); `sample.choices` <- one
   chat-completions choice holding them;
 * `item` <- the sample's `extra`, plus `query`, `reference` and `context` when they are not empty.
 
@@ -98,7 +98,7 @@ def namespaces(kwargs: dict[str, Any]) -> Namespaces:
     else:
         item = {name: kwargs[name] for name in _ITEM_FIELDS if kwargs.get(name)}
         item.update((k, v) for k, v in kwargs.items() if k not in _NOT_ITEM and k not in _ITEM_FIELDS)
-    tools = kwargs.get("tool_calls") if ITEM_KWARG not in kwargs else None
+    tools = kwargs.get("tool_calls")
     return Namespaces(str(kwargs.get("response", "")), item, tools if isinstance(tools, list) else [])
 
 

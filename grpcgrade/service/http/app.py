@@ -13,14 +13,18 @@ from collections.abc import Sequence
 
 from aiohttp import web
 
+from grpcgrade.core.admission import Admission
+from grpcgrade.core.coalesce import ServerCoalescer
 from grpcgrade.core.config import HttpConfig
 from grpcgrade.core.engine import Engine
 from grpcgrade.core.samples import Limits
 
 from ..callers import caller_middleware
 from ..metrics import Metrics
-from . import openai_graders, openrlhf
+from ..overload import admission_middleware
+from . import nemo_gym, openai_graders, openrlhf, slime
 from .common import FACE_KEY, NO_FACE, FaceContext, Handler
+from .limits import mark_head_arrived
 
 #: The status a request whose client went away is counted with (nginx's "client closed request").
 CLIENT_CLOSED_REQUEST = 499
@@ -34,13 +38,16 @@ def build_http_app(
     *,
     tokens: Sequence[str] = (),
     metrics: Metrics | None = None,
+    admission: Admission | None = None,
+    coalescer: ServerCoalescer | None = None,
 ) -> web.Application:
-    """The HTTP face's application: OpenRLHF's reward routes and OpenAI's grader endpoints (at
-    `openai_graders.MOUNT_PATH`), all checking the same `tokens` (each answering in its own protocol's
-    error format)."""
+    """The HTTP face's application: each trainer's reward routes (OpenRLHF's, slime's, NeMo Gym's) and
+    OpenAI's grader endpoints (at `openai_graders.MOUNT_PATH`), all checking the same `tokens` (each
+    answering in its own protocol's error format)."""
 
     @web.middleware
     async def counted(request: web.Request, handler: Handler) -> web.StreamResponse:
+        mark_head_arrived(request)
         status = 500
         try:
             response = await handler(request)
@@ -57,8 +64,14 @@ def build_http_app(
                 face = request.get(FACE_KEY, NO_FACE)
                 metrics.http_requests.labels(face, request.method, str(status)).inc()
 
-    app = web.Application(middlewares=[counted, caller_middleware], client_max_size=limits.max_message_bytes)
-    ctx = FaceContext(engine, limits, http, default_reward, tokens, metrics)
-    openrlhf.add_routes(app, ctx)
-    app.add_subapp(openai_graders.MOUNT_PATH, openai_graders.openai_graders_app(engine, tokens=tokens, limits=limits))
+    admission = admission or Admission(limits)
+    admitted = admission_middleware(admission)  # inside `counted`: a refusal is counted as a 503
+    middlewares = [counted, caller_middleware, admitted]
+    app = web.Application(middlewares=middlewares, client_max_size=http.max_body_bytes)
+    ctx = FaceContext(engine, limits, http, default_reward, tokens, metrics, admission, coalescer)
+    for face in (openrlhf, slime, nemo_gym):
+        face.add_routes(app, ctx)
+    app.add_subapp(
+        openai_graders.MOUNT_PATH, openai_graders.openai_graders_app(engine, tokens=tokens, limits=limits, http=http)
+    )
     return app

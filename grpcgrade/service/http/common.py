@@ -18,9 +18,18 @@ from typing import Any, NamedTuple
 
 from aiohttp import BasicAuth, web
 
+from grpcgrade.core.admission import Admission
+from grpcgrade.core.coalesce import ServerCoalescer
 from grpcgrade.core.config import HttpConfig
 from grpcgrade.core.engine import Batch, Engine, GradedChunk, Job
-from grpcgrade.core.errors import InvalidParams, SampleProblem, TooManyFailures, UnknownGrader, UnknownReward
+from grpcgrade.core.errors import (
+    InvalidParams,
+    Overloaded,
+    SampleProblem,
+    TooManyFailures,
+    UnknownGrader,
+    UnknownReward,
+)
 from grpcgrade.core.guard import FailureTally, call_guards
 from grpcgrade.core.result_cache import CacheMode
 from grpcgrade.core.samples import (
@@ -32,24 +41,25 @@ from grpcgrade.core.samples import (
     missing_input,
     requirements,
 )
-from grpcgrade.grader import GraderResult
+from grpcgrade.core.tokens import no_tokenizer_message, uncounted
+from grpcgrade.grader import GraderError, GraderResult
 
 from ..metrics import Metrics
+from ..overload import service_unavailable
+from .limits import MAX_JSON_DEPTH, BodyError, depth_within, read_json
+
+__all__ = ["MAX_JSON_DEPTH", "BodyError", "depth_within", "read_json"]  # where the faces have found them
 
 log = logging.getLogger("grpcgrade.http")
 
-#: JSON nested deeper than this is refused before anything walks it (protobuf's Struct limit is the same).
-MAX_JSON_DEPTH = 100
 #: The request key a face's handlers record their face under, for the request counter's `face` label.
 FACE_KEY = web.RequestKey("grpcgrade_face", str)
 #: The `face` label of a request no face answered (an unknown path).
 NO_FACE = "none"
 
+log = logging.getLogger("grpcgrade.service.http")
+
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-class BodyError(ValueError):
-    """The body is not JSON a face can read; each face answers it in its own error format."""
 
 
 def sample_fields(
@@ -73,6 +83,22 @@ def sample_fields(
     if extra:
         add_extra(fields, dict(extra))
     return fields
+
+
+#: The keys `sample_fields` gives every sample; any other key came from its `extra`.
+STANDARD_KEYS = frozenset(("sample_id", *TEXT_FIELDS, "responses", *AGENT_FIELDS))
+
+
+def check_sample(fields: dict[str, Any], limits: Limits) -> None:
+    """SampleProblem for a standard field over `max_field_chars`, or for `extra` (the other keys) whose JSON
+    is longer: grader input, so the gRPC service's limit holds for it too."""
+    check_fields({k: v for k, v in fields.items() if k in STANDARD_KEYS}, limits)
+    extra = {k: v for k, v in fields.items() if k not in STANDARD_KEYS}
+    size = len(json.dumps(extra)) if extra else 0
+    if size > limits.max_field_chars:
+        raise SampleProblem(
+            f"field 'extra' takes {size} characters, over the limit max_field_chars={limits.max_field_chars}"
+        )
 
 
 def agent_columns(body: Mapping[str, Any], n: int) -> list[dict[str, list[Any]]]:
@@ -106,38 +132,6 @@ def _complete(fields: dict[str, Any], required: dict[str, str]) -> dict[str, Any
     return fields
 
 
-def depth_within(value: Any, limit: int) -> bool:
-    """True when `value` nests at most `limit` containers deep (walked without recursion)."""
-    stack = [(value, 1)]
-    while stack:
-        node, depth = stack.pop()
-        if isinstance(node, dict):
-            children: Any = node.values()
-        elif isinstance(node, list):
-            children = node
-        else:
-            continue
-        if depth > limit:
-            return False
-        stack.extend((child, depth + 1) for child in children)
-    return True
-
-
-async def read_json(request: web.Request) -> Any:
-    """The request's body as JSON (its size already bounded by the application's `client_max_size`);
-    BodyError naming what is wrong with it."""
-    too_deep = BodyError(f"the request body is nested more than {MAX_JSON_DEPTH} levels deep")
-    try:
-        body = json.loads(await request.read())
-    except ValueError:
-        raise BodyError("the request body is not valid JSON") from None
-    except RecursionError:  # nesting past the interpreter's limit: a bad body, not the server's trouble
-        raise too_deep from None
-    if not depth_within(body, MAX_JSON_DEPTH):
-        raise too_deep
-    return body
-
-
 def authorized(request: web.Request, secrets: Sequence[bytes]) -> bool:
     """`Authorization: Bearer TOKEN`, or Basic auth whose password is the token (what aiohttp sends for a
     URL like `http://trainer:TOKEN@host/...`, for trainers that cannot set headers)."""
@@ -152,7 +146,27 @@ def authorized(request: web.Request, secrets: Sequence[bytes]) -> bool:
             return False
     else:
         return False
-    return any(hmac.compare_digest(presented.encode(), t) for t in secrets)
+    return any(hmac.compare_digest(token_bytes(request, presented), t) for t in secrets)
+
+
+def token_bytes(request: web.Request, presented: str) -> bytes:
+    """A presented token as the bytes to compare with the configured ones (UTF-8 text). aiohttp decodes
+    headers as UTF-8 with surrogate escapes, so a header that is not UTF-8 holds surrogates no token can
+    match: it gets one log line and matches nothing (401), not an UnicodeEncodeError (500 and a traceback)."""
+    try:
+        return presented.encode()
+    except UnicodeEncodeError:
+        log.warning("HTTP %s %s from %s: its Authorization header is not UTF-8: 401",
+                    request.method, request.path, request.remote)  # fmt: skip
+        return b""
+
+
+def http_error(exc: BodyError) -> web.HTTPException:
+    """A body a face cannot take, as aiohttp's exception of its status (400, 408 or 413), in plain text."""
+    if exc.status == 413:
+        return web.HTTPRequestEntityTooLarge(max_size=0, actual_size=0, text=str(exc))
+    kind = web.HTTPRequestTimeout if exc.status == 408 else web.HTTPBadRequest
+    return kind(text=str(exc))
 
 
 def faced(face: str, handler: Handler) -> Handler:
@@ -172,6 +186,17 @@ class Graded(NamedTuple):
     reward: float | None
     results: list[GraderResult]
 
+    def error(self) -> GraderError | None:
+        """The first grader's error (what a face reports for a failed sample)."""
+        return next((r for r in self.results if isinstance(r, GraderError)), None)
+
+    def why(self) -> str:
+        """A failed sample's cause in one line: `grader CODE: message`."""
+        error = self.error()
+        if error is None:
+            return "no grader answered"
+        return f"{error.name} {error.code}: {error.error[:200]}"
+
 
 @dataclass
 class FaceContext:
@@ -183,10 +208,14 @@ class FaceContext:
     default_reward: str = ""
     tokens: Sequence[str] = ()
     metrics: Metrics | None = None
+    admission: Admission | None = None
+    coalescer: ServerCoalescer | None = None  # None: a one-sample request is graded alone
     secrets: list[bytes] = field(init=False)
 
     def __post_init__(self) -> None:
         self.secrets = [t.encode() for t in self.tokens if t]
+        if self.admission is None:
+            self.admission = Admission(self.limits)
 
     def check_auth(self, request: web.Request) -> None:
         """401 (plain text) unless the request carries one of the server's tokens (when it has any)."""
@@ -211,9 +240,9 @@ class FaceContext:
     async def json_object(self, request: web.Request, what: str) -> dict[str, Any]:
         """The body as a JSON object (400 naming the problem; `what` says what the object holds)."""
         try:
-            body = await read_json(request)
+            body, _ = await read_json(request, self.http)
         except BodyError as exc:
-            raise web.HTTPBadRequest(text=str(exc)) from None
+            raise http_error(exc) from None
         if not isinstance(body, dict):
             raise web.HTTPBadRequest(text=f"the body must be a JSON object with {what}")
         return body
@@ -229,6 +258,13 @@ class FaceContext:
             raise web.HTTPNotFound(text=str(exc)) from None
         except InvalidParams as exc:
             raise web.HTTPBadRequest(text=str(exc)) from None
+
+    def require_counts(self, reward: str, jobs: list[Job], path: str) -> None:
+        """400 naming `--tokenizer` when the reward gates on a token count that `path` (a trainer's protocol
+        that never sends counts) cannot give and the server has no tokenizer to make."""
+        gates = [job.spec.name for job in jobs if uncounted(job.grader)]
+        if gates:  # every reward would be cut to the gate's min_reward
+            raise web.HTTPBadRequest(text=no_tokenizer_message(reward, gates, path))
 
     def check_count(self, n: int, what: str) -> None:
         """413 past `max_samples_per_batch`."""
@@ -266,7 +302,8 @@ class FaceContext:
         """Every sample graded with the reward's `jobs`: the one engine call of every face. A sample given
         as its SampleProblem, or whose fields are past the limits, is a failed sample (no other sample pays
         for it). A request past its failure ratio is 400 `FAILED_PRECONDITION: ...` naming the grader and
-        its most frequent error code."""
+        its most frequent error code. Failed samples are counted per face and reward
+        (`grpcgrade_http_failed_samples_total`) and logged, one WARNING line per request."""
         n = len(samples)
         required = requirements((job.grader.name, job.inputs) for job in jobs)
         unusable: list[SampleProblem] = []
@@ -276,7 +313,7 @@ class FaceContext:
             try:
                 if isinstance(sample, SampleProblem):
                     raise sample
-                check_fields(sample, self.limits)
+                check_sample(sample, self.limits)
                 return _complete(sample, required)
             except SampleProblem as exc:
                 unusable.append(exc)
@@ -285,7 +322,17 @@ class FaceContext:
         out = [Graded(None, []) for _ in range(n)]
         batch = Batch(n, lambda a, b: [(i, checked(i)) for i in range(a, b)])
         deadline, failures = guards
+        admission = self.admission
+        assert admission is not None  # set in __post_init__
         try:
+            admission.reserve(n)  # the call was admitted by the app's middleware; now its samples count
+        except Overloaded as exc:
+            raise service_unavailable(exc) from None
+        try:
+            if n == 1 and guards == (None, None) and self.coalescer is not None:  # with concurrent one-sample calls
+                results, value = await self.coalescer.grade(jobs, checked(0), self.engine.timeout(None), reward)
+                out[0] = Graded(value, results)
+                return out
             async for graded in self.engine.grade_batch(
                 jobs, batch, self.engine.chunks(jobs, n), reward=reward, deadline=deadline, failures=failures
             ):
@@ -297,7 +344,16 @@ class FaceContext:
                 self.metrics.failure_budget_calls.inc()
             raise web.HTTPBadRequest(text=f"FAILED_PRECONDITION: {exc}") from None
         finally:
+            admission.release(n)
             self._report(face, unusable, n)
+        failed = [g for g in out if g.reward is None]
+        if failed:
+            if self.metrics is not None:
+                self.metrics.http_failed_samples.labels(face or NO_FACE, reward).inc(len(failed))
+            log.warning(
+                "%s face: %d of %d samples of reward %r failed (answered as the face's failure value); first: %s",
+                face or "HTTP", len(failed), n, reward, failed[0].why(),
+            )  # fmt: skip
         return out
 
     def _report(self, face: str, unusable: list[SampleProblem], n: int) -> None:

@@ -13,6 +13,9 @@ What differs from OpenAI: when a grader fails on the sample, `reward` is null (O
 the error flags); grpcgrade never reports a number that no grader computed. A grader config that does not
 parse is HTTP 400 on both endpoints, except a formula or formula variable error on `run`, which OpenAI
 reports with `formula_parse_error` / `invalid_variable_error` and so does grpcgrade.
+
+One extension (docs/agents.md): `run` also takes `tool_calls`, the sample's chat-completions tool calls,
+which fill `sample.output_tools` (OpenAI's `model_sample` is text only). OpenAI's own client never sends it.
 """
 
 from __future__ import annotations
@@ -23,10 +26,12 @@ from typing import Any
 
 from aiohttp import web
 
+from grpcgrade.core.config import HttpConfig
 from grpcgrade.core.engine import Engine
-from grpcgrade.core.errors import ErrorCode, InvalidParams
+from grpcgrade.core.errors import ErrorCode, InvalidParams, SampleProblem
+from grpcgrade.core.params import MAX_PARAMS_BYTES
 from grpcgrade.core.rewards import SpecData
-from grpcgrade.core.samples import Limits
+from grpcgrade.core.samples import Limits, check_fields
 from grpcgrade.grader import GraderError, GraderResult, GraderScore
 from grpcgrade.graders.openai.grader import ITEM_KWARG
 from grpcgrade.graders.openai.outcome import ERROR_FLAGS
@@ -67,13 +72,23 @@ class BadRequest(Exception):
         return web.json_response({"error": error}, status=self.status)
 
 
-async def _body(request: web.Request, required: tuple[str, ...], optional: tuple[str, ...] = ()) -> dict[str, Any]:
+async def _body(
+    request: web.Request, http: HttpConfig, limits: Limits, required: tuple[str, ...], optional: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """The body, read and parsed within the HTTP face's limits (off the loop when large), with the fields it
+    passes on whole size-checked: `grader` as a grader's params (MAX_PARAMS_BYTES of JSON), `item` and
+    `tool_calls` as a sample's `extra` (max_field_chars)."""
     try:
-        body = await read_json(request)
+        body, sizes = await read_json(request, http, sized=("grader", "item", "tool_calls"))
     except BodyError as exc:
-        raise BadRequest(str(exc)) from None
+        raise BadRequest(str(exc), status=exc.status) from None
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
+    bounds = (("grader", MAX_PARAMS_BYTES, "a grader's params"), ("item", limits.max_field_chars, "max_field_chars"),
+              ("tool_calls", limits.max_field_chars, "max_field_chars"))  # fmt: skip
+    for name, limit, what in bounds:
+        if sizes.get(name, 0) > limit:
+            raise BadRequest(f"{name}: {sizes[name]} bytes as JSON, over the limit of {limit} ({what})", param=name)
     for name in required:
         if name not in body:
             raise BadRequest(f"{name}: is required", param=name)
@@ -132,25 +147,37 @@ def flagged_response(grader: Any, exc: GraderConfigError) -> dict[str, Any]:
     return run_response(failed, grader, 0.0)
 
 
-def openai_graders_app(engine: Engine, *, tokens: Sequence[str] = (), limits: Limits | None = None) -> web.Application:
+def openai_graders_app(
+    engine: Engine, *, tokens: Sequence[str] = (), limits: Limits | None = None, http: HttpConfig | None = None
+) -> web.Application:
     """The `run` and `validate` endpoints as a sub-application to mount at MOUNT_PATH.
 
     `tokens`: bearer tokens to accept (none: no check here, e.g. when the parent application authenticates).
     `limits`: the server's request limits; `model_sample` is a sample field, bounded by `max_field_chars`.
+    `http`: the HTTP face's limits on bodies (`limits.py`; the defaults when None).
     """
     limits = limits or Limits()
+    http = http or HttpConfig()
     accepted = [t.encode() for t in tokens if t]
 
     async def run(request: web.Request) -> web.Response:
         try:
             _auth(request, accepted)
-            body = await _body(request, ("grader", "model_sample"), ("item",))
+            body = await _body(request, http, limits, ("grader", "model_sample"), ("item", "tool_calls"))
             sample = body["model_sample"]
             if not isinstance(sample, str):
                 raise BadRequest("model_sample: must be a string", param="model_sample")
             if len(sample) > limits.max_field_chars:
                 message = f"model_sample: {len(sample)} characters, over the limit of {limits.max_field_chars}"
                 raise BadRequest(message, param="model_sample")
+            tools = body.get("tool_calls")
+            if tools is not None:
+                if not isinstance(tools, list):
+                    raise BadRequest("tool_calls: must be a list of tool calls", param="tool_calls")
+                try:
+                    check_fields({"tool_calls": tools}, limits)
+                except SampleProblem as exc:
+                    raise BadRequest(str(exc), param="tool_calls") from None
             try:
                 jobs = engine.resolve([SpecData(GRADER_NAME, {"grader": body["grader"]})])
             except GraderConfigError as exc:
@@ -163,6 +190,8 @@ def openai_graders_app(engine: Engine, *, tokens: Sequence[str] = (), limits: Li
             return exc.response()
         item = body.get("item")
         kwargs = {"response": sample, ITEM_KWARG: {} if item is None else item}
+        if tools is not None:
+            kwargs["tool_calls"] = tools
         start = time.perf_counter()
         graded = await engine.grade_chunk(jobs, [(0, kwargs)])
         result = graded.columns[0][0]
@@ -171,7 +200,7 @@ def openai_graders_app(engine: Engine, *, tokens: Sequence[str] = (), limits: Li
     async def validate(request: web.Request) -> web.Response:
         try:
             _auth(request, accepted)
-            body = await _body(request, ("grader",))
+            body = await _body(request, http, limits, ("grader",))
             try:
                 engine.resolve([SpecData(GRADER_NAME, {"grader": body["grader"]})])
             except InvalidParams as exc:
@@ -186,10 +215,13 @@ def openai_graders_app(engine: Engine, *, tokens: Sequence[str] = (), limits: Li
     return app
 
 
-def openai_graders_root(engine: Engine, *, tokens: Sequence[str] = (), limits: Limits | None = None) -> web.Application:
+def openai_graders_root(
+    engine: Engine, *, tokens: Sequence[str] = (), limits: Limits | None = None, http: HttpConfig | None = None
+) -> web.Application:
     """A whole application serving only the grader endpoints at MOUNT_PATH (the request body limit is the
-    root application's, so it is set here from `limits.max_message_bytes`)."""
+    root application's, so it is set here from `http.max_body_bytes`)."""
     limits = limits or Limits()
-    root = web.Application(middlewares=[caller_middleware], client_max_size=limits.max_message_bytes)
-    root.add_subapp(MOUNT_PATH, openai_graders_app(engine, tokens=tokens, limits=limits))
+    http = http or HttpConfig()
+    root = web.Application(middlewares=[caller_middleware], client_max_size=http.max_body_bytes)
+    root.add_subapp(MOUNT_PATH, openai_graders_app(engine, tokens=tokens, limits=limits, http=http))
     return root

@@ -38,9 +38,9 @@ from aiohttp import web
 
 from grpcgrade.core.errors import SampleProblem
 from grpcgrade.core.samples import as_text
-from grpcgrade.core.tokens import no_tokenizer_message, uncounted
 
 from .common import FaceContext, agent_columns, faced, sample_fields
+from .limits import json_size, off_loop
 
 #: The `face` label of this protocol's requests.
 FACE = "openrlhf"
@@ -76,10 +76,12 @@ def _strings(body: dict[str, Any], key: str, n: int | None) -> list[str] | None:
     return value
 
 
-def _labels(body: dict[str, Any], n: int) -> list[str | None]:
+def _labels(body: dict[str, Any], n: int, max_chars: int) -> list[str | None | SampleProblem]:
     """Each sample's reference. OpenRLHF sends its dataset's labels as they are (`data[label_key]`): a
     number or a list of answers is taken as its JSON text (`samples.as_text`); null, or no `labels`, is no
-    reference (a grader that requires one answers INVALID_SAMPLE)."""
+    reference (a grader that requires one answers INVALID_SAMPLE). A label whose JSON text would be over
+    `max_chars` is its sample's problem, found without encoding it at once (`json_size`): this runs off
+    the loop, and one C encoding of a large label would hold the GIL, and so the loop, throughout."""
     value = body.get("labels")
     if value is None:
         return [None] * n
@@ -87,7 +89,13 @@ def _labels(body: dict[str, Any], n: int) -> list[str | None]:
         raise web.HTTPBadRequest(text="`labels` must be a list, one label per query")
     if len(value) != n:
         raise web.HTTPBadRequest(text=f"`labels` has {len(value)} items but `query` has {n}")
-    return [None if label is None else as_text(label) for label in value]
+    out: list[str | None | SampleProblem] = []
+    for label in value:
+        if label is not None and type(label) is not str and json_size(label) > max_chars:
+            out.append(SampleProblem(f"its label is over {max_chars} characters as JSON (max_field_chars)"))
+        else:
+            out.append(None if label is None else as_text(label))
+    return out
 
 
 class OpenRLHFFace:
@@ -103,26 +111,27 @@ class OpenRLHFFace:
         reward = ctx.reward_of(request, "get_reward")
         body = await ctx.json_object(request, '"query", "prompts", "labels"')
         jobs = ctx.resolve(reward, body.get("cache", "default"))
-        gates = [job.spec.name for job in jobs if uncounted(job.grader)]
-        if gates:  # OpenRLHF sends no token counts: every reward would be cut to the gate's min_reward
-            raise web.HTTPBadRequest(text=no_tokenizer_message(reward, gates, "OpenRLHF's remote reward model"))
+        ctx.require_counts(reward, jobs, "OpenRLHF's remote reward model")
         queries = _strings(body, "query", None)
         if queries is None:
             raise web.HTTPBadRequest(text="`query` is required: a list of strings")
         n = len(queries)
         ctx.check_count(n, "queries")
         prompts = _strings(body, "prompts", n)
-        labels = _labels(body, n)
+        labels = await off_loop(_labels, body, n, ctx.limits.max_field_chars)
         agent = agent_columns(body, n)
         guards = ctx.guards(body, n, started)
 
         def sample(i: int) -> dict[str, Any] | SampleProblem:
             prompt = prompts[i] if prompts is not None else None
+            label = labels[i]
+            if isinstance(label, SampleProblem):
+                return label
             try:
                 response = response_of(queries[i], prompt, ctx.http.strip_suffixes)
             except SampleProblem as exc:
                 return exc
-            return sample_fields(response, query=prompt, reference=labels[i], agent=agent[i])
+            return sample_fields(response, query=prompt, reference=label, agent=agent[i])
 
         graded = await ctx.grade(reward, jobs, [sample(i) for i in range(n)], guards, FACE)
         out = [ctx.http.failure_reward if g.reward is None else g.reward for g in graded]

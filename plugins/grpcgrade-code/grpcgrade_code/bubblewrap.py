@@ -6,21 +6,27 @@ namespaces. Each run gets:
 * new user, PID, network, IPC, UTS and cgroup namespaces, and no way to create further user namespaces
   (a seccomp filter, `seccomp.py`, which also works in a container):
   no network at all (only a loopback of its own), no view of the server's processes;
-* as its whole filesystem, /usr (and the /bin, /lib symlinks into it) read-only, a minimal /dev, and a
-  private /tmp of `tmp_bytes`; its files are copied in read-only under /box from memory, so nothing of
-  the host's filesystem is written or even reachable;
+* as its whole filesystem, read-only, only what its runtime needs of the host's /usr (`mounts.py`: the
+  shared libraries, the runtime and the directories it reads) with the /bin, /lib symlinks into it, a
+  minimal /dev, and a private /tmp of `tmp_bytes`; its files are copied in read-only under /box from
+  memory, so nothing else of the host's filesystem is written or even reachable;
 * an empty environment (PATH, HOME, TMPDIR, LANG only): the server's secrets are not visible;
 * no capabilities, no_new_privs, a new session, an unprivileged user: a server running as root hands the
   sandbox to `nobody` (65534) before bwrap starts (util-linux `setpriv`); otherwise it runs as the
   server's own unprivileged user;
 * rlimits set inside the sandbox by util-linux `prlimit`: CPU seconds, memory, processes, file size, open
-  files, no core dumps. RLIMIT_NPROC is counted per user namespace, so it bounds this run only;
+  files, no POSIX message queues, no core dumps. RLIMIT_NPROC is counted per user namespace, so it bounds
+  this run only;
+* a seccomp filter refusing the calls that make memory no rlimit counts (`syscalls.py`: memfd_create,
+  System V shared memory and message queues): with RLIMIT_AS/RLIMIT_DATA per process, /tmp's size and a
+  read-only /dev (no /dev/shm to fill), every kind of memory a run can take is bounded;
 * wall-clock time, stdout and stderr bounded here. On timeout or too much output the sandbox's PID 1 is
   killed, and the kernel kills every other process of the PID namespace with it: the run is killed as a
   whole (`process.py`). bwrap itself dies with the server (a parent-death signal), and the sandbox with
   bwrap (`--die-with-parent`), so a killed server leaves no sandbox behind.
 
-A run that never reaches its program (bwrap cannot create the namespaces, a runtime is missing) raises
+A run that never reaches its program (bwrap cannot create the namespaces, a runtime is missing, the server
+is out of file descriptors, libseccomp is missing) raises
 `SandboxUnavailable`: a line the sandbox prints just before it executes the program tells the two apart, so
 nothing the program writes can make its failure look like the sandbox's, or the reverse.
 """
@@ -33,9 +39,11 @@ import signal
 from dataclasses import replace
 
 from .languages import BOX, FILE_SIZE_MARKERS, MEMORY_MARKERS, RUNTIME_PATH, Language, known_languages
+from .mounts import binds
 from .process import Exit, StuckSandbox, run_process
 from .sandbox import COMPILE_LIMITS, Limits, Outcome, Program, RunResult, SandboxUnavailable, Slots
 from .seccomp import no_user_namespaces
+from .syscalls import SeccompMissing, filter_program
 
 #: The user a server running as root hands the sandbox to.
 SANDBOX_UID = 65534
@@ -118,6 +126,11 @@ def _memfd(data: bytes) -> int:
     return fd
 
 
+def _kept(made: list[int], fd: int) -> int:
+    made.append(fd)
+    return fd
+
+
 class BubblewrapBackend:
     """Runs programs on this machine, each in its own bubblewrap sandbox, `max_concurrency` at once."""
 
@@ -134,6 +147,7 @@ class BubblewrapBackend:
         self._bwrap = bwrap or shutil.which("bwrap")
         self._slots = Slots(self.max_concurrency)
         self._links = _host_links()
+        self._binds = {name: binds(lang.needs) for name, lang in self._languages.items()}
         self._as_root = os.geteuid() == 0
         self._seccomp = no_user_namespaces()
 
@@ -180,17 +194,17 @@ class BubblewrapBackend:
         limits: Limits,
         lang: Language,
         info: int,
-        seccomp: int,
+        seccomp: tuple[int, ...],
     ) -> list[str]:
         """The bwrap command line; `files` maps each sandbox path to (an fd holding its content, its mode);
-        `seccomp` is an fd holding the filter."""
+        `seccomp` are fds each holding a filter (the kernel applies them all: the strictest answer wins)."""
         assert self._bwrap is not None
         memory = limits.memory_mb << 20
         argv = [
             self._bwrap,
             "--unshare-all",
             "--unshare-user",
-            "--seccomp", str(seccomp),
+            *(arg for fd in seccomp for arg in ("--add-seccomp-fd", str(fd))),
             "--die-with-parent",
             "--info-fd", str(info),
             "--new-session",
@@ -203,7 +217,7 @@ class BubblewrapBackend:
             "--setenv", "HOME", "/tmp",
             "--setenv", "TMPDIR", "/tmp",
             "--setenv", "LANG", "C.UTF-8",
-            "--ro-bind", "/usr", "/usr",
+            *self._binds.get(lang.name, ()),
             *self._links,
             "--dev", "/dev",
             "--size", str(limits.tmp_bytes), "--tmpfs", "/tmp",
@@ -220,6 +234,7 @@ class BubblewrapBackend:
             f"--nproc={limits.processes}",
             f"--fsize={limits.file_bytes}",
             f"--nofile={limits.open_files}",
+            "--msgqueue=0",
             "--core=0",
             "--",
             "/bin/sh", "-c", f'printf "{READY.decode().strip()}\\n" && exec "$@"', "sh",
@@ -237,15 +252,21 @@ class BubblewrapBackend:
     ) -> Exit:
         if self._bwrap is None:
             raise SandboxUnavailable("bubblewrap (bwrap) is not installed on this server (Debian: bubblewrap)")
-        fds = {path: (_memfd(data), mode) for path, (data, mode) in files.items()}
-        seccomp = _memfd(self._seccomp)
-        info_read, info_write = os.pipe()
+        made: list[int] = []
+        try:  # out of fds or memory here is the server's trouble, not the program's
+            fds = {path: (_kept(made, _memfd(data)), mode) for path, (data, mode) in files.items()}
+            seccomp = tuple(_kept(made, _memfd(program)) for program in (self._seccomp, filter_program()))
+            info_read, info_write = (_kept(made, fd) for fd in os.pipe())
+        except (OSError, SeccompMissing) as exc:
+            for fd in made:
+                os.close(fd)
+            raise SandboxUnavailable(f"the sandbox could not be prepared: {exc}") from exc
         try:  # run_process owns and closes every one of these fds
             argv = self._argv(command, fds, limits, lang, info_write, seccomp)
             user = [f"--reuid={SANDBOX_UID}", f"--regid={SANDBOX_UID}", "--clear-groups"] if self._as_root else []
             argv = [SETPRIV, "--pdeathsig=SIGKILL", *user, "--no-new-privs", "--", *argv]
             output_limits = (limits.output_bytes + len(READY), limits.output_bytes)
-            passed = [fd for fd, _ in fds.values()] + [info_write, seccomp]
+            passed = [fd for fd, _ in fds.values()] + [info_write, *seccomp]
             done = await run_process(argv, passed, info_read, stdin, output_limits, limits.time_seconds)
         except OSError as exc:
             raise SandboxUnavailable(f"bwrap could not be started: {exc}") from exc

@@ -1,9 +1,10 @@
 """The languages a program may be written in, and how each is compiled and run inside the sandbox.
 
-Each language names its runtime on this machine (found under /usr, the only part of the host the sandbox
-sees), the file its source goes to, the command that runs it, and the memory limit that suits it: the
-address-space limit (RLIMIT_AS) for Python and C++, the data limit (RLIMIT_DATA) for JavaScript, whose V8
-engine reserves gigabytes of address space it never uses and cannot start under RLIMIT_AS.
+Each language names its runtime on this machine (found under /usr), what of the host that runtime needs
+inside the sandbox (nothing else of the host is there), the file its source goes to, the command that
+runs it, and the memory limit that suits it: the address-space limit (RLIMIT_AS) for Python and C++, the
+data limit (RLIMIT_DATA) for JavaScript, whose V8 engine reserves gigabytes of address space it never
+uses and cannot start under RLIMIT_AS.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 
 from .sandbox import Limits
 
-#: Where runtimes are looked for, and the PATH programs get: only /usr is mounted in the sandbox.
+#: Where runtimes are looked for, and the PATH programs get.
 RUNTIME_PATH = "/usr/local/bin:/usr/bin"
 #: The environment variable that picks the Python interpreter programs run with (default: python3 on
 #: RUNTIME_PATH, the image's /usr/local/bin/python3 or Debian's /usr/bin/python3).
@@ -55,6 +56,8 @@ class Language:
     #: against the memory limit: deep recursion for C++ as judges allow it, little for threaded runtimes.
     stack_mb: int
     compiled: bool = False
+    #: What of the host the runtime reads at run time, bound read-only into its sandbox (`mounts.py`).
+    needs: tuple[str, ...] = ()
 
     def source_path(self) -> str:
         return f"{BOX}/{self.source_file}"
@@ -94,10 +97,23 @@ def python_runtime() -> str:
     return chosen
 
 
+def python_needs(runtime: str) -> tuple[str, ...]:
+    """The interpreter, its standard library (with its own site-packages) and its libpython, if shared."""
+    real = os.path.realpath(runtime)
+    prefix = os.path.dirname(os.path.dirname(real))
+    version = os.path.basename(real).removeprefix("python")  # python3.11 -> 3.11
+    return (runtime, real, f"{prefix}/lib/python{version}", f"{prefix}/lib/libpython{version}*.so*")
+
+
+#: GCC's driver, compilers and headers, and binutils' assembler and linker (the driver finds them on PATH).
+CPP_NEEDS = ("/usr/lib/gcc", "/usr/libexec/gcc", "/usr/include", "/usr/bin/as", "/usr/bin/ld", "/usr/bin/ld.bfd")
+
+
 def known_languages() -> dict[str, Language]:
     """Every language this package can run, with its runtime as found on this machine."""
+    python, cpp, node = python_runtime(), _which("g++"), _which("node")
     return {
-        "python": Language("python", "main.py", python_runtime(), "as", 64),
-        "cpp": Language("cpp", "main.cpp", _which("g++"), "as", 256, compiled=True),
-        "javascript": Language("javascript", "main.js", _which("node"), "data", 8),
+        "python": Language("python", "main.py", python, "as", 64, needs=python_needs(python)),
+        "cpp": Language("cpp", "main.cpp", cpp, "as", 256, compiled=True, needs=(cpp, *CPP_NEEDS)),
+        "javascript": Language("javascript", "main.js", node, "data", 8, needs=(node,)),
     }

@@ -323,6 +323,94 @@ def test_a_sandbox_that_cannot_start_is_unavailable_not_a_result(bwrap: str) -> 
         asyncio.run(run(broken, "python", "print(1)", "", LIMITS))
 
 
+#: issue 33's program: anonymous in-memory files of 15 MiB (under the file size limit), up to the
+#: open-files limit, in 4 processes: gigabytes that RLIMIT_AS never counts.
+MEMFD_HOG = """
+import os
+for _ in range(3):
+    if os.fork() == 0:
+        break
+total = 0
+for _ in range(120):
+    fd = os.memfd_create("hog")
+    os.ftruncate(fd, 15 << 20)
+    os.pwrite(fd, b"x" * (15 << 20), 0)
+    total += 15
+print("held", total, "MiB", flush=True)
+"""
+
+SYSV_SHM_HOG = """
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+made = 0
+for _ in range(64):
+    if libc.shmget(0, 64 << 20, 0o1600) < 0:  # IPC_PRIVATE, IPC_CREAT | 0600
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    made += 64
+print("made", made, "MiB", flush=True)
+"""
+
+
+@pytest.mark.parametrize("code", [MEMFD_HOG, SYSV_SHM_HOG], ids=["memfd_create", "shmget"])
+def test_memory_that_is_not_heap_is_a_memory_limit(backend: BubblewrapBackend, code: str) -> None:
+    """Before the seccomp filter the memfd program held 4 x 1.8 GB of host memory under a 256 MB limit."""
+    result = go(backend, code, time_seconds=10, open_files=128)
+    assert result.outcome is Outcome.MEMORY_LIMIT, (result.outcome, result.stdout, result.stderr[-500:])
+    assert "held" not in result.stdout and "made" not in result.stdout
+
+
+SEEN = """
+import os
+for path in ("/usr", "/usr/bin", "/usr/share", "/usr/local", "/usr/src", "/usr/sbin", "/usr/bin/bwrap",
+             "/usr/bin/apt", "/usr/bin/sh", "/usr/bin/prlimit"):
+    print(path, os.path.exists(path))
+"""
+
+
+def test_only_what_the_runtimes_need_of_usr_is_there(backend: BubblewrapBackend) -> None:
+    result = go(backend, SEEN)
+    assert result.outcome is Outcome.OK, result.stderr
+    seen = dict(line.rsplit(" ", 1) for line in result.stdout.splitlines())
+    for path in ("/usr/share", "/usr/src", "/usr/sbin", "/usr/bin/bwrap", "/usr/bin/apt"):
+        assert seen[path] == "False" and os.path.exists(path), path  # on the host, not in the sandbox
+    assert seen["/usr/local"] == "False" or not known_languages()["python"].runtime.startswith("/usr/local")
+    assert seen["/usr/bin/sh"] == seen["/usr/bin/prlimit"] == "True"
+
+
+OUT_OF_FDS = """
+import asyncio, os, resource
+from grpcgrade_code import Limits, SandboxUnavailable, run
+from grpcgrade_code.bubblewrap import BubblewrapBackend
+
+async def main():
+    backend = BubblewrapBackend(max_concurrency=1)
+    assert (await run(backend, "python", "print(1)", "", Limits())).stdout == "1\\n"  # fine with fds free
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    held = []
+    try:
+        while True:
+            held.append(os.open("/dev/null", os.O_RDONLY))
+    except OSError:
+        pass
+    try:
+        await run(backend, "python", "print(1)", "", Limits())
+    except SandboxUnavailable as exc:
+        print("unavailable:", exc)
+    for fd in held:
+        os.close(fd)
+
+asyncio.run(main())
+"""
+
+
+def test_a_server_out_of_file_descriptors_is_sandbox_unavailable() -> None:
+    """EMFILE while preparing the sandbox escaped as an OSError (the grader's GRADER_FAILED) before."""
+    done = subprocess.run([sys.executable, "-c", OUT_OF_FDS], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith("unavailable:") and "Too many open files" in done.stdout, done.stdout
+
+
 NAMESPACES = r"""
 import ctypes, errno, subprocess, threading
 libc = ctypes.CDLL(None, use_errno=True)

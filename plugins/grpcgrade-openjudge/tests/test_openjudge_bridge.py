@@ -166,3 +166,36 @@ def test_results_are_cached_as_for_every_judge(server, judge):
     assert (first.score, first.cached) == (3.0, False)
     assert (second.score, second.cached) == (3.0, True)
     assert len(judge.requests(marker)) == 1
+
+
+def test_the_agents_page_configuration_loads():
+    """docs/agents.md's configuration example (a `yml` block: the main suite, without this plugin, cannot
+    resolve it) is read and its rewards resolved, as `grpcgrade serve --config` does."""
+    import re
+    from pathlib import Path
+
+    from grpcgrade.core.config import parse_config
+    from grpcgrade.core.engine import Engine
+    from grpcgrade.core.registry import get_registry
+    from grpcgrade.llm.models import configure
+
+    page = (Path(__file__).resolve().parents[3] / "docs" / "agents.md").read_text()
+    (body,) = re.findall(r"^```yml\n(.*?)^```", page, re.MULTILINE | re.DOTALL)
+    config = parse_config(yaml.safe_load(body), "docs/agents.md")
+    configure(config.models)
+    engine = Engine(get_registry(), None, rewards=config.rewards)
+    for reward in config.rewards.values():
+        engine.resolve(reward.specs)
+    assert "agent_judge" in config.rewards
+
+
+def test_graders_without_a_model_are_sync_and_judges_async():
+    """OpenJudge's local graders run like grpcgrade's sync graders (in workers, under the time limit), its
+    judges as async graders bounding their own time."""
+    from grpcgrade.core.registry import get_registry
+
+    local = get_registry().build("openjudge.patch_similarity", {})
+    judge = get_registry().build("openjudge.correctness", {})
+    assert local.is_sync and not local.bounds_own_time
+    assert local.evaluate(response="abcd", reference_response="abce").score == 0.75  # difflib's 2*3/8
+    assert not judge.is_sync and judge.bounds_own_time

@@ -1,0 +1,89 @@
+"""verifiers' rubrics (verifiers 0.3.1, the classic `vf.Rubric` API; 0.4 replaced it with `vf.Task`),
+graded by a grpcgrade server.
+
+A verifiers environment scores rollouts with its `Rubric`: `await rubric.score_rollout(state)` for one,
+`await rubric.score_group(states)` for a group (which gathers every rollout's call of each reward function
+at once). Each reward function is called with the names it declares out of the state's `prompt`,
+`completion`, `answer`, `info`, `state`, `task`... and its weighted sum is `state["reward"]`, each function's
+value `state["metrics"][name]`.
+
+`rubric(target, reward)` builds a `vf.Rubric` of two functions: `grpcgrade` (weight 1), the server's
+reward for the rollout, and `grpcgrade_failed` (weight 0: a metric only), 1.0 when the rollout's graders
+failed. A group's calls arrive together and leave as one BatchEvaluate (the client's `Coalescer`), so
+scoring a group is one call. The sample: `query` the prompt's last user message, `response` the
+completion's last assistant message, `reference` the `answer`, `extra` the `info`.
+
+A failed rollout: verifiers scores a reward function that raises as 0.0 and only logs it, so the failure
+would look like a wrong answer; instead `grpcgrade` answers `failure_reward` (0.0 unless set) and
+`grpcgrade_failed` is 1.0 in the rollout's metrics (verifiers averages metrics in its reports), with a
+logged WARNING naming the grader and its error code. A call that fails as a whole raises out of the
+reward function, which verifiers logs and scores 0.0: check the server before training (`client.check`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import verifiers as vf
+
+from grpcgrade.client import DEFAULT_LINGER, AsyncGradingClient, Coalescer
+from grpcgrade.integrations.common import as_text, failure_of, last_text, log, reward_of, usable_extra
+
+#: The rubric's function names (and so the keys of `state["metrics"]`).
+REWARD_NAME = "grpcgrade"
+FAILED_NAME = "grpcgrade_failed"
+#: Where a rollout's failure flag waits in its state between the two functions.
+STATE_KEY = "grpcgrade_failed"
+
+
+class _PerLoop:
+    """One client and coalescer per event loop (gRPC's asyncio channels belong to the loop that made them)."""
+
+    def __init__(self, target: str, reward: str, token: str | None, timeout: float, linger: float) -> None:
+        self.args = (target, reward, token, timeout, linger)
+        self.coalescers: dict[asyncio.AbstractEventLoop, Coalescer] = {}
+
+    def coalescer(self) -> Coalescer:
+        loop = asyncio.get_running_loop()
+        if loop not in self.coalescers:
+            target, reward, token, timeout, linger = self.args
+            client = AsyncGradingClient(target, token=token, timeout=timeout)
+            self.coalescers[loop] = client.coalescer(reward=reward, linger=linger)
+        return self.coalescers[loop]
+
+
+def rubric(
+    target: str,
+    reward: str,
+    *,
+    token: str | None = None,
+    timeout: float = 60.0,
+    failure_reward: float = 0.0,
+    linger: float = DEFAULT_LINGER,
+) -> vf.Rubric:
+    """A `vf.Rubric` whose reward is the server's `reward` (module docstring)."""
+    connection = _PerLoop(target, reward, token, timeout, linger)
+
+    async def grpcgrade(prompt: Any, completion: Any, answer: Any, state: Any, info: Any = None) -> float:
+        sample = {
+            "query": last_text(prompt, "user"),
+            "response": last_text(completion, "assistant"),
+            "reference": as_text(answer),
+            **usable_extra((info or {}).items()),
+        }
+        result = await connection.coalescer().evaluate(sample)
+        value = reward_of(result)
+        state[STATE_KEY] = float(value is None)
+        if value is None:
+            log.warning(
+                "grpcgrade: a rollout's graders failed (%s); its reward is %s", failure_of(result), failure_reward
+            )
+            return failure_reward
+        return value
+
+    def grpcgrade_failed(state: Any) -> float:
+        return float(state.get(STATE_KEY, 1.0))  # never scored: not a success either
+
+    grpcgrade.__name__, grpcgrade_failed.__name__ = REWARD_NAME, FAILED_NAME
+    return vf.Rubric(funcs=[grpcgrade, grpcgrade_failed], weights=[1.0, 0.0])

@@ -1,0 +1,157 @@
+"""NeMo Gym's resources-server verify: `POST /verify` (the configuration's `default_reward`),
+`POST /rewards/NAME/verify`, and the `POST /seed_session` its agents call first.
+
+NeMo Gym (`nemo-gym` 0.4.0, `nemo_gym/base_resources_server.py`) agents post each rollout to their resources
+server's `/verify` (`responses_api_agents/simple_agent/app.py`: `server_client.post(server_name=...,
+url_path="/verify", json=verify_request.model_dump())`, `raise_for_status`, then
+`BaseVerifyResponse.model_validate(...)`), at `http://{host}:{port}` of the server's config, after
+`/seed_session`. The body is a `BaseVerifyRequest`: `responses_create_params` (the Responses API request,
+its `input` the conversation), `response` (the Responses API answer, its `output` items) and the task's
+own fields (`expected_answer`, ...). The answer is that request echoed with `reward` (`BaseVerifyResponse`),
+plus fields NeMo Gym averages into its metrics when numeric (`reward_profile.compute_aggregate_metrics`).
+
+- The sample: `response` is the text of the assistant `message` items' `output_text` parts; `query` the
+  last user input's text (`input` a string is itself); `reference` the task's `expected_answer`
+  (`samples.as_text`; without one, a grader that requires a reference answers INVALID_SAMPLE);
+  `function_call` output items become the `tool_calls` agent input (docs/agents.md) in the Chat
+  Completions shape (`{"id", "type": "function", "function": {"name", "arguments"}}`); every other task
+  field goes to
+  `extra` as it is; `completion_tokens` is the output items' `generation_token_ids` count when NeMo-RL
+  sends them, else `response.usage.output_tokens`.
+- The answer adds `reward`, `reward_components` ({grader key: score or null}) and `grpcgrade_failed`
+  (0 or 1). A failed sample's `reward` is the configuration's `http.failure_reward` (NeMo Gym requires a
+  number), with `grpcgrade_failed` 1 (so its mean in NeMo Gym's aggregate metrics is the failure rate)
+  and `grpcgrade_error` naming the grader and its error code; it is also counted in
+  `grpcgrade_http_failed_samples_total{face="nemo_gym"}` and logged.
+- NeMo Gym's `BaseVerifyResponse` ignores fields it does not declare (pydantic's default): declare
+  `reward_components` and `grpcgrade_failed` in a subclass to read them (docs/trainers.md).
+- Auth: Basic auth from the URL, which aiohttp sends: the server config's `host: "gym:TOKEN@HOST"`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from aiohttp import web
+
+from grpcgrade.core.chat import last_text, message_text
+from grpcgrade.core.samples import INPUT_FIELDS, SAMPLE_FIELDS, as_text
+
+from .common import FaceContext, faced, sample_fields
+
+#: The `face` label of this protocol's requests.
+FACE = "nemo_gym"
+#: The request's own keys (not task fields, so not `extra`), and the task field that is the reference.
+PROTOCOL_KEYS = frozenset(("responses_create_params", "response"))
+REFERENCE_KEY = "expected_answer"
+#: Keys the answer sets; a request field of the same name is not passed on to graders either.
+#: The content part holding a message's text in the Responses API's output.
+TEXT_PART = "output_text"
+ANSWER_KEYS = ("reward", "reward_components", "grpcgrade_failed", "grpcgrade_error")
+
+
+def _items(response: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    output = response.get("output")
+    if not isinstance(output, list):
+        raise web.HTTPBadRequest(text="`response.output` is required: the Responses API output items")
+    return [item for item in output if isinstance(item, Mapping)]
+
+
+def response_text(items: list[Mapping[str, Any]]) -> str:
+    """The assistant messages' `output_text` parts, in order."""
+    return "".join(
+        message_text(
+            [p for p in item.get("content") or () if isinstance(p, Mapping) and p.get("type") == "output_text"]
+        )
+        for item in items
+        if item.get("type") == "message" and item.get("role", "assistant") == "assistant"
+    )
+
+
+def tool_calls(items: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """`function_call` items as Chat Completions tool calls."""
+    return [
+        {
+            "id": item.get("call_id", ""),
+            "type": "function",
+            "function": {"name": item.get("name", ""), "arguments": item.get("arguments", "")},
+        }
+        for item in items
+        if item.get("type") == "function_call"
+    ]
+
+
+def completion_tokens(response: Mapping[str, Any], items: list[Mapping[str, Any]]) -> int | None:
+    """The trainer's own count (NeMo-RL's `generation_token_ids`), else the model's `usage.output_tokens`."""
+    ids = [item["generation_token_ids"] for item in items if isinstance(item.get("generation_token_ids"), list)]
+    if ids:
+        return sum(len(i) for i in ids)
+    usage = response.get("usage")
+    count = usage.get("output_tokens") if isinstance(usage, Mapping) else None
+    return count if isinstance(count, int) and not isinstance(count, bool) else None
+
+
+def query_of(params: Mapping[str, Any]) -> str:
+    """The last user input's text (`input` as a string is the user's message)."""
+    given = params.get("input")
+    if isinstance(given, str):
+        return given
+    return last_text(given, "user") if isinstance(given, list) else ""
+
+
+class NemoGymFace:
+    """Verifies one NeMo Gym rollout with the face's engine call."""
+
+    def __init__(self, ctx: FaceContext) -> None:
+        self.ctx = ctx
+
+    async def verify(self, request: web.Request) -> web.Response:
+        started = time.monotonic()
+        ctx = self.ctx
+        ctx.check_auth(request)
+        name = ctx.reward_of(request, "verify")
+        body = await ctx.json_object(request, '"responses_create_params", "response" and the task\'s fields')
+        jobs = ctx.resolve(name)
+        params, response = body.get("responses_create_params"), body.get("response")
+        if not isinstance(params, Mapping) or not isinstance(response, Mapping):
+            raise web.HTTPBadRequest(text="`responses_create_params` and `response` are required: JSON objects")
+        items = _items(response)
+        skip = PROTOCOL_KEYS | {REFERENCE_KEY} | INPUT_FIELDS | set(SAMPLE_FIELDS) | set(ANSWER_KEYS)
+        extra = {key: value for key, value in body.items() if key not in skip}
+        calls = tool_calls(items)
+        if calls:
+            extra["tool_calls"] = calls
+        tokens = completion_tokens(response, items)
+        if tokens is not None:
+            extra["completion_tokens"] = tokens
+        answer_given = body.get(REFERENCE_KEY)
+        reference = None if answer_given is None else as_text(answer_given)  # none: INVALID_SAMPLE if required
+        sample = sample_fields(response_text(items), query=query_of(params), reference=reference, extra=extra)
+        guards = ctx.guards({}, 1, started, ratio=False)
+        (graded,) = await ctx.grade(name, jobs, [sample], guards, FACE)
+        answer = dict(body)
+        answer["reward"] = ctx.http.failure_reward if graded.reward is None else graded.reward
+        keys = [job.spec.label for job in jobs]
+        answer["reward_components"] = {
+            key: getattr(result, "score", None) for key, result in zip(keys, graded.results, strict=False)
+        }
+        answer["grpcgrade_failed"] = int(graded.reward is None)
+        if graded.reward is None:
+            answer["grpcgrade_error"] = graded.why()
+        return web.json_response(answer)
+
+    async def seed_session(self, request: web.Request) -> web.Response:
+        """NeMo Gym's agents seed a session before verifying; a stateless reward has nothing to seed."""
+        self.ctx.check_auth(request)
+        return web.json_response({})
+
+
+def add_routes(app: web.Application, ctx: FaceContext) -> None:
+    """`POST /verify` (the default reward), `POST /rewards/{name}/verify` and `POST /seed_session`."""
+    face = NemoGymFace(ctx)
+    verify = faced(FACE, face.verify)
+    app.router.add_post("/verify", verify)
+    app.router.add_post("/rewards/{name}/verify", verify)
+    app.router.add_post("/seed_session", faced(FACE, face.seed_session))

@@ -1,0 +1,185 @@
+"""A crowd of per-sample callers (issue 35): thousands of concurrent one-sample calls over gRPC and HTTP
+against a real server; every call is answered with its own sample's score, or refused at once for load
+(RESOURCE_EXHAUSTED / 503 with a retry hint) and answered when sent again. None is lost or CANCELLED.
+
+The server's admission limit is set low (`max_concurrent_calls: 200`), so the crowd is refused in part and
+the refusal path runs: the Python client's retry for gRPC, a trainer's retry after Retry-After for HTTP.
+The expected scores come from `json.loads` itself (json_validator: 1 for valid JSON, else 0). Beside it,
+the test plugin's `sleepy` (2 ms of a worker's CPU, then 1.0; a gate of the HTTP reward) makes each call
+wait for a worker, as real grading does, so calls overlap and pass the limit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+
+import aiohttp
+import grpc
+import pytest
+
+from grpcgrade.client import AsyncGradingClient
+from grpcgrade.service.convert import specs_to_pb
+from grpcgrade.testing import free_port, start_server
+from grpcgrade.v1 import grading_pb2 as pb
+
+CROWD = 4000
+GRADERS = ["json_validator", {"name": "sleepy", "params": {"seconds": 0.002, "heavy": False}}]
+CONFIG = """
+default_reward: valid_json
+limits: {max_concurrent_calls: 200, retry_after_seconds: 0.05}
+cache: {enabled: false}
+rewards:
+  valid_json:
+    - {name: json_validator}
+    - {name: sleepy, params: {seconds: 0.002, heavy: false}, gate: true}
+"""
+
+
+def responses(n: int) -> list[str]:
+    """Distinct responses, about a third of them not JSON."""
+    return [f'{{"n": {i}}}' if i % 3 else f"{{n: {i}" for i in range(n)]
+
+
+def valid(text: str) -> float:
+    try:
+        json.loads(text)
+    except ValueError:
+        return 0.0
+    return 1.0
+
+
+@pytest.fixture(scope="module")
+def crowd_server(tmp_path_factory, plugin_env):
+    tmp = tmp_path_factory.mktemp("crowd")
+    (tmp / "config.yaml").write_text(CONFIG)
+    port = free_port()
+    srv = start_server(tmp, "--workers", "2", "--config", "config.yaml", "--http-port", str(port), env=plugin_env)
+    srv.http = f"http://127.0.0.1:{port}"  # type: ignore[attr-defined]
+    yield srv
+    srv.stop()
+
+
+def test_a_grpc_crowd_is_answered_every_call(crowd_server):
+    texts = responses(CROWD)
+    outcomes: Counter[str] = Counter()
+    refused_before = crowd_server.metric("grpcgrade_calls_refused_total")
+
+    async def crowd() -> list[float | None]:
+        async with AsyncGradingClient(crowd_server.target, timeout=300) as client:
+
+            async def one(text: str) -> float | None:
+                try:
+                    response = await client.evaluate({"response": text}, GRADERS)
+                except grpc.RpcError as exc:
+                    outcomes[exc.code().name] += 1
+                    return None
+                outcomes["OK"] += 1
+                assert response.results[1].score == 1.0  # sleepy's, always
+                return response.results[0].score
+
+            return await asyncio.gather(*(one(t) for t in texts))
+
+    scores = asyncio.run(crowd())
+    assert outcomes == {"OK": CROWD}
+    assert scores == [valid(t) for t in texts]
+    refused = crowd_server.metric("grpcgrade_calls_refused_total", limit="max_concurrent_calls") - refused_before
+    handled = crowd_server.metric("grpc_server_handled_total", grpc_method="Evaluate", grpc_code="RESOURCE_EXHAUSTED")
+    assert refused > 0  # the crowd passed the limit: the refusal and the client's retry were exercised
+    assert handled == refused
+    assert crowd_server.metric("grpc_server_handled_total", grpc_method="Evaluate", grpc_code="CANCELLED") == 0
+    assert crowd_server.metric("grpcgrade_calls_admitted") == 0
+    assert crowd_server.metric("grpcgrade_samples_queued") == 0
+    # concurrent calls of the same graders were graded together: fewer chunks than calls
+    assert crowd_server.metric("grpcgrade_coalesced_samples_total") >= CROWD
+    assert crowd_server.metric("grpcgrade_coalesced_chunks_total") < crowd_server.metric(
+        "grpcgrade_coalesced_samples_total"
+    )
+
+
+def test_an_http_crowd_is_answered_or_refused_with_a_retry_hint(crowd_server):
+    texts = responses(CROWD // 2)
+    refusals: list[str] = []
+    coalesced_before = crowd_server.metric("grpcgrade_coalesced_samples_total")
+
+    async def crowd() -> list[float]:
+        connector = aiohttp.TCPConnector(limit=0)  # every caller on its own connection, as separate workers
+        async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=300)) as session:
+
+            async def one(text: str) -> float:
+                while True:  # a trainer's retry: 503 means "later", after Retry-After
+                    async with session.post(f"{crowd_server.http}/get_reward", json={"query": [text]}) as r:
+                        if r.status == 503:
+                            refusals.append(r.headers["Retry-After"])
+                            await asyncio.sleep(float(r.headers["Retry-After"]))
+                            continue
+                        assert r.status == 200, await r.text()
+                        body = await r.json()
+                        assert body["extra_logs"]["grpcgrade_failed"] == [0.0]
+                        return body["rewards"][0]
+
+            return await asyncio.gather(*(one(t) for t in texts))
+
+    assert asyncio.run(crowd()) == [valid(t) for t in texts]
+    assert refusals and all(int(after) >= 1 for after in refusals)
+    assert crowd_server.metric("grpcgrade_http_requests_total", code="503") == len(refusals)
+    # every one-sample request went through the server's coalescer (graded with the others of its reward)
+    assert crowd_server.metric("grpcgrade_coalesced_samples_total") - coalesced_before == len(texts)
+    assert crowd_server.metric("grpcgrade_calls_admitted") == 0
+
+
+def test_a_refusal_carries_the_limit_and_the_hint(crowd_server):
+    """What a caller without our client sees: RESOURCE_EXHAUSTED naming the limit, the pushback trailer."""
+
+    async def burst() -> list[grpc.aio.AioRpcError]:
+        async with grpc.aio.insecure_channel(crowd_server.target) as channel:
+            evaluate = channel.unary_unary(
+                "/grpcgrade.v1.GradingService/Evaluate",
+                request_serializer=pb.EvaluateRequest.SerializeToString,
+                response_deserializer=pb.EvaluateResponse.FromString,
+            )
+            request = pb.EvaluateRequest(graders=specs_to_pb(GRADERS), sample=pb.Sample(response="1"))
+            outcomes = await asyncio.gather(
+                *(evaluate(request, timeout=60) for _ in range(2000)), return_exceptions=True
+            )
+        return [o for o in outcomes if isinstance(o, grpc.aio.AioRpcError)]
+
+    errors = asyncio.run(burst())
+    assert errors, "2000 concurrent calls against a limit of 200: some must be refused"
+    for exc in errors:
+        assert exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "limits.max_concurrent_calls" in exc.details()
+        assert dict(exc.trailing_metadata())["grpc-retry-pushback-ms"] == "50"
+    # counted, not logged one by one: a crowd refused by the thousand would flood the log
+    assert crowd_server.metric("grpcgrade_calls_refused_total") >= len(errors)
+    assert "code=RESOURCE_EXHAUSTED" not in crowd_server.log()
+
+
+def test_admission_refuses_past_each_limit_and_frees_what_ends():
+    from grpcgrade.core.admission import Admission
+    from grpcgrade.core.errors import Overloaded
+    from grpcgrade.core.samples import Limits
+
+    rss, now = [100], [0.0]
+    limits = Limits(max_concurrent_calls=2, max_queued_samples=10, max_memory_bytes=1000)
+    admission = Admission(limits, memory=lambda: rss[0], clock=lambda: now[0])
+    admission.enter(8)
+    with pytest.raises(Overloaded, match="max_queued_samples"):
+        admission.enter(3)  # 8 queued + 3 > 10
+    admission.enter(2)
+    with pytest.raises(Overloaded, match="max_concurrent_calls"):
+        admission.enter(0)
+    admission.leave(8)
+    admission.leave(2)
+    admission.enter(50)  # nothing queued: a call larger than the limit is admitted alone
+    admission.leave(50)
+    rss[0] = 5000
+    admission.enter(1)  # the figure read a moment ago still stands (read at most every MEMORY_READ_SECONDS)
+    admission.leave(1)
+    now[0] += 1.0
+    with pytest.raises(Overloaded, match="max_memory_bytes") as refused:
+        admission.enter(1)
+    assert refused.value.retry_after == Limits().retry_after_seconds
+    assert (admission.calls, admission.samples) == (0, 0)
+    assert admission.refused == {"max_queued_samples": 1, "max_concurrent_calls": 1, "max_memory_bytes": 1}

@@ -1,0 +1,246 @@
+"""The HTTP face against hostile clients, on a real server: credentials that are not UTF-8, bodies past
+the limit, connections that never finish their headers or sit idle, more connections than the cap; and
+gRPC callers keep being answered meanwhile (issue 33)."""
+
+from __future__ import annotations
+
+import json
+import resource
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from grpcgrade.service.http.limits import MAX_JSON_CONTAINERS
+from grpcgrade.service.http.openai_graders import MOUNT_PATH
+from grpcgrade.testing import ServerProcess, free_port, start_server
+from grpcgrade.v1 import grading_pb2 as pb
+from grpcgrade.v1 import grading_pb2_grpc as pb_grpc
+
+HEAD_SECONDS, IDLE_SECONDS, MAX_CONNECTIONS, MAX_BODY = 2, 2, 16, 4 * 1024 * 1024
+CONFIG = f"""
+default_reward: exact
+http: {{header_timeout_seconds: {HEAD_SECONDS}, idle_timeout_seconds: {IDLE_SECONDS},
+        max_connections: {MAX_CONNECTIONS}, max_body_bytes: {MAX_BODY}}}
+rewards:
+  exact:
+    graders: [{{name: string_match}}]
+"""
+GRADER = {"type": "string_check", "name": "s", "input": "{{sample.output_text}}", "reference": "a", "operation": "eq"}
+TOKEN = "s3cret-token"
+
+
+@pytest.fixture(scope="module")
+def hostile_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    tmp = tmp_path_factory.mktemp("hostile")
+    (tmp / "config.yaml").write_text(CONFIG)
+    (tmp / "tokens").write_text(TOKEN + "\n")
+    port = free_port()
+    args = ["--workers", "1", "--config", "config.yaml", "--auth-token-file", "tokens", "--http-port", str(port)]
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(soft, 1024), hard))  # the server starts with a low soft limit
+    try:
+        srv = start_server(tmp, *args)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    srv.http_port = port  # type: ignore[attr-defined]
+    yield srv
+    srv.stop()
+
+
+def raw_request(port: int, head: bytes, body: bytes = b"", timeout: float = 30) -> bytes:
+    """Send `head` (request line and headers, without the blank line) and `body` as they are; the answer's
+    bytes up to the server's close (every request here says Connection: close)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+        sock.sendall(head + b"\r\nConnection: close\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+        return answer
+
+
+@pytest.mark.parametrize("path", ["/get_reward", "/rewards/exact/get_reward", MOUNT_PATH + "/run"])
+def test_credentials_that_are_not_utf8_are_401_and_one_log_line(hostile_server: ServerProcess, path: str) -> None:
+    """`Authorization: Bearer \\xe9` answered 500 with a 26-line traceback per request before."""
+    before = hostile_server.log()
+    head = b"POST " + path.encode() + b" HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    answer = raw_request(hostile_server.http_port, head + b"Authorization: Bearer \xe9\xff", b'{"query": ["x"]}')
+    assert answer.startswith(b"HTTP/1.1 401 "), answer[:200]
+    deadline = time.monotonic() + 10  # the log line is written as the answer goes out; this only bounds it
+    while hostile_server.log() == before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    new = hostile_server.log()[len(before) :].splitlines()
+    assert len(new) == 1 and "Authorization" in new[0] and "Traceback" not in new[0], new
+
+
+AUTH = b"Authorization: Bearer " + TOKEN.encode() + b"\r\n"
+RUN = b"POST " + MOUNT_PATH.encode() + b"/run HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" + AUTH
+
+
+def test_a_body_declared_over_the_limit_is_413_before_it_is_sent(hostile_server: ServerProcess) -> None:
+    """A 60 MB body (under gRPC's 64 MiB message limit, the face's limit before) was read to its end."""
+    with socket.create_connection(("127.0.0.1", hostile_server.http_port), timeout=30) as sock:
+        sock.sendall(RUN + b"Content-Length: 60000000\r\n\r\n" + b'{"item": "' + b"x" * 65536)
+        answer = sock.recv(65536)  # the rest is never sent: only an early answer ends this wait
+    assert answer.startswith(b"HTTP/1.1 413 "), answer[:200]
+    assert b"max_body_bytes" in answer
+
+
+class GrpcCaller:
+    """Calls Evaluate over and over on its own thread, recording when each call ended."""
+
+    def __init__(self, target: str) -> None:
+        self.ended: list[float] = []
+        self.stopped = threading.Event()
+        self.channel = grpc.insecure_channel(target)
+        self.thread = threading.Thread(target=self._run)
+
+    def _run(self) -> None:
+        stub = pb_grpc.GradingServiceStub(self.channel)
+        request = pb.EvaluateRequest(graders=[pb.GraderSpec(name="json_validator")], sample=pb.Sample(response="1"))
+        while not self.stopped.is_set():
+            stub.Evaluate(request, timeout=120, metadata=(("authorization", f"Bearer {TOKEN}"),))
+            self.ended.append(time.monotonic())
+
+    def __enter__(self) -> GrpcCaller:
+        self.thread.start()
+        while not self.ended:  # the channel is up and calls go through
+            time.sleep(0.01)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stopped.set()
+        self.thread.join(120)
+        self.channel.close()
+
+    def between(self, start: float, end: float) -> int:
+        return sum(start < t < end for t in self.ended)
+
+    def longest_gap(self, start: float, end: float) -> float:
+        """The longest time between two call ends within [start, end] (the stall a caller saw)."""
+        times = [start, *(t for t in self.ended if start < t < end), end]
+        return max(b - a for a, b in zip(times, times[1:], strict=False))
+
+
+def post_raw(port: int, head: bytes, body: bytes) -> tuple[bytes, float, float]:
+    """(the answer, when the body was sent, when the answer came)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=300) as sock:
+        sock.sendall(head + b"Connection: close\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        sent = time.monotonic()
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+        return answer, sent, time.monotonic()
+
+
+def test_a_body_that_is_slow_to_parse_does_not_hold_grpc_callers(hostile_server: ServerProcess) -> None:
+    """A body of 90,000 empty lists (270 kB, under the body limit): the C decoder held the event loop for
+    all of the parse (0.5 s here), during which no gRPC call could end. Parsed off the loop now, gRPC calls
+    keep ending while it is parsed; the request is then answered (400: it has no model_sample). With more
+    arrays and objects than MAX_JSON_CONTAINERS it is refused as it is parsed (413)."""
+    item = b"[" + b"[]," * 90_000 + b"[]]"
+    body = b'{"grader": ' + json.dumps(GRADER).encode() + b', "item": ' + item + b"}"
+    with GrpcCaller(hostile_server.target) as caller:
+        answer, sent, answered = post_raw(hostile_server.http_port, RUN, body)
+    assert answer.startswith(b"HTTP/1.1 400 ") and b"model_sample: is required" in answer, answer[:300]
+    # Reading the body takes the first moments, the parse the rest; calls held by a blocked loop all end at
+    # once when it is free, just before the answer. So: calls end in the middle half of the wait too.
+    quarter = (answered - sent) / 4
+    assert caller.between(sent + quarter, answered - quarter) > 0
+    print(f"parse: {answered - sent:.2f} s; longest gRPC stall meanwhile {caller.longest_gap(sent, answered):.3f} s")
+    many = b'{"grader": {}, "item": [' + b"[]," * MAX_JSON_CONTAINERS + b"[]]}"
+    answer, *_ = post_raw(hostile_server.http_port, RUN, many)
+    assert answer.startswith(b"HTTP/1.1 413 ") and f"more than {MAX_JSON_CONTAINERS} arrays".encode() in answer
+
+
+def test_an_oversized_body_is_refused_while_grpc_callers_are_answered(hostile_server: ServerProcess) -> None:
+    """The issue's 40-60 MB POST, its `item` never size-checked: now 413 (over max_body_bytes), and an item
+    under the body limit but over max_field_chars is 400 naming it; gRPC calls end meanwhile."""
+    big = json.dumps({"grader": GRADER, "model_sample": "a", "item": {"x": "y" * (50 << 20)}}).encode()
+    grown = json.dumps({"grader": GRADER, "model_sample": "a", "item": {"x": "y" * 2_000_000}}).encode()
+    with GrpcCaller(hostile_server.target) as caller:
+        refused, sent, answered = post_raw(hostile_server.http_port, RUN, big)
+        too_long, *_ = post_raw(hostile_server.http_port, RUN, grown)
+        ended = caller.between(sent, time.monotonic())
+    assert refused.startswith(b"HTTP/1.1 413 "), refused[:300]
+    assert too_long.startswith(b"HTTP/1.1 400 ") and b"item: " in too_long and b"max_field_chars" in too_long
+    assert ended > 0
+
+
+def test_connections_that_never_finish_their_head_are_closed(hostile_server: ServerProcess) -> None:
+    """They stayed open (1,100 of them exhausted the server's descriptors); now each is closed once
+    header_timeout_seconds have passed since it opened, even while it trickles bytes."""
+    socks = [socket.create_connection(("127.0.0.1", hostile_server.http_port), timeout=30) for _ in range(8)]
+    try:
+        for sock in socks:
+            sock.sendall(b"POST /get_reward HTTP/1.1\r\nHost: x\r\n")
+        for sock in socks:
+            assert sock.recv(1024) == b""  # closed by the server (a timeout here raises instead)
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+def test_an_idle_keep_alive_connection_is_closed(hostile_server: ServerProcess) -> None:
+    with socket.create_connection(("127.0.0.1", hostile_server.http_port), timeout=30) as sock:
+        body = json.dumps({"query": ["a"]}).encode()
+        head = b"POST /get_reward HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" + AUTH
+        sock.sendall(head + b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        answer = b""
+        while b"\r\n\r\n" not in answer or not answer.endswith(b"}"):
+            answer += sock.recv(65536)
+        assert answer.startswith(b"HTTP/1.1 200 ")
+        rest = sock.recv(1024)  # nothing more is sent: the server closes the connection once it is idle
+    assert rest == b""
+
+
+def reward_request(port: int) -> bytes:
+    """A complete, authorized OpenRLHF request; b"" when the server closed the connection without answering."""
+    try:
+        return raw_request(port, b"POST /get_reward HTTP/1.1\r\nHost: x\r\n" + AUTH.rstrip(), b'{"query": ["a"]}')
+    except ConnectionResetError:  # closed with the request unread: the kernel resets the connection
+        return b""
+
+
+def test_connections_past_the_cap_are_closed_at_once(hostile_server: ServerProcess) -> None:
+    """Past max_connections a new connection is closed before it is read: its complete request gets no
+    answer. gRPC, not counted, still answers; and the face answers again once connections are gone."""
+    port = hostile_server.http_port
+    held = [socket.create_connection(("127.0.0.1", port), timeout=30) for _ in range(MAX_CONNECTIONS)]
+    try:
+        assert reward_request(port) == b""
+        with GrpcCaller(hostile_server.target) as caller:
+            assert caller.ended
+    finally:
+        for sock in held:
+            sock.close()
+    deadline = time.monotonic() + 30
+    while (answer := reward_request(port)) == b"":
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    assert answer.startswith(b"HTTP/1.1 200 ")
+
+
+def test_the_server_raises_its_soft_open_files_limit(hostile_server: ServerProcess) -> None:
+    """Started with a soft limit of 1,024 (as systemd and many shells give), it runs with its hard limit."""
+    limits = Path(f"/proc/{hostile_server.proc.pid}/limits").read_text()
+    (line,) = [row for row in limits.splitlines() if row.startswith("Max open files")]
+    soft, hard = line.split()[3:5]
+    assert soft == hard, line
+
+
+def test_the_http_bounds_are_configured_and_checked() -> None:
+    from grpcgrade.core.config import HttpConfig, parse_config
+    from grpcgrade.core.errors import ConfigError
+
+    http = parse_config({"http": {"max_body_bytes": 1024, "idle_timeout_seconds": 0.5, "max_connections": 3}}).http
+    assert (http.max_body_bytes, http.idle_timeout_seconds, http.max_connections) == (1024, 0.5, 3)
+    assert http.header_timeout_seconds == HttpConfig().header_timeout_seconds
+    assert HttpConfig().max_body_bytes < 64 * 1024 * 1024
+    for key, value in (("max_connections", 0), ("max_body_bytes", 1.5), ("header_timeout_seconds", -1)):
+        with pytest.raises(ConfigError, match=f"http: {key}"):
+            parse_config({"http": {key: value}})

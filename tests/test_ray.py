@@ -1,0 +1,92 @@
+"""`grpcgrade serve --ray ADDRESS` on a real local Ray cluster of two nodes (`ray.cluster_utils.Cluster`,
+one CPU each): the workers are Ray actors spread over both nodes, answers are the grader's, and an actor
+killed mid-batch costs no sample its result (the chunk is run again sample by sample on the others) and
+is replaced, counted in the restarts metric as a local worker is.
+
+Marked `ray` (`make test-ray`; .ci/run runs it): it needs the grpcgrade[ray] extra and ~1 min per cluster.
+The cluster is shut down by its own handle (never `ray stop`, which would stop every Ray on the machine).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import tempfile
+import threading
+import time
+
+import pytest
+
+from grpcgrade.testing import start_server
+
+pytestmark = pytest.mark.ray
+
+ray_cluster_utils = pytest.importorskip("ray.cluster_utils", reason="the grpcgrade[ray] extra is not installed")
+
+
+@pytest.fixture(scope="module")
+def cluster(plugin_env):
+    """Two Ray nodes on this machine, with the test plugins importable by their workers."""
+    mp = pytest.MonkeyPatch()
+    ray_tmp = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's socket paths must fit in 107 bytes
+    env = {"RAY_TMPDIR": ray_tmp, "RAY_AUTH_MODE": "disabled", **plugin_env}
+    for key, value in env.items():
+        mp.setenv(key, value)
+    nodes = ray_cluster_utils.Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    try:
+        nodes.add_node(num_cpus=1)
+        nodes.wait_for_nodes()
+        yield nodes, env
+    finally:
+        nodes.shutdown()
+        mp.undo()
+
+
+def padded(i: int) -> str:
+    """A response of ~2 KB (so a batch passes the engine's inline size and goes to the actors), JSON or not."""
+    body = json.dumps({"n": i, "pad": "x" * 2000})
+    return body if i % 3 else body[:-1]
+
+
+def valid(text: str) -> float:
+    try:
+        json.loads(text)
+    except ValueError:
+        return 0.0
+    return 1.0
+
+
+def actor_pids(log: str) -> list[int]:
+    match = re.search(r"Ray executor: (\d+) actors on (\d+) nodes \(pids \[([\d, ]+)\]\)", log)
+    assert match, log
+    return [int(p) for p in match.group(3).split(",")]
+
+
+def test_serve_ray_grades_on_both_nodes_and_survives_a_lost_actor(cluster, tmp_path):
+    nodes, env = cluster
+    server = start_server(tmp_path, "--ray", nodes.address, "--log-level", "info", env=env, wait=300)
+    try:
+        log = server.log()
+        assert re.search(r"Ray executor: 2 actors on 2 nodes", log), log
+        texts = [padded(i) for i in range(400)]
+        with server.client(timeout=300, chunk_size=25) as client:
+            results = client.batch_evaluate([{"response": t} for t in texts], ["json_validator"])
+            assert [r.results[0].score for r in results] == [valid(t) for t in texts]
+
+            # a slow batch; one actor's process is killed while it grades
+            spec = [{"name": "sleepy", "params": {"seconds": 0.05, "heavy": False}}]
+            victim = actor_pids(log)[0]
+            killer = threading.Timer(1.0, os.kill, (victim, signal.SIGKILL))
+            killer.start()
+            slow = client.batch_evaluate([{"response": padded(i)} for i in range(60)], spec)
+            killer.join()
+        assert [r.results[0].score for r in slow] == [1.0] * 60  # no sample lost with the actor
+        deadline = time.monotonic() + 60
+        while server.metric("grpcgrade_workers_alive") < 2 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert server.metric("grpcgrade_worker_pool_restarts_total") >= 1
+        assert server.metric("grpcgrade_workers_alive") == 2
+    finally:
+        assert server.stop() == 0
