@@ -443,8 +443,8 @@ class Engine:
         """A chunk of a call with per-sample async graders (`streams_rows`), its rows yielded as they finish
         (as `partial` GradedChunks): synchronous graders grade the chunk as `grade_chunk` does (in a worker,
         through the cache), each async grader each sample on its own, so a slow sample delays no other.
-        An async grader with `aevaluate_batch` grades the chunk in one call, as it asks to, and so does one
-        the result cache serves (each distinct input of the chunk graded once). Past the call's
+        An async grader with `aevaluate_batch` grades the chunk in one call, as it asks to; one the result
+        cache serves is graded sample by sample too (the cache grades identical inputs in flight once). Past the call's
         `deadline` the samples still waiting are answered BUDGET_EXCEEDED (by `grade_async`)."""
         timeout = self.timeout(timeout)
         indices = [index for index, _ in chunk]
@@ -460,7 +460,7 @@ class Engine:
         tasks: dict[asyncio.Future[list[GraderResult]], tuple[int, list[int]]] = {}
         for j, job in enumerate(jobs):
             batch = select_all(good, job.inputs, own)
-            if not _per_sample(job) or job.use_cache:  # the cache grades a chunk's duplicates once
+            if not _per_sample(job):
                 run = self._run_cached(job, batch, timeout, unusable, deadline)
                 tasks[asyncio.ensure_future(run)] = (j, rows)
                 continue
