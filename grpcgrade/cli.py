@@ -507,6 +507,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
         figures = bench_judges(args.judges, args.judge_rpm)
         print(json.dumps(figures, indent=None if args.json else 2))
         return 0
+    if args.http_stall:
+        from .bench_stall import run_http_stall, text
+
+        stall = run_http_stall(seconds=args.stall_seconds, workers=args.workers)
+        print(json.dumps(stall, indent=2) if args.json else text(stall))
+        return 0
     if args.stream:
         result = bench_stream_memory(args.stream, workers=args.workers or 0)
         print(json.dumps(result, indent=None if args.json else 2))
@@ -717,6 +723,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--callers", type=int, default=4_000, help="with --per-sample: concurrent callers")
     p.add_argument("--stream", type=int, metavar="N", help="instead: stream N samples and report the server's RSS")
+    p.add_argument(
+        "--http-stall",
+        action="store_true",
+        help="instead: gRPC callers' latency alone and while hostile HTTP clients send bodies at the limit "
+        "(the worst added stall against its 100 ms goal, and the server's event-loop callbacks of 10 ms or more)",
+    )
+    p.add_argument("--stall-seconds", type=float, default=6.0, help="with --http-stall: seconds per hostile shape")
     p.add_argument(
         "--sandbox",
         type=int,

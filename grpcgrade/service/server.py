@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import gc
 import logging
 import math
 import os
@@ -45,6 +46,7 @@ from .callers import CallerInterceptor
 from .http import build_http_app
 from .http.limits import ConnectionGuard
 from .interceptors import AuthInterceptor, DecodeGuardInterceptor, ObservingInterceptor
+from .loop_watch import install_from_env as watch_the_loop
 from .metrics import Metrics
 from .servicer import GradingServicer, add_to_server
 
@@ -493,6 +495,7 @@ async def serve(opts: ServeOptions) -> int:
     return_large_buffers_to_the_os()
     open_files = raise_open_files_limit()
     sys.setswitchinterval(GIL_SWITCH_SECONDS)
+    watch_the_loop()  # GRPCGRADE_SLOW_CALLBACK_MS: diagnosis only
     service = build_server(opts)
     try:
         await service.start()
@@ -506,6 +509,7 @@ async def serve(opts: ServeOptions) -> int:
             service.pool.close(patience=0)
         raise
     log.info("open files limit: %d", open_files)  # once serving: a refused start's message stays alone
+    gc.freeze()  # the start-up's objects (modules, graders, tables) out of every later full collection
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

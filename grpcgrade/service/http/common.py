@@ -14,7 +14,7 @@ import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from aiohttp import BasicAuth, web
 
@@ -46,9 +46,9 @@ from grpcgrade.grader import GraderError, GraderResult
 
 from ..metrics import Metrics
 from ..overload import service_unavailable
-from .limits import MAX_JSON_DEPTH, BodyError, depth_within, read_json
+from .limits import MAX_JSON_DEPTH, BodyError, read_json
 
-__all__ = ["MAX_JSON_DEPTH", "BodyError", "depth_within", "read_json"]  # where the faces have found them
+__all__ = ["MAX_JSON_DEPTH", "BodyError", "read_json"]  # where the faces have found them
 
 log = logging.getLogger("grpcgrade.http")
 
@@ -179,6 +179,15 @@ def faced(face: str, handler: Handler) -> Handler:
     return run
 
 
+class Samples(Protocol):
+    """A request's samples by index (a list, or samples made as the engine cuts each chunk: a face making
+    a 100k-sample batch at once held the event loop for half a second)."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: int, /) -> dict[str, Any] | SampleProblem: ...
+
+
 class Graded(NamedTuple):
     """One sample's answer: its reward (None when it failed) and each grader's result, in the reward's
     order (empty when the sample never reached the graders)."""
@@ -295,7 +304,7 @@ class FaceContext:
         self,
         reward: str,
         jobs: list[Job],
-        samples: Sequence[dict[str, Any] | SampleProblem],
+        samples: Samples,
         guards: tuple[float | None, FailureTally | None] = (None, None),
         face: str = "",
     ) -> list[Graded]:
@@ -319,8 +328,7 @@ class FaceContext:
                 unusable.append(exc)
                 return exc
 
-        out = [Graded(None, []) for _ in range(n)]
-        batch = Batch(n, lambda a, b: [(i, checked(i)) for i in range(a, b)])
+        out = [Graded(None, [])] * n  # the same unanswered value everywhere: one object, not n
         deadline, failures = guards
         admission = self.admission
         assert admission is not None  # set in __post_init__
@@ -333,6 +341,7 @@ class FaceContext:
                 results, value = await self.coalescer.grade(jobs, checked(0), self.engine.timeout(None), reward)
                 out[0] = Graded(value, results)
             else:
+                batch = Batch(n, lambda a, b: [(i, checked(i)) for i in range(a, b)])
                 async for graded in self.engine.grade_batch(
                     jobs, batch, self.engine.chunks(jobs, n), reward=reward, deadline=deadline, failures=failures
                 ):

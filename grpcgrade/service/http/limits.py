@@ -1,18 +1,19 @@
 """What bounds the HTTP face against hostile clients: its bodies, how long they take to arrive and to read,
 and its connections (docs/security.md lists every limit with its default).
 
-The HTTP face runs on the gRPC server's event loop, so nothing a client sends may hold that loop:
+The HTTP face runs on the gRPC server's event loop, so nothing a client sends may hold that loop
+(`grpcgrade bench --http-stall` measures how long it does):
 
 * A body is refused with 413 before it is read when its Content-Length is over `http.max_body_bytes`
   (aiohttp's `client_max_size` stops a chunked one at the same size), and must arrive within
   `http.body_timeout_seconds` (408 after).
-* A body is parsed off the loop. CPython's C JSON decoder holds the GIL for a whole call (a few MB of
-  `[[],[],...]` takes seconds), so a thread alone would still stall the loop; bodies over
-  `INLINE_PARSE_BYTES` are parsed in a thread by the standard library's pure-Python decoder instead,
-  which runs as bytecode and so hands the GIL back to the loop every switch interval (5 ms). Slower for
-  the parse, never a stall. The sizes of the fields a face passes on whole (OpenAI's `item` and
-  `grader`) are measured there too, by the pure-Python encoder, so that nothing large is encoded on the
-  loop later.
+* A body over `INLINE_PARSE_BYTES` is parsed in a separate process (`core.json_body`), by the C decoder,
+  its depth and its arrays and objects counted there. Not in a thread: the C decoder holds the GIL for a
+  whole call (a few MB of `[[],[],...]` takes seconds), and a pure-Python decoder in a thread, which hands
+  the GIL back every switch interval, still starved the loop (a thread that computes takes the GIL back
+  each time the loop releases it for I/O: gRPC callers waited seconds behind a 200 kB body). Taking the
+  parsed body back is one unpickling in this process, bounded by `MAX_JSON_CONTAINERS`. The sizes of the
+  fields a face passes on whole (OpenAI's `item` and `grader`) are measured there too.
 * Connections: a cap (`http.max_connections`; past it a new connection is closed at once), a time to
   send a complete request head (`http.header_timeout_seconds`, from the connection's start), and an idle
   keep-alive timeout (`http.idle_timeout_seconds`, aiohttp's `keepalive_timeout`, which also ends a
@@ -23,82 +24,68 @@ from __future__ import annotations
 
 import asyncio
 import json
-import json.decoder
-import json.scanner
 import logging
+import multiprocessing
+import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any, TypeVar
 
 from aiohttp import web
 
 from grpcgrade.core.config import HttpConfig
+from grpcgrade.core.json_body import MAX_JSON_CONTAINERS, MAX_JSON_DEPTH, BodyError, parse_body, warm
+
+__all__ = ["MAX_JSON_CONTAINERS", "MAX_JSON_DEPTH", "BodyError", "parse_body"]  # the faces find them here
 
 log = logging.getLogger("grpcgrade.http")
 T = TypeVar("T")
 
 #: Bodies up to this size are parsed on the loop by the C decoder: a few milliseconds at worst.
 INLINE_PARSE_BYTES = 16 * 1024
-#: JSON nested deeper than this is refused (protobuf's Struct limit is the same).
-MAX_JSON_DEPTH = 100
-#: Arrays and objects a large body may hold. Each is a Python object the garbage collector then walks on
-#: every full collection, holding the GIL (and so the event loop) throughout; trainers' bodies hold text.
-MAX_JSON_CONTAINERS = 100_000
-#: Threads parsing large bodies at once; more wait their turn (each holds the GIL a share of the time).
-PARSE_THREADS = 2
+#: Processes parsing large bodies at once; more wait their turn.
+PARSE_PROCESSES = 2
+#: Threads for the walks a face makes over a parsed body (`off_loop`).
+WALK_THREADS = 2
 
-_parsers = ThreadPoolExecutor(max_workers=PARSE_THREADS, thread_name_prefix="grpcgrade-http-json")
+_walkers = ThreadPoolExecutor(max_workers=WALK_THREADS, thread_name_prefix="grpcgrade-http-walk")
 
 
-class BodyError(ValueError):
-    """A body a face cannot take; `status` is the HTTP status (400, 408 or 413), each face answers it in
-    its own error format."""
+class _Parsers:
+    """The parsing processes, started on first use (or by `start`), made anew if one dies (a pool whose
+    process died refuses every later task)."""
 
-    def __init__(self, message: str, status: int = 400, param: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.param = param
+    def __init__(self) -> None:
+        self._pool: ProcessPoolExecutor | None = None
+        self._lock = threading.Lock()
+
+    def pool(self) -> ProcessPoolExecutor:
+        with self._lock:
+            if self._pool is None:  # spawned: a fork of this process would copy its threads' locks and gRPC
+                context = multiprocessing.get_context("spawn")
+                self._pool = ProcessPoolExecutor(PARSE_PROCESSES, mp_context=context)
+            return self._pool
+
+    def start(self) -> None:
+        """Start the processes now, so that the first large body does not wait for them."""
+        for _ in range(PARSE_PROCESSES):
+            self.pool().submit(warm)
+
+    def replace(self, broken: ProcessPoolExecutor) -> None:
+        with self._lock:
+            if self._pool is broken:
+                self._pool = None
+        broken.shutdown(wait=False, cancel_futures=True)
+
+    def close(self) -> None:
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
 
 
-def _bytecode_decoder() -> json.JSONDecoder:
-    """The standard library's decoder with its pure-Python scanner (the C one holds the GIL throughout),
-    counting the arrays and objects it makes: past MAX_JSON_CONTAINERS it stops (413)."""
-    decoder = json.JSONDecoder()
-    made = 0
-
-    def counted(parse: Callable[..., Any]) -> Callable[..., Any]:
-        def parse_counted(*args: Any, **kwargs: Any) -> Any:
-            nonlocal made
-            made += 1
-            if made > MAX_JSON_CONTAINERS:
-                raise BodyError(f"the request body has more than {MAX_JSON_CONTAINERS} arrays and objects", 413)
-            return parse(*args, **kwargs)
-
-        return parse_counted
-
-    # py_make_scanner reads these from the decoder once, when it is made.
-    decoder.parse_object = counted(decoder.parse_object)  # type: ignore[attr-defined]  # the stubs omit them
-    decoder.parse_array = counted(decoder.parse_array)  # type: ignore[attr-defined]  # the stubs omit them
-    decoder.parse_string = json.decoder.py_scanstring  # type: ignore[attr-defined]
-    decoder.scan_once = json.scanner.py_make_scanner(decoder)  # type: ignore[attr-defined]
-    return decoder
-
-
-def depth_within(value: Any, limit: int) -> bool:
-    """True when `value` nests at most `limit` containers deep (walked without recursion)."""
-    stack = [(value, 1)]
-    while stack:
-        node, depth = stack.pop()
-        if isinstance(node, dict):
-            children: Any = node.values()
-        elif isinstance(node, list):
-            children = node
-        else:
-            continue
-        if depth > limit:
-            return False
-        stack.extend((child, depth + 1) for child in children)
-    return True
+parsers = _Parsers()
 
 
 def json_size(value: Any) -> int:
@@ -106,25 +93,6 @@ def json_size(value: Any) -> int:
     one-shot), piece by piece: no single C call on a large value."""
     encoder = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), default=str)
     return sum(len(piece.encode("utf-8", errors="surrogatepass")) for piece in encoder.iterencode(value))
-
-
-def parse_body(raw: bytes, sized: Sequence[str] = ()) -> tuple[Any, dict[str, int]]:
-    """The body as JSON, and the JSON size of each of its top-level `sized` fields present; BodyError
-    naming what is wrong. Runs on the loop only for small bodies (`read_json`)."""
-    too_deep = BodyError(f"the request body is nested more than {MAX_JSON_DEPTH} levels deep")
-    try:
-        text = raw.decode("utf-8")
-        body = json.loads(text) if len(raw) <= INLINE_PARSE_BYTES else _bytecode_decoder().decode(text)
-    except RecursionError:  # nesting past the interpreter's limit: a bad body, not the server's trouble
-        raise too_deep from None
-    except BodyError:
-        raise
-    except ValueError:
-        raise BodyError("the request body is not valid JSON") from None
-    if not depth_within(body, MAX_JSON_DEPTH):
-        raise too_deep
-    sizes = {key: json_size(body[key]) for key in sized if isinstance(body, dict) and key in body}
-    return body, sizes
 
 
 async def read_body(request: web.Request, http: HttpConfig) -> bytes:
@@ -147,16 +115,26 @@ def too_large(size: int | None, limit: int) -> str:
 
 
 async def read_json(request: web.Request, http: HttpConfig, sized: Sequence[str] = ()) -> tuple[Any, dict[str, int]]:
-    """The request's body parsed (`parse_body`), off the loop when it is large."""
+    """The request's body parsed (`core.json_body.parse_body`), in a parsing process when it is large."""
     raw = await read_body(request, http)
     if len(raw) <= INLINE_PARSE_BYTES:
         return parse_body(raw, sized)
-    return await asyncio.get_running_loop().run_in_executor(_parsers, parse_body, raw, tuple(sized))
+    loop = asyncio.get_running_loop()
+    for attempt in (1, 2):
+        pool = parsers.pool()
+        try:
+            return await loop.run_in_executor(pool, parse_body, raw, tuple(sized))
+        except BrokenProcessPool:  # a parsing process died (killed from outside): a new pool, one more try
+            log.warning("an HTTP body parsing process died; starting new ones")
+            parsers.replace(pool)
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
 
 
 async def off_loop(fn: Callable[..., T], *args: Any) -> T:
-    """`fn(*args)` on the parsing threads: for the walks over a large body a face makes after parsing."""
-    return await asyncio.get_running_loop().run_in_executor(_parsers, fn, *args)
+    """`fn(*args)` on the walking threads: for the walks over a large body a face makes after parsing."""
+    return await asyncio.get_running_loop().run_in_executor(_walkers, fn, *args)
 
 
 class _Refused(asyncio.Protocol):
@@ -225,12 +203,14 @@ class ConnectionGuard:
         self.runner = runner
         loop = asyncio.get_running_loop()
         self._listener = await loop.create_server(self._protocol, host, port, reuse_address=True)
+        parsers.start()
         return int(self._listener.sockets[0].getsockname()[1])
 
     def close(self) -> None:
         """Stop accepting (the runner's cleanup then ends the open connections)."""
         if self._listener is not None:
             self._listener.close()
+        parsers.close()
 
 
 #: aiohttp's limits on a request head (its defaults, stated here so that docs/security.md can list them).

@@ -31,7 +31,7 @@ POSTs `{"query": [...], "prompts": [...], "labels": [...]}` with aiohttp and no 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from aiohttp import web
@@ -98,6 +98,20 @@ def _labels(body: dict[str, Any], n: int, max_chars: int) -> list[str | None | S
     return out
 
 
+class LazySamples:
+    """`common.Samples` made one by one when asked for: the engine asks chunk by chunk, so each of the
+    event loop's steps makes one chunk's samples, not the whole batch's."""
+
+    def __init__(self, n: int, make: Callable[[int], dict[str, Any] | SampleProblem]) -> None:
+        self.n, self.make = n, make
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int, /) -> dict[str, Any] | SampleProblem:
+        return self.make(index)
+
+
 class OpenRLHFFace:
     """Grades one OpenRLHF request with the face's engine call."""
 
@@ -133,7 +147,7 @@ class OpenRLHFFace:
                 return exc
             return sample_fields(response, query=prompt, reference=label, agent=agent[i])
 
-        graded = await ctx.grade(reward, jobs, [sample(i) for i in range(n)], guards, FACE)
+        graded = await ctx.grade(reward, jobs, LazySamples(n, sample), guards, FACE)
         out = [ctx.http.failure_reward if g.reward is None else g.reward for g in graded]
         failed = [float(g.reward is None) for g in graded]
         return web.json_response({"rewards": out, "scores": out, "extra_logs": {FAILED_LOG: failed}})
