@@ -54,7 +54,7 @@ rewards:
 """
 RUN_PATH = "/v1/fine_tuning/alpha/graders/run"
 STRING_CHECK = {"type": "string_check", "name": "s", "input": "{{item.x}}", "reference": "a", "operation": "eq"}
-SLOW_LINE = re.compile(r"slow event-loop callback: ([\d.]+) ms wall, ([\d.]+) ms cpu: (.*)")
+SLOW_LINE = re.compile(r"^(\S+ \S+) .*slow event-loop callback: ([\d.]+) ms wall, ([\d.]+) ms cpu: (.*)$", re.M)
 
 
 @dataclass(frozen=True)
@@ -256,9 +256,15 @@ def _latency(rows: list[tuple[str, float, float]]) -> dict[str, float]:
     }
 
 
-def slow_callbacks(log: str) -> list[tuple[float, float, str]]:
-    """(wall ms, cpu ms, callback) of every slow-callback line of the server's log."""
-    return [(float(m[1]), float(m[2]), m[3][:160]) for m in SLOW_LINE.finditer(log)]
+def slow_callbacks(log: str) -> list[tuple[float, float, float, str]]:
+    """(when it ended, wall ms, cpu ms, callback) of every slow-callback line of the server's log (its text
+    format: the line starts with the local time)."""
+    out = []
+    for m in SLOW_LINE.finditer(log):
+        stamp, _, millis = m[1].partition(",")
+        when = time.mktime(time.strptime(stamp, "%Y-%m-%d %H:%M:%S")) + int(millis or 0) / 1000
+        out.append((when, float(m[2]), float(m[3]), m[4][:200]))
+    return out
 
 
 def run_http_stall(
@@ -306,14 +312,16 @@ def run_http_stall(
             if not ready.wait(120):
                 raise RuntimeError("the probe did not start")
             logged = len(server.log())
-            start = time.monotonic()
+            start, clock = time.monotonic(), time.time()
             time.sleep(baseline_seconds)
             phases.append(("baseline", start, time.monotonic()))
+            clocks = [(clock, time.time())]
             runs = [(s.name, [s]) for s in chosen] + ([("all_at_once", chosen)] if len(chosen) > 1 else [])
             for name, part in runs:
-                start = time.monotonic()
+                start, clock = time.monotonic(), time.time()
                 asyncio.run(_attack(port, part, seconds, clients, statuses, slow_connections))
                 phases.append((name, start, time.monotonic()))
+                clocks.append((clock, time.time()))
                 time.sleep(1.0)  # the last answers out, the server's queues empty: phases apart
             stop.set()
             rows = receive.recv() if receive.poll(120) else []
@@ -326,6 +334,10 @@ def run_http_stall(
     report["load_average"]["end"] = [round(x, 2) for x in os.getloadavg()]
     in_phase = {name: [r for r in rows if a <= r[1] < b] for name, a, b in phases}
     report["phases"] = {name: _latency(part) for name, part in in_phase.items()}
+    for (name, *_), (a, b) in zip(phases, clocks, strict=True):  # the loop's own share of each phase's figures
+        mine = [(wall, cpu) for when, wall, cpu, _ in callbacks if a <= when < b + 1.0]
+        report["phases"][name]["loop_max_cpu_ms"] = max((cpu for _, cpu in mine), default=0.0)
+        report["phases"][name]["loop_max_wall_ms"] = max((wall for wall, _ in mine), default=0.0)
     attacked = [r for name, part in in_phase.items() if name != "baseline" for r in part]
     base, attack = _latency(in_phase["baseline"]), _latency(attacked)
     report["baseline"], report["under_attack"] = base, attack
@@ -333,10 +345,12 @@ def run_http_stall(
     report["worst_added_stall_ms"] = round(added, 2)
     report["goal"] = {"worst_added_stall_ms": f"<= {GOAL_ADDED_MS:g}", "met": added <= GOAL_ADDED_MS}
     report["loop_callbacks"] = {
-        f"cpu_ge_{GOAL_ADDED_MS:g}ms": sum(cpu >= GOAL_ADDED_MS for _, cpu, _ in callbacks),
-        f"wall_ge_{GOAL_ADDED_MS:g}ms": sum(wall >= GOAL_ADDED_MS for wall, _, _ in callbacks),
+        f"cpu_ge_{GOAL_ADDED_MS:g}ms": sum(cpu >= GOAL_ADDED_MS for _, _, cpu, _ in callbacks),
+        f"wall_ge_{GOAL_ADDED_MS:g}ms": sum(wall >= GOAL_ADDED_MS for _, wall, _, _ in callbacks),
         f"wall_ge_{WATCH_MS:g}ms": len(callbacks),
-        "longest": [f"{w:.0f} ms wall, {c:.0f} ms cpu: {d}" for w, c, d in sorted(callbacks, reverse=True)[:8]],
+        "most_cpu": [
+            f"{c:.0f} ms cpu, {w:.0f} ms wall: {d}" for _, w, c, d in sorted(callbacks, key=lambda r: -r[2])[:6]
+        ],
     }
     report["http_answers"] = dict(sorted(statuses.items()))
     return report
@@ -348,7 +362,8 @@ def text(report: dict[str, Any]) -> str:
     lines = [f"{report['cores']} cores, {report['workers']} workers; load average (1, 5, 15 min) {load}",
              f"probe: {report['probe']}"]  # fmt: skip
     for name, fig in report["phases"].items():
-        cols = "  ".join(f"{k} {fig[k]:>8}" for k in ("p50_ms", "p99_ms", "max_ms") if k in fig)
+        keys = ("p50_ms", "p99_ms", "max_ms", "loop_max_cpu_ms")
+        cols = "  ".join(f"{k} {fig[k]:>8}" for k in keys if k in fig)
         lines.append(f"  {name:<20} {cols}  calls {fig['calls']} errors {fig['errors']}")
     goal = report["goal"]
     verdict = "met" if goal["met"] else "NOT met"
@@ -356,7 +371,7 @@ def text(report: dict[str, Any]) -> str:
         f"worst added stall {report['worst_added_stall_ms']} ms, goal {goal['worst_added_stall_ms']}: {verdict}"
     )
     for key, value in report["loop_callbacks"].items():
-        if key == "longest":
+        if key == "most_cpu":
             lines.extend(f"    {row}" for row in value)
         else:
             lines.append(f"  loop callbacks {key}: {value}")

@@ -148,8 +148,8 @@ class OpenRLHFFace:
             return sample_fields(response, query=prompt, reference=label, agent=agent[i])
 
         graded = await ctx.grade(reward, jobs, LazySamples(n, sample), guards, FACE)
-        out = [ctx.http.failure_reward if g.reward is None else g.reward for g in graded]
-        failed = [float(g.reward is None) for g in graded]
+        out = [ctx.http.failure_reward if value is None else value for value in graded.rewards]
+        failed = [float(value is None) for value in graded.rewards]
         return web.json_response({"rewards": out, "scores": out, "extra_logs": {FAILED_LOG: failed}})
 
 
