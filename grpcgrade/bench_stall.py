@@ -268,11 +268,13 @@ def slow_callbacks(log: str) -> list[tuple[float, float, float, str]]:
 
 
 def run_http_stall(
-    seconds: float = 6.0, baseline_seconds: float = 10.0, clients: int = 2, workers: int | None = None,
+    seconds: float = 6.0, baseline_seconds: float | None = None, clients: int = 2, workers: int | None = None,
     only: list[str] | None = None, slow_connections: int = SLOW_CONNECTIONS,
 ) -> dict[str, Any]:  # fmt: skip
-    """The whole measurement (module docstring): phases of `seconds` (the baseline `baseline_seconds`),
-    `clients` concurrent senders of each hostile shape; `only` keeps the shapes of those names."""
+    """The whole measurement (module docstring): phases of `seconds` (the baseline `baseline_seconds`, by
+    default twice as long), `clients` concurrent senders of each hostile shape; `only` keeps the shapes of
+    those names."""
+    baseline_seconds = 2 * seconds if baseline_seconds is None else baseline_seconds
     from .core.config import HttpConfig
     from .core.samples import Limits
     from .service.http.limits import MAX_JSON_CONTAINERS, MAX_JSON_DEPTH

@@ -43,11 +43,26 @@ def children(pid: int) -> list[int]:
 
 
 def worker_pids(server_pid: int) -> list[int]:
-    """A server's worker processes: its spawned children, not multiprocessing's resource tracker."""
+    """A server's worker processes: its spawned children, not multiprocessing's resource tracker nor the
+    HTTP face's JSON parsing processes (`parser_pids`)."""
     out = []
     for pid in children(server_pid):
         try:
-            if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes():
+            if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes() and pid not in parser_pids(server_pid):
+                out.append(pid)
+        except OSError:  # ended meanwhile
+            continue
+    return out
+
+
+def parser_pids(server_pid: int) -> list[int]:
+    """The HTTP face's JSON parsing processes (named `json_body.PROCESS_NAME`)."""
+    from grpcgrade.core.json_body import PROCESS_NAME
+
+    out = []
+    for pid in children(server_pid):
+        try:
+            if Path(f"/proc/{pid}/comm").read_text().strip() == PROCESS_NAME:
                 out.append(pid)
         except OSError:  # ended meanwhile
             continue

@@ -5,7 +5,9 @@ gRPC callers keep being answered meanwhile (issue 33)."""
 from __future__ import annotations
 
 import json
+import os
 import resource
+import signal
 import socket
 import threading
 import time
@@ -15,9 +17,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from grpcgrade.service.http.limits import MAX_JSON_CONTAINERS
+from grpcgrade.service.http.limits import INLINE_PARSE_BYTES, MAX_JSON_CONTAINERS, PARSE_PROCESSES
 from grpcgrade.service.http.openai_graders import MOUNT_PATH
-from grpcgrade.testing import ServerProcess, free_port, start_server
+from grpcgrade.testing import ServerProcess, free_port, parser_pids, start_server
 from grpcgrade.v1 import grading_pb2 as pb
 from grpcgrade.v1 import grading_pb2_grpc as pb_grpc
 
@@ -155,6 +157,26 @@ def test_a_body_that_is_slow_to_parse_does_not_hold_grpc_callers(hostile_server:
     many = b'{"grader": {}, "item": [' + b"[]," * MAX_JSON_CONTAINERS + b"[]]}"
     answer, *_ = post_raw(hostile_server.http_port, RUN, many)
     assert answer.startswith(b"HTTP/1.1 413 ") and f"more than {MAX_JSON_CONTAINERS} arrays".encode() in answer
+
+
+def test_a_parsing_process_killed_is_replaced(hostile_server: ServerProcess) -> None:
+    """Bodies past INLINE_PARSE_BYTES are parsed in the face's parsing processes. One killed (SIGKILL, as
+    the OOM killer would) broke their pool for good, every later large body answered 500; now a new pool
+    is started and the body answered."""
+    deadline = time.monotonic() + 60  # started with the face; named once they have started (this bounds it)
+    while len(pids := parser_pids(hostile_server.proc.pid)) < PARSE_PROCESSES and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert len(pids) == PARSE_PROCESSES
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    labels = ["b" * 100 for _ in range(INLINE_PARSE_BYTES // 50)]
+    body = json.dumps({"query": ["a"] * len(labels), "labels": labels}).encode()
+    assert len(body) > INLINE_PARSE_BYTES
+    head = b"POST /get_reward HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" + AUTH
+    answer, *_ = post_raw(hostile_server.http_port, head, body)
+    assert answer.startswith(b"HTTP/1.1 200 "), answer[:300]
+    assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["rewards"] == [0.0] * len(labels)  # "a" is no "b..."
+    assert set(parser_pids(hostile_server.proc.pid)).isdisjoint(pids)
 
 
 def test_an_oversized_body_is_refused_while_grpc_callers_are_answered(hostile_server: ServerProcess) -> None:

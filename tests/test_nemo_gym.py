@@ -113,6 +113,35 @@ def test_verify_echoes_the_request_with_rewards_equal_to_direct_grading(gym_serv
     assert (status, answer["reward"]) == (200, 0.0)
 
 
+def unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    keys = [key for key, _ in pairs]
+    assert len(keys) == len(set(keys)), keys  # an answer whose object repeats a key
+    return dict(pairs)
+
+
+@pytest.mark.parametrize("own_reward", [False, True])
+def test_a_large_rollout_is_echoed_whole_with_one_of_each_key(gym_server, own_reward):
+    """A rollout past the inline-parse size (a large task field): walked off the event loop, and answered
+    with the request's own bytes and the answer's keys appended; a request that already holds one of those
+    keys is encoded again instead, so the answer never repeats a key and the answer's value wins."""
+    body = {**verify_body(ROLLOUTS[0]), "notes": "n" * 50_000}
+    if own_reward:
+        body["reward"] = 5.0
+    expected = direct(gym_server, "capped", ROLLOUTS[:1])
+
+    async def post() -> tuple[int, str]:
+        url, headers = f"http://127.0.0.1:{gym_server.http_port}/verify", {"Authorization": f"Bearer {TOKEN}"}
+        async with aiohttp.ClientSession() as session, session.post(url, json=body, headers=headers) as r:
+            return r.status, await r.text()
+
+    status, text = asyncio.run(post())
+    assert status == 200, text
+    answer = json.loads(text, object_pairs_hook=unique_keys)
+    assert answer["reward"] == expected[0] == 1.0
+    assert {k: answer[k] for k in body if k != "reward"} == {k: v for k, v in body.items() if k != "reward"}
+    assert answer["grpcgrade_failed"] == 0
+
+
 def test_a_rollout_without_counts_is_counted_by_the_configured_tokenizer(gym_server):
     base = f"http://127.0.0.1:{gym_server.http_port}"
     short = {"question": "What is 8*9?", "text": "<think>r</think>72", "token_ids": [], "expected_answer": "72"}
