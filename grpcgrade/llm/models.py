@@ -63,3 +63,13 @@ def get_model(name: str) -> ChatModel:
 
             client = _clients[name] = ChatModel(config, _weights)
         return client
+
+
+async def close_clients() -> None:
+    """Close every model's HTTP client (its pooled connections to the endpoint), on the loop that opened
+    them: a stopping server does so after its drain, when no judgment is in flight any more, instead of
+    leaving open sessions to the garbage collector at exit (aiohttp's "Unclosed client session")."""
+    with _lock:
+        clients = list(_clients.values())
+    for client in clients:
+        await client.aclose()
