@@ -21,7 +21,6 @@ import pytest
 
 from grpcgrade.client import AsyncGradingClient
 from grpcgrade.service.convert import specs_to_pb
-from grpcgrade.testing import free_port, start_server
 from grpcgrade.v1 import grading_pb2 as pb
 
 CROWD = 4000
@@ -51,14 +50,8 @@ def valid(text: str) -> float:
 
 
 @pytest.fixture(scope="module")
-def crowd_server(tmp_path_factory, plugin_env):
-    tmp = tmp_path_factory.mktemp("crowd")
-    (tmp / "config.yaml").write_text(CONFIG)
-    port = free_port()
-    srv = start_server(tmp, "--workers", "2", "--config", "config.yaml", "--http-port", str(port), env=plugin_env)
-    srv.http = f"http://127.0.0.1:{port}"  # type: ignore[attr-defined]
-    yield srv
-    srv.stop()
+def crowd_server(face_server):
+    return face_server(CONFIG, workers=2)
 
 
 def test_a_grpc_crowd_is_answered_every_call(crowd_server):

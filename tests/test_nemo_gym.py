@@ -16,7 +16,6 @@ import pytest
 
 from grpcgrade.core.tokens import count_tokens
 from grpcgrade.service.http.nemo_gym import chat_messages, tool_calls
-from grpcgrade.testing import free_port, start_server
 
 CONFIG = """
 default_reward: capped
@@ -56,16 +55,8 @@ ROLLOUTS = [  # the answer, how many tokens the policy generated, and whether it
 
 
 @pytest.fixture(scope="module")
-def gym_server(tmp_path_factory, plugin_env):
-    tmp = tmp_path_factory.mktemp("gym")
-    (tmp / "config.yaml").write_text(CONFIG)
-    (tmp / "tokens").write_text(TOKEN + "\n")
-    port = free_port()
-    args = ["--workers", "0", "--config", "config.yaml", "--auth-token-file", "tokens", "--http-port", str(port)]
-    srv = start_server(tmp, *args, env=plugin_env)
-    srv.http_port = port  # type: ignore[attr-defined]
-    yield srv
-    srv.stop()
+def gym_server(face_server):
+    return face_server(CONFIG, token=TOKEN)
 
 
 def direct(srv, reward: str, rollouts: list[dict]) -> list[float | None]:
