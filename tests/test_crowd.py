@@ -12,12 +12,12 @@ wait for a worker, as real grading does, so calls overlap and pass the limit.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections import Counter
 
 import aiohttp
 import grpc
 import pytest
+from expected import json_score
 
 from grpcgrade.client import AsyncGradingClient
 from grpcgrade.service.convert import specs_to_pb
@@ -39,14 +39,6 @@ rewards:
 def responses(n: int) -> list[str]:
     """Distinct responses, about a third of them not JSON."""
     return [f'{{"n": {i}}}' if i % 3 else f"{{n: {i}" for i in range(n)]
-
-
-def valid(text: str) -> float:
-    try:
-        json.loads(text)
-    except ValueError:
-        return 0.0
-    return 1.0
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +68,7 @@ def test_a_grpc_crowd_is_answered_every_call(crowd_server):
 
     scores = asyncio.run(crowd())
     assert outcomes == {"OK": CROWD}
-    assert scores == [valid(t) for t in texts]
+    assert scores == [json_score(t) for t in texts]
     refused = crowd_server.metric("grpcgrade_calls_refused_total", limit="max_concurrent_calls") - refused_before
     handled = crowd_server.metric("grpc_server_handled_total", grpc_method="Evaluate", grpc_code="RESOURCE_EXHAUSTED")
     assert refused > 0  # the crowd passed the limit: the refusal and the client's retry were exercised
@@ -114,7 +106,7 @@ def test_an_http_crowd_is_answered_or_refused_with_a_retry_hint(crowd_server):
 
             return await asyncio.gather(*(one(t) for t in texts))
 
-    assert asyncio.run(crowd()) == [valid(t) for t in texts]
+    assert asyncio.run(crowd()) == [json_score(t) for t in texts]
     assert refusals and all(int(after) >= 1 for after in refusals)
     assert crowd_server.metric("grpcgrade_http_requests_total", code="503") == len(refusals)
     # every one-sample request went through the server's coalescer (graded with the others of its reward)
