@@ -227,6 +227,21 @@ def test_an_agent_rollout_reaches_the_agent_graders_as_messages_and_tool_calls(g
     assert answer["reward_components"] == expected
 
 
+def test_a_conversation_over_the_field_limit_fails_only_the_rewards_that_read_it(gym_server):
+    """The agent inputs are made for the graders that name them: a rollout whose conversation passes
+    `max_field_chars` (1,000,000 by default) still gets its math reward; an agent reward answers that it
+    is too large, as the gRPC service answers such a field."""
+    base = f"http://127.0.0.1:{gym_server.http_port}"
+    body = agent_body()
+    body["responses_create_params"]["input"][0]["content"] = "Answer with a number. " * 50_000  # 1.1 MB
+    status, answer = asyncio.run(_post(f"{base}/verify", body))
+    assert (status, answer["grpcgrade_failed"]) == (200, 0)  # `capped`: no agent grader
+    assert [answer["reward"]] == direct(gym_server, "capped", [AGENT])
+    status, answer = asyncio.run(_post(f"{base}/rewards/agent/verify", body))
+    assert status == 200 and answer["grpcgrade_failed"] == 1
+    assert "INVALID_SAMPLE" in answer["grpcgrade_error"] and "max_field_chars" in answer["grpcgrade_error"]
+
+
 def test_responses_items_become_chat_turns_as_nemo_gyms_converter_groups_them():
     """Parallel calls are one assistant turn with its text; a tool output or a user message ends the turn."""
     call = {"type": "function_call", "call_id": "a", "name": "f", "arguments": "{}"}

@@ -13,10 +13,11 @@ plus fields NeMo Gym averages into its metrics when numeric (`reward_profile.com
 - The sample: `response` is the text of the assistant `message` items' `output_text` parts; `query` the
   last user input's text (`input` a string is itself); `reference` the task's `expected_answer`
   (`samples.as_text`; without one, a grader that requires a reference answers INVALID_SAMPLE);
-  the agent inputs (docs/agents.md) are set from the Responses API items in the Chat Completions shape:
-  `messages` the conversation (`input`, then the `output` items: `chat_messages`), `tool_calls` the
-  `function_call` output items (`{"id", "type": "function", "function": {"name", "arguments"}}`) and
-  `tool_definitions` the request's function `tools`; every other task field goes to `extra` as it is;
+  the agent inputs (docs/agents.md) a grader of the reward names are made from the Responses API items in
+  the Chat Completions shape: `messages` the conversation (`input`, then the `output` items:
+  `chat_messages`), `tool_calls` the `function_call` output items (`{"id", "type": "function", "function":
+  {"name", "arguments"}}`) and `tool_definitions` the request's function `tools`; every other task field
+  goes to `extra` as it is;
   `completion_tokens` is the output items' `generation_token_ids` count when NeMo-RL sends them, else
   `response.usage.output_tokens`.
 - The answer adds `reward`, `reward_components` ({grader key: score or null}) and `grpcgrade_failed`
@@ -32,12 +33,13 @@ plus fields NeMo Gym averages into its metrics when numeric (`reward_profile.com
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from aiohttp import web
 
 from grpcgrade.core.chat import last_text, message_text
+from grpcgrade.core.grading import inputs_of
 from grpcgrade.core.samples import INPUT_FIELDS, SAMPLE_FIELDS, as_text
 
 from .common import FaceContext, faced, sample_fields
@@ -160,6 +162,16 @@ def query_of(params: Mapping[str, Any]) -> str:
     return last_text(given, "user") if isinstance(given, list) else ""
 
 
+#: How each agent input is made from the request's params and the response's items. Only those a grader of the
+#: reward names are made: the others' graders neither pay for the conversion nor fail a long rollout on the
+#: field's size limit (`max_field_chars`), which a conversation may pass.
+AGENT_INPUTS: dict[str, Callable[[Mapping[str, Any], list[Mapping[str, Any]]], list[dict[str, Any]]]] = {
+    "messages": chat_messages,
+    "tool_calls": lambda params, items: tool_calls(items),
+    "tool_definitions": lambda params, items: tool_definitions(params),
+}
+
+
 class NemoGymFace:
     """Verifies one NeMo Gym rollout with the face's engine call."""
 
@@ -177,11 +189,8 @@ class NemoGymFace:
         if not isinstance(params, Mapping) or not isinstance(response, Mapping):
             raise web.HTTPBadRequest(text="`responses_create_params` and `response` are required: JSON objects")
         items = _items(response)
-        agent = {
-            "messages": chat_messages(params, items),
-            "tool_calls": tool_calls(items),
-            "tool_definitions": tool_definitions(params),
-        }
+        declared = frozenset().union(*(inputs_of(job.grader).names for job in jobs))
+        agent = {name: build(params, items) for name, build in AGENT_INPUTS.items() if name in declared}
         skip = PROTOCOL_KEYS | {REFERENCE_KEY} | INPUT_FIELDS | set(SAMPLE_FIELDS) | set(ANSWER_KEYS) | set(agent)
         extra = {key: value for key, value in body.items() if key not in skip}
         tokens = completion_tokens(response, items)
