@@ -71,16 +71,19 @@ def install(threshold_ms: float) -> None:
             log.warning("%s %.1f ms wall, %.1f ms cpu: %s", SLOW_CALLBACK, took * 1000, spent * 1000, describe(handle))
 
     events.Handle._run = timed  # type: ignore[method-assign,assignment]  # asyncio has no per-callback hook but debug mode
-    started: list[float] = [0.0]
+    started = [0.0, 0.0]
 
     def collection(phase: str, info: dict[str, int]) -> None:
         if phase == "start":
-            started[0] = time.perf_counter()
+            started[:] = time.perf_counter(), time.thread_time()
             return
         took = time.perf_counter() - started[0]
         if took >= threshold:
-            log.warning("%s %.1f ms, generation %d, %d tracked objects", SLOW_COLLECTION, took * 1000,
-                        info["generation"], len(gc.get_objects(info["generation"])))  # fmt: skip
+            spent = time.thread_time() - started[1]
+            generation = info["generation"]
+            after = len(gc.get_objects(generation))
+            line = "%s %.1f ms wall, %.1f ms cpu, generation %d, %d objects after it"
+            log.warning(line, SLOW_COLLECTION, took * 1000, spent * 1000, generation, after)
 
     gc.callbacks.append(collection)
 
