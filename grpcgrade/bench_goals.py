@@ -67,6 +67,8 @@ GOALS: dict[str, Goal] = {
     "step_8_median_ms": Goal(1.0, at_least=False),
     "unary_paced_p99_ms": Goal(5.0, at_least=False),
     "judge_throughput_x_limit": Goal(0.9),  # issue 34: judgments / what the endpoint's limit allows
+    # issue 33: gRPC callers' worst latency while hostile HTTP bodies arrive, over their median alone
+    "http_stall_added_ms": Goal(100.0, at_least=False),
 }
 
 
@@ -176,6 +178,7 @@ def run_goals(
     unary_rate: float = 1_000.0,
     unary_seconds: float = 10.0,
     judge_samples: int = 2_000,
+    stall_seconds: float = 6.0,
 ) -> GoalsReport:
     from .integrations.trl import reward_function
     from .testing import start_server
@@ -296,6 +299,12 @@ def run_goals(
         report.notes["judge_endpoint"] = {
             k: judges[k] for k in ("judge_endpoint_limit_per_second", "judge_endpoint_429s")
         }
+    if stall_seconds:
+        from .bench_stall import run_http_stall
+
+        stall = run_http_stall(seconds=stall_seconds, workers=workers, each_shape=False)
+        report.add("http_stall_added_ms", stall["worst_added_stall_ms"], "ms")
+        report.notes["http_stall_loop_max_cpu_ms"] = stall["phases"]["all_at_once"]["loop_max_cpu_ms"]
     report.notes.update(_sandbox_overhead())
     report.load_average["end"] = [round(x, 2) for x in os.getloadavg()]
     return report

@@ -267,19 +267,38 @@ def slow_callbacks(log: str) -> list[tuple[float, float, float, str]]:
     return out
 
 
+#: Before the baseline, the server is left until it spends at most this share of a core (its start-up's
+#: warm-ups, jieba's dictionary and the patterns, run for seconds after it answers health checks), at most
+#: SETTLE_SECONDS.
+SETTLED_SHARE, SETTLE_SECONDS = 0.1, 60.0
+
+
+def _settle(cpu: Callable[[], float]) -> float:
+    """Wait until `cpu()` (a process's CPU seconds) grows by at most SETTLED_SHARE a second; the wait."""
+    start = time.monotonic()
+    before = cpu()
+    while time.monotonic() - start < SETTLE_SECONDS:
+        time.sleep(1.0)
+        now = cpu()
+        if now - before <= SETTLED_SHARE:
+            break
+        before = now
+    return time.monotonic() - start
+
+
 def run_http_stall(
     seconds: float = 6.0, baseline_seconds: float | None = None, clients: int = 2, workers: int | None = None,
-    only: list[str] | None = None, slow_connections: int = SLOW_CONNECTIONS,
+    only: list[str] | None = None, slow_connections: int = SLOW_CONNECTIONS, each_shape: bool = True,
 ) -> dict[str, Any]:  # fmt: skip
     """The whole measurement (module docstring): phases of `seconds` (the baseline `baseline_seconds`, by
     default twice as long), `clients` concurrent senders of each hostile shape; `only` keeps the shapes of
-    those names."""
+    those names; `each_shape=False` runs them all at once only (the `--goals` line)."""
     baseline_seconds = 2 * seconds if baseline_seconds is None else baseline_seconds
     from .core.config import HttpConfig
     from .core.samples import Limits
     from .service.http.limits import MAX_JSON_CONTAINERS, MAX_JSON_DEPTH
     from .service.loop_watch import ENV as WATCH_ENV
-    from .testing import free_port, start_server
+    from .testing import cpu_seconds, free_port, start_server
 
     http, limits = HttpConfig(), Limits()
     chosen = shapes(
@@ -305,6 +324,8 @@ def run_http_stall(
             Path(tmp), "--workers", str(workers), "--http-port", str(port), "--config", "config.yaml",
             "--log-level", "warning", env={WATCH_ENV: str(WATCH_MS)}, metrics=False,
         )  # fmt: skip
+        settled = _settle(lambda: cpu_seconds(server.proc.pid))
+        report["server_settled_seconds"] = round(settled, 1)
         ctx = multiprocessing.get_context("spawn")
         receive, send = ctx.Pipe(duplex=False)
         stop, ready = ctx.Event(), ctx.Event()
@@ -318,7 +339,8 @@ def run_http_stall(
             time.sleep(baseline_seconds)
             phases.append(("baseline", start, time.monotonic()))
             clocks = [(clock, time.time())]
-            runs = [(s.name, [s]) for s in chosen] + ([("all_at_once", chosen)] if len(chosen) > 1 else [])
+            runs = [(s.name, [s]) for s in chosen] if each_shape else []
+            runs += [("all_at_once", chosen)] if len(chosen) > 1 or not runs else []
             for name, part in runs:
                 start, clock = time.monotonic(), time.time()
                 asyncio.run(_attack(port, part, seconds, clients, statuses, slow_connections))

@@ -529,6 +529,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             unary_rate=args.unary_rate or 1_000.0,
             unary_seconds=args.unary_calls / (args.unary_rate or 1_000.0),
             judge_samples=args.judge_samples,
+            stall_seconds=args.stall_seconds,
         )
         print(json.dumps(goals.as_dict(), indent=2) if args.json else goals.text())
         return 0
@@ -729,7 +730,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="instead: gRPC callers' latency alone and while hostile HTTP clients send bodies at the limit "
         "(the worst added stall against its 100 ms goal, and the server's event-loop callbacks of 10 ms or more)",
     )
-    p.add_argument("--stall-seconds", type=float, default=6.0, help="with --http-stall: seconds per hostile shape")
+    p.add_argument(
+        "--stall-seconds",
+        type=float,
+        default=6.0,
+        help="with --http-stall: seconds per hostile shape; with --goals: seconds of all of them at once (0: skip)",
+    )
     p.add_argument(
         "--sandbox",
         type=int,

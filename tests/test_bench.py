@@ -51,7 +51,7 @@ def test_unary_latency_is_reported_both_ways(report):
 def goals(tmp_path_factory) -> dict:
     cmd = [sys.executable, "-m", "grpcgrade.cli", "bench", "--goals", "--samples", "2000", "--heavy-samples", "12"]
     cmd += ["--workers", "1", "--step-reps", "20", "--unary-calls", "100", "--unary-rate", "200", "--json"]
-    cmd += ["--judge-samples", "300"]
+    cmd += ["--judge-samples", "300", "--stall-seconds", "1"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path_factory.mktemp("goals"))
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
@@ -75,6 +75,7 @@ def test_goals_report_every_figure_of_the_goals_beside_its_goal(goals):
     assert 0 < figures["step_8_median_ms"] <= figures["step_8_p90_ms"]
     assert 0 < figures["unary_paced_p50_ms"] <= figures["unary_paced_p99_ms"]
     assert figures["client_cpu_per_sample_us"] > 0
+    assert goals["http_stall_loop_max_cpu_ms"] >= 0  # the server's own share of the stall, beside it
     assert goals["unary_offered_per_second"] == 200
     assert (goals["cores"], goals["workers"]) == (os.cpu_count(), 1)
     assert goals["samples"] == {"json_validator": 2000, "chrf": 12, "math_verify": 12}
