@@ -17,6 +17,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from grpcgrade.core.json_body import PARSER_NICENESS
 from grpcgrade.service.http.limits import INLINE_PARSE_BYTES, MAX_JSON_CONTAINERS, PARSE_PROCESSES
 from grpcgrade.service.http.openai_graders import MOUNT_PATH
 from grpcgrade.testing import ServerProcess, parser_pids, start_server
@@ -157,6 +158,11 @@ def test_a_body_that_is_slow_to_parse_does_not_hold_grpc_callers(hostile_server:
     assert answer.startswith(b"HTTP/1.1 413 ") and f"more than {MAX_JSON_CONTAINERS} arrays".encode() in answer
 
 
+def niceness(pid: int) -> int:
+    """A process's nice value (/proc/PID/stat's 19th field)."""
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[16])
+
+
 def test_a_parsing_process_killed_is_replaced(hostile_server: ServerProcess) -> None:
     """Bodies past INLINE_PARSE_BYTES are parsed in the face's parsing processes. One killed (SIGKILL, as
     the OOM killer would) broke their pool for good, every later large body answered 500; now a new pool
@@ -165,6 +171,8 @@ def test_a_parsing_process_killed_is_replaced(hostile_server: ServerProcess) -> 
     while len(pids := parser_pids(hostile_server.proc.pid)) < PARSE_PROCESSES and time.monotonic() < deadline:
         time.sleep(0.1)
     assert len(pids) == PARSE_PROCESSES
+    server_nice = niceness(hostile_server.proc.pid)
+    assert [niceness(pid) for pid in pids] == [server_nice + PARSER_NICENESS] * len(pids)  # they yield the cores
     for pid in pids:
         os.kill(pid, signal.SIGKILL)
     labels = ["b" * 100 for _ in range(INLINE_PARSE_BYTES // 50)]

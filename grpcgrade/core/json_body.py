@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import json
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -83,13 +84,20 @@ def parse_body(raw: bytes, sized: Sequence[str] = ()) -> tuple[Any, dict[str, in
 
 #: The name a parsing process gives itself (/proc/PID/comm): told apart from the server's workers.
 PROCESS_NAME = "grpcgrade-json"
+#: How much lower a parsing process's priority is than the server's: large bodies sent back to back keep
+#: the parsing processes busy, and on a machine with few cores they would take them from the event loop
+#: (which gRPC callers wait on) and the workers; at a lower priority they get what those leave.
+PARSER_NICENESS = 10
 
 
-def name_process() -> None:
-    """Name this process PROCESS_NAME where Linux allows it (the parsing pool's initializer)."""
+def init_process() -> None:
+    """The parsing pool's initializer: this process named PROCESS_NAME (where Linux allows it) and at
+    PARSER_NICENESS."""
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(15, PROCESS_NAME.encode(), 0, 0, 0)  # PR_SET_NAME
+    with contextlib.suppress(OSError):
+        os.nice(PARSER_NICENESS)
 
 
 def warm() -> bool:

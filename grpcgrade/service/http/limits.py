@@ -35,7 +35,7 @@ from typing import Any, TypeVar
 from aiohttp import web
 
 from grpcgrade.core.config import HttpConfig
-from grpcgrade.core.json_body import MAX_JSON_CONTAINERS, MAX_JSON_DEPTH, BodyError, name_process, parse_body, warm
+from grpcgrade.core.json_body import MAX_JSON_CONTAINERS, MAX_JSON_DEPTH, BodyError, init_process, parse_body, warm
 
 __all__ = ["MAX_JSON_CONTAINERS", "MAX_JSON_DEPTH", "BodyError", "parse_body"]  # the faces find them here
 
@@ -64,7 +64,7 @@ class _Parsers:
         with self._lock:
             if self._pool is None:  # spawned: a fork of this process would copy its threads' locks and gRPC
                 context = multiprocessing.get_context("spawn")
-                self._pool = ProcessPoolExecutor(PARSE_PROCESSES, mp_context=context, initializer=name_process)
+                self._pool = ProcessPoolExecutor(PARSE_PROCESSES, mp_context=context, initializer=init_process)
             return self._pool
 
     def start(self) -> None:
