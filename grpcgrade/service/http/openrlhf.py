@@ -118,7 +118,7 @@ class OpenRLHFFace:
         n = len(queries)
         ctx.check_count(n, "queries")
         prompts = _strings(body, "prompts", n)
-        labels = await off_loop(_labels, body, n, ctx.limits.max_field_chars)
+        labels = await off_loop(request, _labels, body, n, ctx.limits.max_field_chars)
         agent = agent_columns(body, n)
         guards = ctx.guards(body, n, started)
 
