@@ -42,6 +42,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -159,16 +160,74 @@ def _listening(proc: subprocess.Popen[bytes], ports: list[int], log: Path) -> No
     raise RuntimeError(f"a comparison server did not listen within 60 s: {log.read_text()}")
 
 
-def _spawn(workdir: Path, name: str, *args: str, ports: list[int]) -> subprocess.Popen[bytes]:
-    log = workdir / f"{name}.log"
+def _spawn(workdir: Path, kind: str, *args: str, ports: list[int]) -> subprocess.Popen[bytes]:
+    """`bench_peer`'s `kind` of server, once it listens on every one of `ports`."""
+    log = workdir / f"{kind}.log"
     with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "grpcgrade.bench_peer", *args], stdout=out, stderr=out)
+        proc = subprocess.Popen([sys.executable, "-m", "grpcgrade.bench_peer", kind, *args], stdout=out, stderr=out)
     _listening(proc, ports, log)
     return proc
 
 
 def _answered(server: ServerProcess) -> Callable[[], float]:
     return lambda: server.metric("grpc_server_handled_total", grpc_method="Evaluate", grpc_code="OK")
+
+
+def _count(url: str) -> float:
+    from urllib.request import urlopen
+
+    with urlopen(url, timeout=30) as answer:
+        return float(answer.read())
+
+
+def _bodies(workdir: Path, spec: list[dict[str, Any]], sample: dict[str, Any]) -> dict[str, Path]:
+    """The one sample as each server takes it: a framed EvaluateRequest, the peer's JSON, OpenRLHF's body."""
+    from .service.convert import sample_to_pb, specs_to_pb
+    from .v1 import grading_pb2 as pb
+
+    request = pb.EvaluateRequest(graders=specs_to_pb(spec), sample=sample_to_pb(sample), view=pb.RESULT_VIEW_SCORES)
+    openrlhf = {"query": [sample["response"]], "labels": [sample.get("reference", "")]}
+    bodies = {"grpc": workdir / "evaluate.bin", "peer": workdir / "peer.json", "http": workdir / "openrlhf.json"}
+    bodies["grpc"].write_bytes(grpc_frame(request.SerializeToString()))
+    bodies["peer"].write_text(json.dumps(sample))
+    bodies["http"].write_text(json.dumps(openrlhf))
+    return bodies
+
+
+def _start(stack: ExitStack, workdir: Path, grader: str, sample: dict[str, Any], workers: int | None) -> list[Crowd]:
+    """Every server of the module docstring started (and stopped by `stack`), the peer first."""
+    preset = PRESETS[grader]
+    spec = [{"name": preset.grader, "params": preset.params}]
+    bodies = _bodies(workdir, spec, sample)
+    port = free_port()
+    peer = _spawn(workdir, "fastapi", preset.grader, json.dumps(preset.params), str(port), ports=[port])
+    stack.callback(_end, peer)
+    crowds = [Crowd("fastapi", f"http://127.0.0.1:{port}/reward", bodies["peer"], peer.pid)]
+    reward = {"rewards": {"bench": spec}, "default_reward": "bench", "cache": {"enabled": False}}
+    for name, config in (("grpc", reward), ("grpc_uncoalesced", {**reward, "coalesce_linger_seconds": 0})):
+        path = workdir / f"{name}.yaml"
+        path.write_text(json.dumps(config))
+        http_port = free_port()
+        args = ["--config", str(path), "--http-port", str(http_port), "--log-level", "error"]
+        server = start_server(workdir, *args, *(["--workers", str(workers)] if workers is not None else []))
+        stack.callback(server.stop)
+        url = f"http://{server.target}{EVALUATE_PATH}"
+        crowds.append(Crowd(name, url, bodies["grpc"], server.proc.pid, grpc=True, answered=_answered(server)))
+        if name == "grpc":  # the HTTP face of the server as it is configured by default
+            url = f"http://127.0.0.1:{http_port}/get_reward"
+            crowds.append(Crowd("http", url, bodies["http"], server.proc.pid))
+    grpc_port, http_port = free_port(), free_port()
+    floor = _spawn(workdir, "floor", grader, "{}", str(grpc_port), str(http_port), ports=[grpc_port, http_port])
+    stack.callback(_end, floor)
+    url, counted = f"http://127.0.0.1:{grpc_port}{EVALUATE_PATH}", f"http://127.0.0.1:{http_port}/answered"
+    crowds.append(Crowd("floor_grpc", url, bodies["grpc"], floor.pid, grpc=True, answered=lambda: _count(counted)))
+    crowds.append(Crowd("floor_http", f"http://127.0.0.1:{http_port}/get_reward", bodies["http"], floor.pid))
+    return crowds
+
+
+def _end(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    proc.wait(30)
 
 
 def run_per_sample(
@@ -183,12 +242,6 @@ def run_per_sample(
             "grpcgrade bench --per-sample needs FastAPI and uvicorn for its peer: pip install fastapi uvicorn "
             "(make bench installs them)"
         ) from exc
-    from .service.convert import sample_to_pb, specs_to_pb
-    from .v1 import grading_pb2 as pb
-
-    preset = PRESETS[grader]
-    spec = [{"name": preset.grader, "params": preset.params}]
-    sample = make_samples(preset.data, 1)[0]
     report: dict[str, Any] = {
         "grader": grader,
         "calls": calls,
@@ -198,57 +251,18 @@ def run_per_sample(
         "load_average": {"start": [round(x, 2) for x in os.getloadavg()]},
     }
     figures: dict[str, dict[str, float]] = {}
-    processes: list[subprocess.Popen[bytes]] = []
-    servers: list[ServerProcess] = []
-    with tempfile.TemporaryDirectory() as tmp:
+    sample = make_samples(PRESETS[grader].data, 1)[0]
+    with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
         workdir = Path(tmp)
-        request = pb.EvaluateRequest(graders=specs_to_pb(spec), sample=sample_to_pb(sample), view=pb.RESULT_VIEW_SCORES)
-        grpc_body = workdir / "evaluate.bin"
-        grpc_body.write_bytes(grpc_frame(request.SerializeToString()))
-        peer_body = workdir / "peer.json"
-        peer_body.write_text(json.dumps(sample))
-        openrlhf_body = workdir / "openrlhf.json"
-        openrlhf_body.write_text(json.dumps({"query": [sample["response"]], "labels": [sample.get("reference", "")]}))
-        reward = {"rewards": {"bench": spec}, "default_reward": "bench", "cache": {"enabled": False}}
-        crowds: list[Crowd] = []
-        try:
-            port = free_port()
-            peer = _spawn(workdir, "fastapi", "fastapi", preset.grader, json.dumps(preset.params), str(port), ports=[port])
-            processes.append(peer)
-            crowds.append(Crowd("fastapi", f"http://127.0.0.1:{port}/reward", peer_body, peer.pid))
-            for name, linger in (("grpc", None), ("grpc_uncoalesced", 0)):
-                config = workdir / f"{name}.yaml"
-                config.write_text(json.dumps(reward if linger is None else {**reward, "coalesce_linger_seconds": 0}))
-                http_port = free_port()
-                args = ["--config", str(config), "--http-port", str(http_port), "--log-level", "error"]
-                if workers is not None:
-                    args += ["--workers", str(workers)]
-                server = start_server(workdir, *args)
-                servers.append(server)
-                url = f"http://{server.target}{EVALUATE_PATH}"
-                crowds.append(Crowd(name, url, grpc_body, server.proc.pid, grpc=True, answered=_answered(server)))
-                if linger is None:  # the HTTP face of the server as it is configured by default
-                    url = f"http://127.0.0.1:{http_port}/get_reward"
-                    crowds.append(Crowd("http", url, openrlhf_body, server.proc.pid))
-            grpc_port, http_port = free_port(), free_port()
-            floor = _spawn(workdir, "floor", "floor", grader, "{}", str(grpc_port), str(http_port), ports=[grpc_port, http_port])
-            processes.append(floor)
-            crowds.append(Crowd("floor_grpc", f"http://127.0.0.1:{grpc_port}{EVALUATE_PATH}", grpc_body, floor.pid, grpc=True))
-            crowds.append(Crowd("floor_http", f"http://127.0.0.1:{http_port}/get_reward", openrlhf_body, floor.pid))
-            for crowd in crowds:  # warm-up: connections, the graders, the first chunk of each server
-                drive(crowd, min(calls, 2 * callers), callers, workdir)
-            for _ in range(ROUNDS):
-                for crowd in crowds:
-                    new = drive(crowd, calls, callers, workdir)
-                    old = figures.get(crowd.name)
-                    if old is None or new[f"{crowd.name}_per_second"] > old[f"{crowd.name}_per_second"]:
-                        figures[crowd.name] = new
-        finally:
-            for server in servers:
-                server.stop()
-            for proc in processes:
-                proc.terminate()
-                proc.wait(30)
+        crowds = _start(stack, workdir, grader, sample, workers)
+        for crowd in crowds:  # warm-up: connections, the graders, the first chunk of each server
+            drive(crowd, min(calls, 2 * callers), callers, workdir)
+        for _ in range(ROUNDS):
+            for crowd in crowds:
+                new = drive(crowd, calls, callers, workdir)
+                old = figures.get(crowd.name)
+                if old is None or new[f"{crowd.name}_per_second"] > old[f"{crowd.name}_per_second"]:
+                    figures[crowd.name] = new
     for values in figures.values():
         report.update(values)
     peer_rate, peer_cpu = report["fastapi_per_second"], report["fastapi_server_cpu_us"]

@@ -58,13 +58,18 @@ async def serve_floor(preset: str, grpc_port: int, http_port: int) -> None:
     from aiohttp import web
 
     from .bench import PRESETS
+    from .core.samples import Limits
     from .v1 import grading_pb2 as pb
     from .v1 import grading_pb2_grpc as pb_grpc
 
     bare = PRESETS[preset].bare()
 
-    class Floor(pb_grpc.GradingServiceServicer):  # type: ignore[misc]
+    answered = 0
+
+    class Floor(pb_grpc.GradingServiceServicer):
         async def Evaluate(self, request: Any, context: Any) -> Any:
+            nonlocal answered
+            answered += 1
             sample = request.sample
             bare({"response": sample.response, "reference": sample.reference})
             return pb.EvaluateResponse(reward=1.0)
@@ -74,12 +79,20 @@ async def serve_floor(preset: str, grpc_port: int, http_port: int) -> None:
         bare({"response": body["query"][0], "reference": (body.get("labels") or [""])[0]})
         return web.json_response({"rewards": [1.0]})
 
-    server = grpc.aio.server()
+    async def count(request: web.Request) -> web.Response:
+        return web.Response(text=str(answered))
+
+    # gRPC's own pending-call limit (1,000 by default) would cancel most of a crowd of 4,000 at once, cheaply:
+    # raised as grpcgrade's server raises it, so that the floor answers every call too
+    pending = Limits().max_pending_calls
+    options = [("grpc.server.max_pending_requests", pending), ("grpc.server.max_pending_requests_hard_limit", pending)]
+    server = grpc.aio.server(options=options)
     pb_grpc.add_GradingServiceServicer_to_server(Floor(), server)
     server.add_insecure_port(f"127.0.0.1:{grpc_port}")
     await server.start()
     app = web.Application()
     app.router.add_post("/get_reward", get_reward)
+    app.router.add_get("/answered", count)  # gRPC calls answered: h2load checks HTTP statuses, not gRPC's
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", http_port, backlog=BACKLOG).start()

@@ -81,7 +81,15 @@ class ServerCoalescer:
         self, jobs: list[Job], kwargs: Kwargs, timeout: float | None, reward: str = "", nbytes: int = 0
     ) -> Answer:
         """One sample's results (in `jobs`' order) and reward, graded with the calls of its plan that are
-        waiting too. `nbytes`: the sample's request size, for the engine's inline choice (summed per chunk)."""
+        waiting too. `nbytes`: the sample's request size, for the engine's inline choice (summed per chunk).
+
+        A call the engine grades inline anyway (cheap graders, a small sample, the loop's inline share not
+        spent) is graded at once: gathering it saves no hop, and waiting costs each call a future, a
+        suspension and a resumption, more than its grading (a crowd of 4,000 json_validator callers: 615
+        against 477 us of server CPU a call, measured with `grpcgrade bench --per-sample`)."""
+        if self.engine.inline_small(jobs, nbytes):
+            graded = await self.engine.grade_chunk(jobs, [(0, kwargs)], timeout, reward, nbytes=nbytes)
+            return [column[0] for column in graded.columns], graded.rewards[0]
         key = plan_key(jobs, timeout, reward)
         plan = self._plans.get(key)
         if plan is None:

@@ -121,7 +121,8 @@ def parse_body(raw: bytes, sized: Sequence[str] = ()) -> tuple[Any, dict[str, in
         raise
     except ValueError:
         raise BodyError("the request body is not valid JSON") from None
-    if not depth_within(body, MAX_JSON_DEPTH):
+    # fewer brackets than the limit cannot nest past it: counted in C, no walk (most bodies are shallow)
+    if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and not depth_within(body, MAX_JSON_DEPTH):
         raise too_deep
     sizes = {key: json_size(body[key]) for key in sized if isinstance(body, dict) and key in body}
     return body, sizes

@@ -130,7 +130,7 @@ class NemoGymFace:
         reference = None if answer_given is None else as_text(answer_given)  # none: INVALID_SAMPLE if required
         sample = sample_fields(response_text(items), query=query_of(params), reference=reference, extra=extra)
         guards = ctx.guards({}, 1, started, ratio=False)
-        (graded,) = await ctx.grade(name, jobs, [sample], guards, FACE)
+        (graded,) = await ctx.grade(name, jobs, [sample], guards, FACE, request.content_length or 0)
         answer = dict(body)
         answer["reward"] = ctx.http.failure_reward if graded.reward is None else graded.reward
         keys = [job.spec.label for job in jobs]
