@@ -133,7 +133,6 @@ def test_an_http_crowd_is_answered_or_refused_with_a_retry_hint(crowd_server):
     assert crowd_server.metric("grpcgrade_calls_admitted") == 0
 
 
-
 def test_the_http_face_listens_with_a_backlog_for_a_crowd(crowd_server):
     """A crowd connects at once, faster than one event loop accepts: the kernel holds the connections not yet
     accepted, as many as the listening socket's backlog. With asyncio's default of 100, the kernel dropped the
@@ -146,6 +145,7 @@ def test_the_http_face_listens_with_a_backlog_for_a_crowd(crowd_server):
     backlog = int(line.split()[2])
     somaxconn = int(Path("/proc/sys/net/core/somaxconn").read_text())
     assert backlog == min(HttpConfig().max_connections, somaxconn)
+
 
 def test_a_refusal_carries_the_limit_and_the_hint(crowd_server):
     """What a caller without our client sees: RESOURCE_EXHAUSTED naming the limit, the pushback trailer."""
