@@ -207,15 +207,13 @@ def _start(stack: ExitStack, workdir: Path, grader: str, sample: dict[str, Any],
     for name, config in (("grpc", reward), ("grpc_uncoalesced", {**reward, "coalesce_linger_seconds": 0})):
         path = workdir / f"{name}.yaml"
         path.write_text(json.dumps(config))
-        http_port = free_port()
-        args = ["--config", str(path), "--http-port", str(http_port), "--log-level", "error"]
-        server = start_server(workdir, *args, *(["--workers", str(workers)] if workers is not None else []))
+        args = ["--config", str(path), "--log-level", "error"]
+        server = start_server(workdir, *args, *(["--workers", str(workers)] if workers is not None else []), http=True)
         stack.callback(server.stop)
         url = f"http://{server.target}{EVALUATE_PATH}"
         crowds.append(Crowd(name, url, bodies["grpc"], server.proc.pid, grpc=True, answered=_answered(server)))
         if name == "grpc":  # the HTTP face of the server as it is configured by default
-            url = f"http://127.0.0.1:{http_port}/get_reward"
-            crowds.append(Crowd("http", url, bodies["http"], server.proc.pid))
+            crowds.append(Crowd("http", f"{server.http}/get_reward", bodies["http"], server.proc.pid))
     grpc_port, http_port = free_port(), free_port()
     floor = _spawn(workdir, "floor", grader, "{}", str(grpc_port), str(http_port), ports=[grpc_port, http_port])
     stack.callback(_end, floor)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import subprocess
 from collections import Counter
 from pathlib import Path
@@ -21,11 +20,11 @@ from pathlib import Path
 import aiohttp
 import grpc
 import pytest
+from expected import json_score
 
 from grpcgrade.client import AsyncGradingClient
 from grpcgrade.core.config import HttpConfig
 from grpcgrade.service.convert import specs_to_pb
-from grpcgrade.testing import free_port, start_server
 from grpcgrade.v1 import grading_pb2 as pb
 
 CROWD = 4000
@@ -46,23 +45,9 @@ def responses(n: int) -> list[str]:
     return [f'{{"n": {i}}}' if i % 3 else f"{{n: {i}" for i in range(n)]
 
 
-def valid(text: str) -> float:
-    try:
-        json.loads(text)
-    except ValueError:
-        return 0.0
-    return 1.0
-
-
 @pytest.fixture(scope="module")
-def crowd_server(tmp_path_factory, plugin_env):
-    tmp = tmp_path_factory.mktemp("crowd")
-    (tmp / "config.yaml").write_text(CONFIG)
-    port = free_port()
-    srv = start_server(tmp, "--workers", "2", "--config", "config.yaml", "--http-port", str(port), env=plugin_env)
-    srv.http = f"http://127.0.0.1:{port}"  # type: ignore[attr-defined]
-    yield srv
-    srv.stop()
+def crowd_server(face_server):
+    return face_server(CONFIG, workers=2)
 
 
 def test_a_grpc_crowd_is_answered_every_call(crowd_server):
@@ -87,7 +72,7 @@ def test_a_grpc_crowd_is_answered_every_call(crowd_server):
 
     scores = asyncio.run(crowd())
     assert outcomes == {"OK": CROWD}
-    assert scores == [valid(t) for t in texts]
+    assert scores == [json_score(t) for t in texts]
     refused = crowd_server.metric("grpcgrade_calls_refused_total", limit="max_concurrent_calls") - refused_before
     handled = crowd_server.metric("grpc_server_handled_total", grpc_method="Evaluate", grpc_code="RESOURCE_EXHAUSTED")
     assert refused > 0  # the crowd passed the limit: the refusal and the client's retry were exercised
@@ -125,7 +110,7 @@ def test_an_http_crowd_is_answered_or_refused_with_a_retry_hint(crowd_server):
 
             return await asyncio.gather(*(one(t) for t in texts))
 
-    assert asyncio.run(crowd()) == [valid(t) for t in texts]
+    assert asyncio.run(crowd()) == [json_score(t) for t in texts]
     assert refusals and all(int(after) >= 1 for after in refusals)
     assert crowd_server.metric("grpcgrade_http_requests_total", code="503") == len(refusals)
     # every one-sample request went through the server's coalescer (graded with the others of its reward)
@@ -139,7 +124,7 @@ def test_the_http_face_listens_with_a_backlog_for_a_crowd(crowd_server):
     rest's SYNs and their callers resent them only after 1, 3, 7 s (4,000 callers: p99 over 20 s). The backlog
     asked for is the connection cap (`http.max_connections`, 4,096), capped by the kernel's somaxconn; `ss`
     reports a listening socket's backlog as its Send-Q."""
-    port = int(crowd_server.http.rsplit(":", 1)[1])
+    port = crowd_server.http_port
     listing = subprocess.run(["ss", "-Hltn", f"sport = :{port}"], capture_output=True, text=True, check=True).stdout
     (line,) = listing.splitlines()
     backlog = int(line.split()[2])
@@ -222,5 +207,5 @@ def test_the_coalescer_grades_at_once_what_the_engine_grades_inline():
         answers = await asyncio.gather(*(coalescer.grade(jobs, {"response": t}, None, nbytes=len(t)) for t in texts))
         return [results[0].score for results, _ in answers]
 
-    assert asyncio.run(crowd()) == [valid(t) for t in texts]
+    assert asyncio.run(crowd()) == [json_score(t) for t in texts]
     assert (coalescer.chunks, coalescer.samples) == (0, 0)
