@@ -8,7 +8,9 @@ other and go to the engine as one chunk, of at most `max_chunk` samples (a full 
 each call gets its own sample's results and reward back. The Python client's own `Coalescer` does the
 same on the caller's side; this one serves every caller, in any language, over gRPC and HTTP.
 
-A lone call waits only while another chunk of its plan is being graded: with nothing of its plan in
+Only calls that would hop are gathered: a call the engine grades inline (cheap graders, a small sample)
+has no hop to share, and is graded at once. A lone call waits only while another chunk of its plan is
+being graded: with nothing of its plan in
 flight a call's chunk leaves on the next turn of the event loop (gathering the calls that arrived in the
 same turn), so a quiet server adds no latency; under load the calls that arrive while a chunk is graded
 gather for the next one, up to `linger`.
