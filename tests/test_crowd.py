@@ -121,9 +121,9 @@ def test_an_http_crowd_is_answered_or_refused_with_a_retry_hint(crowd_server):
 def test_the_http_face_listens_with_a_backlog_for_a_crowd(crowd_server):
     """A crowd connects at once, faster than one event loop accepts: the kernel holds the connections not yet
     accepted, as many as the listening socket's backlog. With asyncio's default of 100, the kernel dropped the
-    rest's SYNs and their callers resent them only after 1, 3, 7 s (4,000 callers: the slowest answered after 55 s). The backlog
-    asked for is the connection cap (`http.max_connections`, 4,096), capped by the kernel's somaxconn; `ss`
-    reports a listening socket's backlog as its Send-Q."""
+    rest's SYNs and their callers resent them only after 1, 3, 7 s (4,000 callers: the slowest answered after
+    55 s). The backlog asked for is the connection cap (`http.max_connections`, 4,096), capped by the kernel's
+    somaxconn; `ss` reports a listening socket's backlog as its Send-Q."""
     port = crowd_server.http_port
     listing = subprocess.run(["ss", "-Hltn", f"sport = :{port}"], capture_output=True, text=True, check=True).stdout
     (line,) = listing.splitlines()

@@ -235,7 +235,8 @@ class ConnectionGuard:
         loop = asyncio.get_running_loop()
         # A listen backlog as deep as the connection cap (the kernel caps it at net.core.somaxconn): with
         # asyncio's default of 100, a crowd connecting at once overflows it and the kernel drops their SYNs,
-        # which the callers resend only after 1, 3, 7... s (4,000 callers: 352 calls/s, the slowest answered after 55 s).
+        # which the callers resend only after 1, 3, 7... s (4,000 callers: 352 calls/s, the slowest answered
+        # after 55 s).
         self._listener = await loop.create_server(
             self._protocol, host, port, reuse_address=True, backlog=self.http.max_connections
         )
