@@ -44,7 +44,7 @@ from grpcgrade.core.grading import inputs_of
 from grpcgrade.core.samples import INPUT_FIELDS, SAMPLE_FIELDS, as_text
 
 from .common import FaceContext, faced, sample_fields
-from .limits import INLINE_PARSE_BYTES, off_loop
+from .limits import off_loop
 
 #: The `face` label of this protocol's requests.
 FACE = "nemo_gym"
@@ -217,10 +217,9 @@ class NemoGymFace:
         body = await ctx.json_object(request, '"responses_create_params", "response" and the task\'s fields')
         jobs = ctx.resolve(name)
         declared = frozenset().union(*(inputs_of(job.grader).names for job in jobs))
-        large = (request.content_length or 0) > INLINE_PARSE_BYTES  # its walks off the loop
-        sample = await off_loop(rollout_sample, body, declared) if large else rollout_sample(body, declared)
+        sample = await off_loop(request, rollout_sample, body, declared)  # a large body's walks off the loop
         guards = ctx.guards({}, 1, started, ratio=False)
-        (graded,) = await ctx.grade(name, jobs, [sample], guards, FACE)
+        (graded,) = await ctx.grade(name, jobs, [sample], guards, FACE, request.content_length or 0)
         keys = [job.spec.label for job in jobs]
         added: dict[str, Any] = {
             "reward": ctx.http.failure_reward if graded.reward is None else graded.reward,

@@ -149,7 +149,7 @@ class OpenRLHFFace:
         n = len(queries)
         ctx.check_count(n, "queries")
         prompts = _strings(body, "prompts", n)
-        labels = await off_loop(_labels, body, n, ctx.limits.max_field_chars)
+        labels = await off_loop(request, _labels, body, n, ctx.limits.max_field_chars)
         agent = agent_columns(body, n)
         guards = ctx.guards(body, n, started)
 
@@ -164,7 +164,7 @@ class OpenRLHFFace:
                 return exc
             return sample_fields(response, query=prompt, reference=label, agent=agent[i])
 
-        graded = await ctx.grade(reward, jobs, LazySamples(n, sample), guards, FACE)
+        graded = await ctx.grade(reward, jobs, LazySamples(n, sample), guards, FACE, request.content_length or 0)
         out = [ctx.http.failure_reward if value is None else value for value in graded.rewards]
         failed = [float(value is None) for value in graded.rewards]
         rewards, flags = await json_numbers(out), await json_numbers(failed)
