@@ -21,7 +21,7 @@ from aiohttp import BasicAuth, web
 from grpcgrade.core.admission import Admission
 from grpcgrade.core.coalesce import ServerCoalescer
 from grpcgrade.core.config import HttpConfig
-from grpcgrade.core.engine import Batch, Engine, GradedChunk, Job
+from grpcgrade.core.engine import Batch, Engine, Job, Plan
 from grpcgrade.core.errors import (
     InvalidParams,
     Overloaded,
@@ -247,7 +247,7 @@ class FaceContext:
             raise web.HTTPBadRequest(text=f"the body must be a JSON object with {what}")
         return body
 
-    def resolve(self, reward: str, cache: Any = CacheMode.DEFAULT.value) -> list[Job]:
+    def resolve(self, reward: str, cache: Any = CacheMode.DEFAULT.value) -> Plan:
         """The reward's graders (404 for an unknown reward, 400 for a bad `cache` or parameters)."""
         if cache not in set(CacheMode):
             allowed = ", ".join(f'"{mode.value}"' for mode in CacheMode)
@@ -259,7 +259,7 @@ class FaceContext:
         except InvalidParams as exc:
             raise web.HTTPBadRequest(text=str(exc)) from None
 
-    def require_counts(self, reward: str, jobs: list[Job], path: str) -> None:
+    def require_counts(self, reward: str, jobs: Sequence[Job], path: str) -> None:
         """400 naming `--tokenizer` when the reward gates on a token count that `path` (a trainer's protocol
         that never sends counts) cannot give and the server has no tokenizer to make."""
         gates = [job.spec.name for job in jobs if uncounted(job.grader)]
@@ -294,7 +294,7 @@ class FaceContext:
     async def grade(
         self,
         reward: str,
-        jobs: list[Job],
+        jobs: Sequence[Job],
         samples: Sequence[dict[str, Any] | SampleProblem],
         guards: tuple[float | None, FailureTally | None] = (None, None),
         face: str = "",
@@ -336,7 +336,6 @@ class FaceContext:
                 async for graded in self.engine.grade_batch(
                     jobs, batch, self.engine.chunks(jobs, n), reward=reward, deadline=deadline, failures=failures
                 ):
-                    assert isinstance(graded, GradedChunk)  # no whole-chunk work offered: results come as Python
                     for k, (index, value) in enumerate(zip(graded.indices, graded.rewards, strict=True)):
                         out[index] = Graded(value, [column[k] for column in graded.columns])
         except TooManyFailures as exc:
