@@ -1,5 +1,6 @@
-"""Python clients: `GradingClient` (blocking), `AsyncGradingClient` (asyncio, with `Coalescer` for callers
-that grade sample by sample), and `reward_function` (TRL; see grpcgrade.integrations.trl).
+"""Python clients: `GradingClient` (blocking) and `AsyncGradingClient` (asyncio, with `Coalescer` for callers
+that grade sample by sample). The trainers' reward functions are built on them in grpcgrade.integrations
+(TRL's `reward_function` is also `grpcgrade.reward_function`); the clients never import those.
 
 Every call carries a deadline. UNAVAILABLE (and a draining server's CANCELLED) is retried by gRPC's own
 retry policy (service config), and with several addresses or a `dns:///` name the channel balances
@@ -985,10 +986,3 @@ class Coalescer:
         for (_, future), result in zip(batch, results, strict=True):
             if not future.done():
                 future.set_result(result)
-
-
-def reward_function(*args: Any, **kwargs: Any) -> Callable[..., list[float | None]]:
-    """TRL's reward function; see `grpcgrade.integrations.trl.reward_function` (kept here for old imports)."""
-    from .integrations.trl import reward_function as make
-
-    return make(*args, **kwargs)

@@ -27,6 +27,7 @@ import pytest
 import yaml
 
 import grpcgrade
+from grpcgrade.client import AsyncGradingClient
 from grpcgrade.core.config import parse_config
 from grpcgrade.core.errors import ConfigError, InvalidParams
 from grpcgrade.core.retry import MAX_BACKOFF_SECONDS, backoff
@@ -37,8 +38,9 @@ from grpcgrade.llm import models
 from grpcgrade.llm.chat import ChatError
 from grpcgrade.llm.parsing import JudgeOutputError, json_objects, parse_rank, parse_score
 from grpcgrade.llm.prompt import PromptError
+from grpcgrade.service.server import ServeOptions, build_server
 from grpcgrade.service.structs import struct_to_dict
-from grpcgrade.testing import start_server
+from grpcgrade.testing import free_port, start_server
 from grpcgrade.v1 import grading_pb2 as pb
 
 KEY_ENV = "GRPCGRADE_TEST_JUDGE_KEY"
@@ -707,3 +709,36 @@ def test_judge_calls_are_not_logged_by_httpx_at_info(llm_server, llm_client, jud
     log = llm_server.log()
     assert "INFO grpcgrade.service.server: grpcgrade serving on" in log
     assert not [line for line in log.splitlines() if " httpx: " in line or " httpcore" in line], log
+
+
+def test_a_stopping_server_closes_the_judge_clients_session(judge, tmp_path, monkeypatch):
+    """A drained server closes the judge client's aiohttp session (its pooled connections) instead of
+    leaving it to the garbage collector, which aiohttp reports as "Unclosed client session" (if it runs
+    before the process ends). The server runs in this process (`build_server`, as `grpcgrade serve` does),
+    so the test sees the session itself."""
+    monkeypatch.setenv(KEY_ENV, KEY)
+    path = tmp_path / "grpcgrade.yaml"
+    path.write_text(yaml.safe_dump({"models": models_section(judge)}))
+    opts = ServeOptions(port=free_port(), workers=0, config=str(path), grace_seconds=5)
+
+    async def serve_one_judgment() -> tuple[pb.EvaluateResponse, bool]:
+        service = build_server(opts)
+        await service.start()
+        try:
+            async with AsyncGradingClient(f"127.0.0.1:{opts.port}", timeout=60) as client:
+                reply = await client.evaluate(
+                    {"query": "Capital?", "response": f"Paris. CASE:{case('score-4')}"},
+                    [{"name": "llm_rubric", "params": {"rubric": "Names the capital."}}],
+                )
+            session = models.get_model("default")._client
+            assert session is not None  # the judgment went over it
+        finally:
+            await service.stop()
+        return reply, session.closed
+
+    try:
+        reply, closed = asyncio.run(serve_one_judgment())
+    finally:
+        models.configure({})
+    assert result_of(reply).score == 4.0
+    assert closed

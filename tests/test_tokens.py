@@ -164,3 +164,15 @@ def test_the_openrlhf_face_refuses_an_uncounted_default_reward_at_start(tmp_path
 def test_an_unusable_tokenizer_stops_the_server_with_a_message(tmp_path):
     with pytest.raises(RuntimeError, match=r"--tokenizer tiktoken:nope: 'nope' is not available offline"):
         start_server(tmp_path, "--workers", "0", "--tokenizer", "tiktoken:nope")
+
+
+def test_the_skyrl_and_verifiers_paths_refuse_a_gate_they_cannot_feed(server, counting_server):
+    """SkyRL's environment and verifiers' rubric send no counts and check with `require_counts` when built
+    (tests/test_trainer_integrations.py builds them with the frameworks' own packages); here the check
+    itself, against real servers without and with a tokenizer."""
+    from grpcgrade.integrations.common import require_counts
+
+    with pytest.raises(ValueError, match="--tokenizer") as caught:
+        require_counts(server.target, None, 30.0, "gsm8k", "SkyRL's environment")
+    assert "completion_length_cap" in str(caught.value) and "SkyRL's environment" in str(caught.value)
+    require_counts(counting_server.target, None, 30.0, "capped", "SkyRL's environment")  # the server counts

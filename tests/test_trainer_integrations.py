@@ -50,6 +50,14 @@ def run(python: Path, script: str, server, reward: str, rows: list[dict]) -> dic
     return json.loads(done.stdout.splitlines()[-1])
 
 
+def refused(python: Path, script: str, server, reward: str, rows: list[dict]) -> str:
+    """The error a framework's script stops with (its stderr): it must not run at all."""
+    args = {"target": server.target, "token": TOKEN, "reward": reward, "rows": rows}
+    done = subprocess.run([str(python), str(SCRIPTS / script)], input=json.dumps(args), capture_output=True, text=True)
+    assert done.returncode != 0, done.stdout
+    return done.stderr
+
+
 def direct(server, reward: str, samples: list[dict]) -> list[float | None]:
     with server.client(token=TOKEN) as client:
         return client.batch_scores(samples, reward=reward).rewards
@@ -110,3 +118,22 @@ def test_verifiers_rubric_scores_groups_and_rollouts_as_direct_grading(server, t
     failed = run(trainers_python, "verifiers_rubric.py", server, "flaky", flaky)
     assert [s["reward"] for s in failed["group"]] == [0.0, 1.0]  # failure_reward, and a grade
     assert [s["metrics"]["grpcgrade_failed"] for s in failed["group"]] == [1.0, 0.0]
+
+
+@pytest.mark.parametrize(
+    ("script", "row", "path"),
+    [
+        ("skyrl_env.py", {"prompt": QUESTION, "action": "<think>r</think>72", "ground_truth": "72"}, "SkyRL"),
+        (
+            "verifiers_rubric.py",
+            {"question": QUESTION, "completion": "<think>r</think>72", "answer": "72"},
+            "verifiers",
+        ),
+    ],
+)
+def test_skyrl_and_verifiers_refuse_a_length_gate_the_server_cannot_count(server, trainers_python, script, row, path):
+    """Neither sends token counts and the server has no tokenizer: `capped` would cut every reward to its
+    gate's min_reward (0), so building the environment / rubric fails naming the option (issue 37's rule)."""
+    error = refused(trainers_python, script, server, "capped", [row])
+    assert "ValueError: grpcgrade: reward 'capped' gates on completion_tokens (completion_length_cap)" in error
+    assert "--tokenizer" in error and f"which {path}" in error

@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 import yaml
 
 from grpcgrade.llm.limits import parse_weights
-from grpcgrade.llm.models import ModelConfig, parse_models
+from grpcgrade.llm.settings import ModelConfig, parse_models
 
 from . import tokens
 from .canaries import (

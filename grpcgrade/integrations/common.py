@@ -14,7 +14,7 @@ from grpcgrade.client import GradingClient
 from grpcgrade.core.chat import last_text as last_text  # prompts and completions as chats
 from grpcgrade.core.samples import AGENT_FIELDS, INPUT_FIELDS, SAMPLE_FIELDS, plain
 from grpcgrade.core.samples import as_text as as_text  # the integrations' rule for a field's text
-from grpcgrade.core.tokens import TOKENIZER_PARAM
+from grpcgrade.core.tokens import TOKENIZER_PARAM, no_tokenizer_message
 from grpcgrade.v1 import grading_pb2 as pb
 
 #: Names a grader gets from the sample itself; a trainer's column or field of that name never goes to `extra`.
@@ -129,3 +129,27 @@ def uncounted_gates(catalog: pb.ListGradersResponse, reward: str) -> list[str]:
         if missing_fails is None or missing_fails.bool_value:
             out.append(spec.key or spec.name)
     return out
+
+
+def uncounted_refusal(reward: str, gates: list[str], path: str) -> ValueError:
+    """The error of a trainer path (`path`, named for the user) that sends no token counts, asked for a
+    reward with `uncounted_gates`: it names the gates and `--tokenizer` (`core.tokens.no_tokenizer_message`)."""
+    return ValueError("grpcgrade: " + no_tokenizer_message(reward, gates, path))
+
+
+_counted: set[tuple[str, str | None, float, str]] = set()
+
+
+def require_counts(target: str, token: str | None, timeout: float, reward: str, path: str) -> None:
+    """Raise `uncounted_refusal` when configured `reward` gates on a token count that `path` never sends and
+    the server has no tokenizer to make: issue 37's rule for every trainer path without counts, checked
+    when the trainer builds its side (SkyRL's environment, verifiers' rubric) so it never starts training
+    on rewards cut to a gate's `min_reward`. The server's catalog is asked once per client and reward in the
+    process (SkyRL builds an environment per prompt)."""
+    key = (target, token, timeout, reward)
+    if key in _counted:
+        return
+    gates = uncounted_gates(shared_client(target, token, timeout).list_graders(), reward)
+    if gates:
+        raise uncounted_refusal(reward, gates, path)
+    _counted.add(key)

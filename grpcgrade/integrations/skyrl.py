@@ -16,7 +16,9 @@ step answers `failure_reward` (0.0 unless configured) with `metadata["grpcgrade_
 cause in `metadata["grpcgrade_error"]`; `get_metrics()` reports `grpcgrade_failed` (0.0 or 1.0), which
 SkyRL averages over episodes into its logged environment metrics, and the failure is logged. A call that
 fails as a whole (server unreachable, unknown reward) raises: SkyRL must not train on rewards nobody
-computed. SkyRL sends no token counts: configure the server's tokenizer for length gates.
+computed. SkyRL sends no token counts: a reward that gates on one (`completion_length_cap`) needs the server's
+tokenizer (`--tokenizer`), or a `completion_tokens` in the row's `extra_info`; without either the environment
+refuses to be built (ValueError naming `--tokenizer`) rather than cut every reward to the gate's `min_reward`.
 """
 
 from __future__ import annotations
@@ -26,7 +28,16 @@ from typing import Any
 
 from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput
 
-from grpcgrade.integrations.common import as_text, failure_of, last_text, log, reward_of, shared_client, usable_extra
+from grpcgrade.integrations.common import (
+    as_text,
+    failure_of,
+    last_text,
+    log,
+    require_counts,
+    reward_of,
+    shared_client,
+    usable_extra,
+)
 
 #: The id `register()` gives the environment (`environment.env_class` in SkyRL's configuration).
 ENV_ID = "grpcgrade"
@@ -53,12 +64,15 @@ class GrpcgradeEnv(BaseTextEnv):
         if not self.reward_name:
             raise ValueError("grpcgrade: env_config.reward is required (a reward configured on the server)")
         token = _setting(env_config, "token", None)
-        self.client = shared_client(self.target, token, float(_setting(env_config, "timeout", 60.0)))
+        timeout = float(_setting(env_config, "timeout", 60.0))
+        self.client = shared_client(self.target, token, timeout)
         self.failure_reward = float(_setting(env_config, "failure_reward", 0.0))
         spec = extras.get("reward_spec") or {}
         self.reference = as_text(spec.get("ground_truth") if isinstance(spec, Mapping) else None)
         info = extras.get("extra_info") or {}
         self.extra = usable_extra(info.items()) if isinstance(info, Mapping) else {}
+        if "completion_tokens" not in self.extra:  # a count in the row's extra_info reaches the gate
+            require_counts(self.target, token, timeout, self.reward_name, "SkyRL's environment")
         self.query = ""
         self.failed = False
 

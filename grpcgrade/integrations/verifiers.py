@@ -18,6 +18,10 @@ would look like a wrong answer; instead `grpcgrade` answers `failure_reward` (0.
 `grpcgrade_failed` is 1.0 in the rollout's metrics (verifiers averages metrics in its reports), with a
 logged WARNING naming the grader and its error code. A call that fails as a whole raises out of the
 reward function, which verifiers logs and scores 0.0: check the server before training (`client.check`).
+
+The rubric sends no token counts, so `rubric()` asks the server once whether the reward gates on one
+(`completion_length_cap`) without a tokenizer to make it, and refuses (ValueError naming `--tokenizer`) if
+so: raised from the reward function it would only be logged and every rollout scored 0.0.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from typing import Any
 import verifiers as vf
 
 from grpcgrade.client import DEFAULT_LINGER, AsyncGradingClient, Coalescer
-from grpcgrade.integrations.common import as_text, failure_of, last_text, log, reward_of, usable_extra
+from grpcgrade.integrations.common import as_text, failure_of, last_text, log, require_counts, reward_of, usable_extra
 
 #: The rubric's function names (and so the keys of `state["metrics"]`).
 REWARD_NAME = "grpcgrade"
@@ -62,7 +66,9 @@ def rubric(
     failure_reward: float = 0.0,
     linger: float = DEFAULT_LINGER,
 ) -> vf.Rubric:
-    """A `vf.Rubric` whose reward is the server's `reward` (module docstring)."""
+    """A `vf.Rubric` whose reward is the server's `reward` (module docstring); ValueError for a reward that
+    gates on a token count the server cannot make."""
+    require_counts(target, token, timeout, reward, "verifiers' rubric")
     connection = _PerLoop(target, reward, token, timeout, linger)
 
     async def grpcgrade(prompt: Any, completion: Any, answer: Any, state: Any, info: Any = None) -> float:

@@ -39,13 +39,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from grpcgrade.client import DEFAULT_LINGER, DEFAULT_MAX_BATCH, AsyncGradingClient, Cache, Coalescer
-from grpcgrade.core.tokens import no_tokenizer_message
 from grpcgrade.integrations.common import (  # absolute: veRL may load this file by path
     agent_inputs,
     as_text,
     reward_of,
     score_of,
     uncounted_gates,
+    uncounted_refusal,
     usable_extra,
 )
 from grpcgrade.v1 import grading_pb2 as pb
@@ -167,7 +167,7 @@ async def compute_score(
     keys = await conn.keys(every)
     gates = conn.uncounted.get(chosen)
     if gates and "completion_tokens" not in (extra_info or {}):
-        raise ValueError("grpcgrade: " + no_tokenizer_message(chosen, gates, "veRL's compute_score"))
+        raise uncounted_refusal(chosen, gates, "veRL's compute_score")
     guards = {"budget_seconds": float(budget_seconds), "max_failure_ratio": max_failure_ratio, "cache": cache}
     coalescer = conn.coalescer(chosen, **guards)
     result = await coalescer.evaluate(sample_of(solution_str, ground_truth, extra_info))

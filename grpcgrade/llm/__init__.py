@@ -5,9 +5,10 @@ Write one as the seeds do (module docstring, English prompt, Chinese prompt, `Pr
 """
 
 from .grader import LLMGrader
-from .models import DEFAULT_MODEL, ModelConfig, configure, parse_models
+from .models import configure
 from .parsing import JudgeOutputError
 from .prompt import ChatMessage, LanguageEnum, PromptTemplate
+from .settings import DEFAULT_MODEL, ModelConfig, parse_models
 
 __all__ = [
     "DEFAULT_MODEL",

@@ -28,8 +28,8 @@ from grpcgrade.core.errors import GraderRateLimited, GraderTimeout
 from grpcgrade.core.retry import MAX_BACKOFF_SECONDS, backoff, error_excerpt, is_transient, retry_after
 
 from .limits import LimitWaitExpired, ModelLimiter, TokenEstimate
-from .models import ModelConfig
 from .prompt import ChatMessage
+from .settings import ModelConfig
 from .usage import USAGE, Tally
 
 T = TypeVar("T")

@@ -15,9 +15,10 @@ from typing import TYPE_CHECKING, Any
 from grpcgrade.core.errors import InvalidParams
 from grpcgrade.grader import BaseGrader, GraderMode, GraderRank, GraderScore
 
-from .models import DEFAULT_MODEL, get_model
+from .models import get_model
 from .parsing import parse_rank, parse_score
 from .prompt import ChatMessage, LanguageEnum, PromptTemplate
+from .settings import DEFAULT_MODEL
 
 if TYPE_CHECKING:
     from .chat import ChatModel, ChatReply

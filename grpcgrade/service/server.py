@@ -35,6 +35,7 @@ from grpcgrade.core.errors import ConfigError, InvalidParams, PortUnavailable, U
 from grpcgrade.core.executors import Executor
 from grpcgrade.core.registry import Registry, get_registry
 from grpcgrade.core.workers import WorkerPool
+from grpcgrade.llm.models import close_clients as close_judge_clients
 from grpcgrade.llm.models import configure as configure_models
 from grpcgrade.v1 import admin_pb2_grpc
 from grpcgrade.v1 import grading_pb2 as pb
@@ -283,6 +284,7 @@ class Service:
         await self.health.enter_graceful_shutdown()
         # The two faces drain at once, each for the grace period: one after the other took twice as long.
         await asyncio.gather(self._stop_http(grace), self.server.stop(grace))
+        await close_judge_clients()  # nothing is judged any more: the judge endpoints' connections close
         if self.pool is not None:  # what workers still hold after the grace, nobody waits for any more
             self.pool.close(patience=max(0.0, min(POOL_PATIENCE_SECONDS, end - loop.time() - 1.5)))
         log.info("stopped")

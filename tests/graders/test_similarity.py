@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 
 import pytest
 
@@ -591,3 +593,48 @@ def test_metadata_is_json_and_names_the_algorithm(algorithm: str) -> None:
     result = SimilarityGrader(algorithm=algorithm).evaluate(response=ZH_RESP, reference_response=ZH_REF)
     assert json.loads(json.dumps(result.metadata))["algorithm"] == algorithm
     assert isinstance(result.score, float)
+
+
+# --- first use from several threads ------------------------------------------------------------------
+
+#: A fresh process as a server or a caller's thread pool is: the registry built (the text graders' warm-up
+#: threads started), then four threads each grading a first sample with an algorithm that imports NLTK.
+FIRST_USE = """
+import json, sys, threading
+from grpcgrade.core.registry import get_registry
+
+registry = get_registry()
+response, reference, *algorithms = sys.argv[1:]
+start = threading.Barrier(len(algorithms))
+out = {}
+
+def grade(algorithm):
+    start.wait()
+    try:
+        grader = registry.build("similarity", {"algorithm": algorithm})
+        result = grader.evaluate(response=response, reference_response=reference)
+        out[algorithm] = [result.score, result.metadata.get("error")]
+    except BaseException as exc:
+        out[algorithm] = [None, f"{type(exc).__name__}: {exc}"]
+
+threads = [threading.Thread(target=grade, args=(a,)) for a in algorithms]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+print(json.dumps(out))
+"""
+
+
+def test_threads_first_using_nltk_at_once_all_get_their_scores() -> None:
+    """NLTK's modules import one another in cycles: two threads importing them at once deadlocked on
+    Python's import locks and one got `_DeadlockError` or a partly initialised module (every fresh process
+    of this test failed so, before `similarity_metrics.import_alone`). Real interpreters, several times."""
+    algorithms = ["sentence_bleu", "gleu", "meteor", "rouge"]
+    expected = {a: [score(a), None] for a in algorithms}  # this process: one thread, one at a time
+    for _ in range(4):
+        run = subprocess.run(
+            [sys.executable, "-c", FIRST_USE, RESP, REF, *algorithms], capture_output=True, text=True, timeout=120
+        )
+        assert run.returncode == 0, run.stderr
+        assert json.loads(run.stdout.strip().splitlines()[-1]) == expected

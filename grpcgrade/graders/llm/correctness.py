@@ -10,8 +10,8 @@ import textwrap
 
 from grpcgrade.grader import GraderScore
 from grpcgrade.llm.grader import LLMGrader
-from grpcgrade.llm.models import DEFAULT_MODEL
 from grpcgrade.llm.prompt import ChatMessage, LanguageEnum, PromptTemplate
+from grpcgrade.llm.settings import DEFAULT_MODEL
 
 # English Prompt
 CORRECTNESS_PROMPT_EN = """

@@ -10,8 +10,8 @@ import textwrap
 
 from grpcgrade.grader import GraderMode, GraderRank
 from grpcgrade.llm.grader import LLMGrader, parse_language
-from grpcgrade.llm.models import DEFAULT_MODEL
 from grpcgrade.llm.prompt import ChatMessage, LanguageEnum, PromptTemplate
+from grpcgrade.llm.settings import DEFAULT_MODEL
 
 # English Prompt
 RANK_PROMPT_EN = """

@@ -11,8 +11,8 @@ import textwrap
 from grpcgrade.core.errors import InvalidParams
 from grpcgrade.grader import GraderScore
 from grpcgrade.llm.grader import LLMGrader
-from grpcgrade.llm.models import DEFAULT_MODEL
 from grpcgrade.llm.prompt import ChatMessage, LanguageEnum, PromptTemplate
+from grpcgrade.llm.settings import DEFAULT_MODEL
 
 # English Prompt
 RUBRIC_PROMPT_EN = """
