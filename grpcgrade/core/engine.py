@@ -266,8 +266,9 @@ class Engine:
         deadline: float | None,
         start: int = 0,
         reward: str = "",
+        selected: bool = False,
     ) -> WorkItem:
-        """A group's work item over `samples` (the request's `start`...)."""
+        """A group's work item over `samples` (the request's `start`...; `selected`: see `WorkItem`)."""
         jobs = [plan[j] for j in group.positions]
         whole = len(jobs) == len(plan)
         return WorkItem(
@@ -281,6 +282,7 @@ class Engine:
             whole,
             reward if whole else "",
             tuple(job.grader for job in jobs),
+            selected,
         )
 
     async def _execute(self, plan: Plan, group: Group, item: WorkItem, nbytes: int = 0) -> ChunkResult:
@@ -323,7 +325,7 @@ class Engine:
                 self._observe([problem_stats(name, unusable)])
             return ChunkResult([], [[]])
         if group.place in (Place.EXECUTOR, Place.INLINE):
-            item = self._item(plan, group, batch, len(batch), timeout, deadline)
+            item = self._item(plan, group, batch, len(batch), timeout, deadline, selected=True)
             executor = self.pool if group.place is Place.EXECUTOR and self.pool is not None else self.inline
             result: ChunkResult = await executor.run(item)
             stats = result.stats

@@ -25,7 +25,17 @@ from grpcgrade.grader import BaseGrader, GraderError, GraderResult
 
 from .codecs import codec_named
 from .executors import Task
-from .grading import Stats, column_inputs, failed_stats, grade_chunk_sync, grade_columns, inputs_of, join_stats
+from .grading import (
+    Stats,
+    column_inputs,
+    failed_stats,
+    grade_chunk_sync,
+    grade_columns,
+    grade_sync,
+    grader_stats,
+    inputs_of,
+    join_stats,
+)
 from .histograms import EMPTY
 from .result_cache import QUARANTINE_CODES
 from .rewards import Result, RewardStats, SpecData, reward_stats, rewards
@@ -99,7 +109,8 @@ class WorkItem:
     docstring). `names` are the graders' names as built where the call arrived, for the errors of samples
     no process could grade; `whole`: the group is every grader of the call, so the item's results carry
     the samples' rewards (and, with `reward`, a configured reward's stats). `graders`, the instances built
-    where the call arrived, serve an item run in that process (`run_here`) and never cross."""
+    where the call arrived, serve an item run in that process (`run_here`) and never cross. A group of one
+    grader the engine grades apart (beside an async grader, or behind the filter) is `selected`."""
 
     specs: tuple[SpecData, ...]
     names: tuple[str, ...]
@@ -111,6 +122,9 @@ class WorkItem:
     whole: bool = False
     reward: str = ""
     graders: tuple[BaseGrader, ...] | None = field(default=None, compare=False, repr=False)
+    #: One grader's usable samples, already as it takes them (`samples.select`, which is not idempotent:
+    #: `reference` is offered under other names): graded as they are.
+    selected: bool = False
 
     def task(self) -> Task:
         """What runs the item in another process: the item without its graders, its deadline made the
@@ -182,6 +196,11 @@ def run_item(item: WorkItem, deadline: float | None = None) -> ChunkResult:
             columns, stats = grade_columns(graders, text, decoded.n, decoded.kwargs, item.timeout)
         else:
             columns, stats = grade_chunk_sync(graders, decoded.kwargs(), item.timeout, deadline)  # type: ignore[assignment]
+    elif item.selected:
+        (grader,) = graders
+        began = time.perf_counter()
+        results = grade_sync(grader, samples, item.timeout, deadline)
+        columns, stats = [results], [grader_stats(grader.name, results, time.perf_counter() - began)]  # type: ignore[list-item]
     else:
         columns, stats = grade_chunk_sync(graders, samples, item.timeout, deadline)  # type: ignore[assignment]
     out: list[Stats] = list(stats)

@@ -162,7 +162,7 @@ def grader_work(
     deadline: float | None = None,
 ) -> WorkItem:
     """One grader over a chunk of keyword arguments, as a work item (its result's `columns[0]`)."""
-    return WorkItem((SpecData(name, params),), (name,), batch, 0, len(batch), timeout, deadline)
+    return WorkItem((SpecData(name, params),), (name,), batch, 0, len(batch), timeout, deadline, selected=True)
 
 
 # -- in the server process -------------------------------------------------------------------------------
