@@ -126,10 +126,19 @@ class ServerProcess:
     port: int
     metrics_port: int
     log_path: Path
+    #: The HTTP face's port, when started with one (`start_server(http=True)`).
+    http_port: int | None = None
 
     @property
     def target(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def http(self) -> str:
+        """The HTTP face's base URL."""
+        if self.http_port is None:
+            raise RuntimeError("this server was started without the HTTP face (start_server(http=True))")
+        return f"http://127.0.0.1:{self.http_port}"
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -158,13 +167,18 @@ def start_server(
     metrics: bool = True,
     credentials: grpc.ChannelCredentials | None = None,
     status: int = health_pb2.HealthCheckResponse.SERVING,
+    http: bool = False,
 ) -> ServerProcess:
     """`grpcgrade serve` on free loopback ports; returns once health says `status` (SERVING by default;
     NOT_SERVING returns as soon as the server answers, e.g. for one whose failing canaries keep it there).
+    With `http`, the HTTP face too, on a free port of its own (`ServerProcess.http`).
 
     A server started with `--tls-cert` only answers TLS: pass the `credentials` to check its health with.
     """
     port, metrics_port = free_port(), (free_port() if metrics else 0)
+    http_port = free_port() if http else None
+    if http_port is not None:
+        args = (*args, "--http-port", str(http_port))
     log_path = Path(workdir) / f"server-{port}.log"
     cmd = [
         sys.executable,
@@ -181,7 +195,7 @@ def start_server(
         proc = subprocess.Popen(
             cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, cwd=workdir
         )
-    server = ServerProcess(proc, port, metrics_port, log_path)
+    server = ServerProcess(proc, port, metrics_port, log_path, http_port)
     deadline = time.monotonic() + wait
     while time.monotonic() < deadline:
         if proc.poll() is not None:

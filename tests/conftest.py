@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -69,6 +69,30 @@ def server(tmp_path_factory: pytest.TempPathFactory, plugin_env: dict[str, str])
     srv = start_server(tmp, "--workers", "2", "--config", str(config), env=plugin_env)
     yield srv
     srv.stop()
+
+
+@pytest.fixture(scope="module")
+def face_server(
+    tmp_path_factory: pytest.TempPathFactory, plugin_env: dict[str, str]
+) -> Iterator[Callable[..., ServerProcess]]:
+    """Starts servers with the HTTP face for this module (stopped after it): `face_server(config, token=...,
+    workers=...)` writes the configuration (and the token as the auth token file) to a fresh directory and
+    serves it with the test plugins installed; the server's `http` is the face's base URL."""
+    started: list[ServerProcess] = []
+
+    def start(config: str, token: str | None = None, workers: int = 0) -> ServerProcess:
+        tmp = tmp_path_factory.mktemp("face")
+        (tmp / "config.yaml").write_text(config)
+        args = ["--workers", str(workers), "--config", "config.yaml"]
+        if token is not None:
+            (tmp / "tokens").write_text(token + "\n")
+            args += ["--auth-token-file", "tokens"]
+        started.append(start_server(tmp, *args, env=plugin_env, http=True))
+        return started[-1]
+
+    yield start
+    for srv in started:
+        srv.stop()
 
 
 @pytest.fixture(scope="session")

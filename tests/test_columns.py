@@ -5,13 +5,13 @@ with their errors, bad requests refused by name, and a server older than columns
 from __future__ import annotations
 
 import asyncio
-import json
 import threading
 from collections.abc import Iterator
 from concurrent import futures
 
 import grpc
 import pytest
+from expected import json_score
 from google.protobuf.struct_pb2 import Struct
 
 from grpcgrade.batch_scores import MalformedAnswer
@@ -23,14 +23,6 @@ from grpcgrade.v1 import grading_pb2 as pb
 from grpcgrade.v1 import grading_pb2_grpc as pb_grpc
 
 TEXTS = ['{"a": 1}', "not json", "[1, 2]", "{'single': 'quotes'}", '"a string"', "", "NaN", "[1,]"]
-
-
-def json_score(text: str) -> float:
-    try:
-        json.loads(text)
-    except ValueError:
-        return 0.0
-    return 1.0
 
 
 def texts(n: int) -> list[str]:

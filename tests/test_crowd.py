@@ -12,16 +12,15 @@ wait for a worker, as real grading does, so calls overlap and pass the limit.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections import Counter
 
 import aiohttp
 import grpc
 import pytest
+from expected import json_score
 
 from grpcgrade.client import AsyncGradingClient
 from grpcgrade.service.convert import specs_to_pb
-from grpcgrade.testing import free_port, start_server
 from grpcgrade.v1 import grading_pb2 as pb
 
 CROWD = 4000
@@ -42,23 +41,9 @@ def responses(n: int) -> list[str]:
     return [f'{{"n": {i}}}' if i % 3 else f"{{n: {i}" for i in range(n)]
 
 
-def valid(text: str) -> float:
-    try:
-        json.loads(text)
-    except ValueError:
-        return 0.0
-    return 1.0
-
-
 @pytest.fixture(scope="module")
-def crowd_server(tmp_path_factory, plugin_env):
-    tmp = tmp_path_factory.mktemp("crowd")
-    (tmp / "config.yaml").write_text(CONFIG)
-    port = free_port()
-    srv = start_server(tmp, "--workers", "2", "--config", "config.yaml", "--http-port", str(port), env=plugin_env)
-    srv.http = f"http://127.0.0.1:{port}"  # type: ignore[attr-defined]
-    yield srv
-    srv.stop()
+def crowd_server(face_server):
+    return face_server(CONFIG, workers=2)
 
 
 def test_a_grpc_crowd_is_answered_every_call(crowd_server):
@@ -83,7 +68,7 @@ def test_a_grpc_crowd_is_answered_every_call(crowd_server):
 
     scores = asyncio.run(crowd())
     assert outcomes == {"OK": CROWD}
-    assert scores == [valid(t) for t in texts]
+    assert scores == [json_score(t) for t in texts]
     refused = crowd_server.metric("grpcgrade_calls_refused_total", limit="max_concurrent_calls") - refused_before
     handled = crowd_server.metric("grpc_server_handled_total", grpc_method="Evaluate", grpc_code="RESOURCE_EXHAUSTED")
     assert refused > 0  # the crowd passed the limit: the refusal and the client's retry were exercised
@@ -121,7 +106,7 @@ def test_an_http_crowd_is_answered_or_refused_with_a_retry_hint(crowd_server):
 
             return await asyncio.gather(*(one(t) for t in texts))
 
-    assert asyncio.run(crowd()) == [valid(t) for t in texts]
+    assert asyncio.run(crowd()) == [json_score(t) for t in texts]
     assert refusals and all(int(after) >= 1 for after in refusals)
     assert crowd_server.metric("grpcgrade_http_requests_total", code="503") == len(refusals)
     # every one-sample request went through the server's coalescer (graded with the others of its reward)

@@ -17,7 +17,6 @@ from grpcgrade.core.config import parse_http
 from grpcgrade.core.errors import ConfigError
 from grpcgrade.integrations.trl import async_reward_function, reward_function
 from grpcgrade.integrations.verl import FAILED_KEY, compute_score
-from grpcgrade.testing import free_port, start_server
 from grpcgrade.v1 import grading_pb2 as pb
 from grpcgrade.v1 import grading_pb2_grpc as pb_grpc
 
@@ -247,14 +246,10 @@ rewards:
 
 
 @pytest.fixture(scope="module")
-def http_server(tmp_path_factory, plugin_env):
-    tmp = tmp_path_factory.mktemp("guard-http")
-    (tmp / "config.yaml").write_text(HTTP_CONFIG % BUDGET)
-    port = free_port()
-    srv = start_server(tmp, "--workers", "1", "--config", "config.yaml", "--http-port", str(port), env=plugin_env)
-    srv.http = f"http://127.0.0.1:{port}/get_reward"  # type: ignore[attr-defined]
-    yield srv
-    srv.stop()
+def http_server(face_server):
+    srv = face_server(HTTP_CONFIG % BUDGET, workers=1)
+    srv.get_reward = srv.http + "/get_reward"
+    return srv
 
 
 async def _post(url: str, body: dict) -> tuple[int, object]:
@@ -269,18 +264,18 @@ def post(url: str, body: dict) -> tuple[int, object]:
 
 
 def test_http_face_cuts_with_the_servers_default_budget(http_server):
-    status, data = post(http_server.http, {"query": [OK, OK, HANG]})
+    status, data = post(http_server.get_reward, {"query": [OK, OK, HANG]})
     assert status == 200
     assert data["rewards"] == [1.0, 1.0, -1.0] and data["extra_logs"]["grpcgrade_failed"] == [0.0, 0.0, 1.0]
 
 
 def test_http_face_failure_ratio_from_the_body_is_a_400_naming_the_reason(http_server):
     before = http_server.metric("grpcgrade_failure_budget_exceeded_calls_total")
-    status, text = post(http_server.http, {"query": [OK, NAN, NAN], "max_failure_ratio": 0.5})
+    status, text = post(http_server.get_reward, {"query": [OK, NAN, NAN], "max_failure_ratio": 0.5})
     assert status == 400
     assert "FAILED_PRECONDITION" in text and "'misbehave' INVALID_RESULT x2" in text
     assert http_server.metric("grpcgrade_failure_budget_exceeded_calls_total") - before == 1
-    status, data = post(http_server.http, {"query": [OK, NAN, OK], "max_failure_ratio": 0.5})
+    status, data = post(http_server.get_reward, {"query": [OK, NAN, OK], "max_failure_ratio": 0.5})
     assert status == 200 and data["rewards"] == [1.0, -1.0, 1.0]
 
 
@@ -290,7 +285,7 @@ def test_http_face_body_values_are_checked(http_server):
         ({"budget_seconds": "soon"}, "budget_seconds"),
         ({"max_failure_ratio": 3}, "max_failure_ratio"),
     ):
-        status, text = post(http_server.http, {"query": [OK], **body})
+        status, text = post(http_server.get_reward, {"query": [OK], **body})
         assert status == 400 and name in text
 
 
@@ -310,12 +305,12 @@ def test_http_face_takes_the_cache_choice_from_the_body(http_server):
 
     before = hits()
     for _ in range(2):
-        status, data = post(http_server.http, {"query": ["cache-me"], "cache": "off"})
+        status, data = post(http_server.get_reward, {"query": ["cache-me"], "cache": "off"})
         assert status == 200 and data["rewards"] == [1.0]
     assert hits() == before
     for _ in range(2):
-        status, data = post(http_server.http, {"query": ["cache-me"], "cache": "on"})
+        status, data = post(http_server.get_reward, {"query": ["cache-me"], "cache": "on"})
         assert status == 200 and data["rewards"] == [1.0]
     assert hits() == before + 1
-    status, text = post(http_server.http, {"query": ["x"], "cache": "sometimes"})
+    status, text = post(http_server.get_reward, {"query": ["x"], "cache": "sometimes"})
     assert status == 400 and "`cache`" in text

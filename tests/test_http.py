@@ -14,8 +14,6 @@ import time
 import aiohttp
 import pytest
 
-from grpcgrade.testing import free_port, start_server
-
 CONFIG = """
 default_reward: gsm8k
 http: {failure_reward: -1.0}
@@ -38,16 +36,8 @@ TEMPLATE = "<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n"
 
 
 @pytest.fixture(scope="module")
-def http_server(tmp_path_factory, plugin_env):
-    tmp = tmp_path_factory.mktemp("http")
-    (tmp / "config.yaml").write_text(CONFIG)
-    (tmp / "tokens").write_text(TOKEN + "\n")
-    port = free_port()
-    args = ["--workers", "0", "--config", "config.yaml", "--auth-token-file", "tokens", "--http-port", str(port)]
-    srv = start_server(tmp, *args, env=plugin_env)
-    srv.http = f"http://127.0.0.1:{port}"  # type: ignore[attr-defined]
-    yield srv
-    srv.stop()
+def http_server(face_server):
+    return face_server(CONFIG, token=TOKEN)
 
 
 async def openrlhf_post(url: str, data: dict) -> dict:

@@ -17,7 +17,7 @@ import pytest
 
 from grpcgrade.service.http.limits import MAX_JSON_CONTAINERS
 from grpcgrade.service.http.openai_graders import MOUNT_PATH
-from grpcgrade.testing import ServerProcess, free_port, start_server
+from grpcgrade.testing import ServerProcess, start_server
 from grpcgrade.v1 import grading_pb2 as pb
 from grpcgrade.v1 import grading_pb2_grpc as pb_grpc
 
@@ -39,15 +39,13 @@ def hostile_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerP
     tmp = tmp_path_factory.mktemp("hostile")
     (tmp / "config.yaml").write_text(CONFIG)
     (tmp / "tokens").write_text(TOKEN + "\n")
-    port = free_port()
-    args = ["--workers", "1", "--config", "config.yaml", "--auth-token-file", "tokens", "--http-port", str(port)]
+    args = ["--workers", "1", "--config", "config.yaml", "--auth-token-file", "tokens"]
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(soft, 1024), hard))  # the server starts with a low soft limit
     try:
-        srv = start_server(tmp, *args)
+        srv = start_server(tmp, *args, http=True)
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-    srv.http_port = port  # type: ignore[attr-defined]
     yield srv
     srv.stop()
 

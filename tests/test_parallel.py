@@ -7,6 +7,7 @@ import random
 
 import grpc
 import pytest
+from expected import json_score
 from google.protobuf.json_format import MessageToDict
 
 from grpcgrade.testing import children, start_server
@@ -262,7 +263,7 @@ def test_small_batches_of_bounded_graders_are_graded_where_they_arrive(server, p
 def test_score_columns_are_counted_in_the_score_histograms(server, padding):
     """The column path reports each grader's scores as `evaluate`'s path does (count, sum, buckets)."""
     samples = [{"response": JSONISH[i % len(JSONISH)] + " " * padding} for i in range(300)]
-    valid = sum(json_score_of(s["response"]) for s in samples)
+    valid = sum(json_score(s["response"]) for s in samples)
 
     def histogram() -> tuple[float, float, float]:
         labels = {"grader": "json_validator"}
@@ -276,11 +277,3 @@ def test_score_columns_are_counted_in_the_score_histograms(server, padding):
         c.batch_evaluate(samples, ["json_validator"], view=pb.RESULT_VIEW_SCORES)
     after = histogram()
     assert [a - b for a, b in zip(after, before, strict=True)] == [300, valid, 300 - valid]
-
-
-def json_score_of(text: str) -> float:
-    try:
-        json.loads(text)
-    except ValueError:
-        return 0.0
-    return 1.0

@@ -18,6 +18,7 @@ import threading
 import time
 
 import pytest
+from expected import json_score
 
 from grpcgrade.testing import start_server
 
@@ -50,14 +51,6 @@ def padded(i: int) -> str:
     return body if i % 3 else body[:-1]
 
 
-def valid(text: str) -> float:
-    try:
-        json.loads(text)
-    except ValueError:
-        return 0.0
-    return 1.0
-
-
 def actor_pids(log: str) -> list[int]:
     match = re.search(r"Ray executor: (\d+) actors on (\d+) nodes \(pids \[([\d, ]+)\]\)", log)
     assert match, log
@@ -73,7 +66,7 @@ def test_serve_ray_grades_on_both_nodes_and_survives_a_lost_actor(cluster, tmp_p
         texts = [padded(i) for i in range(400)]
         with server.client(timeout=300, chunk_size=25) as client:
             results = client.batch_evaluate([{"response": t} for t in texts], ["json_validator"])
-            assert [r.results[0].score for r in results] == [valid(t) for t in texts]
+            assert [r.results[0].score for r in results] == [json_score(t) for t in texts]
 
             # a slow batch; one actor's process is killed while it grades
             spec = [{"name": "sleepy", "params": {"seconds": 0.05, "heavy": False}}]

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 import yaml
+from expected import json_score
 from grpc_health.v1 import health_pb2
 from http_services import http_service
 
@@ -41,14 +42,6 @@ SHAPE = {
 }
 RESPONSES = ['{"a": 1}', "[1, 2, 3, 4, 5]", "not json", "x" * 13, "y" * (MAX_CHARS + 10)]
 TOO_LONG = {RESPONSES[-1]}  # over max_field_chars: INVALID_SAMPLE for every grader, no reward
-
-
-def json_score(response: str) -> float:
-    try:
-        json.loads(response)
-    except ValueError:
-        return 0.0
-    return 1.0
 
 
 def penalty(response: str) -> float:

@@ -14,7 +14,6 @@ import aiohttp
 import pytest
 
 from grpcgrade.core.tokens import count_tokens
-from grpcgrade.testing import free_port, start_server
 
 CONFIG = """
 default_reward: gsm8k
@@ -45,16 +44,10 @@ SAMPLES = [  # (prompt, response, label) as slime's Sample holds them
 
 
 @pytest.fixture(scope="module")
-def slime_server(tmp_path_factory, plugin_env):
-    tmp = tmp_path_factory.mktemp("slime")
-    (tmp / "config.yaml").write_text(CONFIG)
-    (tmp / "tokens").write_text(TOKEN + "\n")
-    port = free_port()
-    args = ["--workers", "0", "--config", "config.yaml", "--auth-token-file", "tokens", "--http-port", str(port)]
-    srv = start_server(tmp, *args, env=plugin_env)
-    srv.rm_url = f"http://slime:{TOKEN}@127.0.0.1:{port}"  # type: ignore[attr-defined]
-    yield srv
-    srv.stop()
+def slime_server(face_server):
+    srv = face_server(CONFIG, token=TOKEN)
+    srv.rm_url = srv.http.replace("http://", f"http://slime:{TOKEN}@")  # slime's --rm-url, with the token
+    return srv
 
 
 async def slime_remote_rm(rm_url: str, samples: list[tuple], reward_key: str | None = None) -> list:

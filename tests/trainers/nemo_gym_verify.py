@@ -2,8 +2,10 @@
 rollouts against a grpcgrade server, as `SimpleAgent.run` does (responses_api_agents/simple_agent/app.py):
 `/seed_session`, then `/verify` with the run request plus the model's `response`, `raise_for_status`,
 `model_validate`. Standard input (not an argument: NeMo Gym parses its command line with Hydra): a JSON
-object {"host", "port", "rollouts": [{"question", "text", "token_ids", "tool_call", "expected_answer"}]};
-prints one JSON line per rollout: the validated response's fields.
+object {"host", "port", "path" (optional, "/verify" by default), "rollouts": [{"question", "text", "token_ids",
+"tool_call", "agent", "expected_answer", ...task fields}]}; prints one JSON line per rollout: the validated
+response's fields. An `agent` rollout is a calculator agent's turn, as `SimpleAgent.run` records it: the tool
+offered, a function call, its output, then the answer.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from nemo_gym.base_resources_server import BaseRunRequest, BaseVerifyRequest, Ba
 from nemo_gym.config_types import BaseServerConfig
 from nemo_gym.openai_utils import (
     NeMoGymEasyInputMessage,
+    NeMoGymFunctionCallOutput,
+    NeMoGymFunctionToolParam,
     NeMoGymResponse,
     NeMoGymResponseCreateParamsNonStreaming,
     NeMoGymResponseFunctionToolCall,
@@ -46,17 +50,30 @@ class GrpcgradeVerifyResponse(BaseVerifyResponse):
     grpcgrade_error: str | None = None
 
 
+CALC = NeMoGymFunctionToolParam(
+    type="function",
+    name="calc",
+    description="Evaluates an arithmetic expression",
+    parameters={"type": "object", "properties": {"x": {"type": "string"}}, "required": ["x"]},
+    strict=True,
+)
+
+
 def rollout(spec: dict) -> tuple[TaskRunRequest, NeMoGymResponse]:
     params = NeMoGymResponseCreateParamsNonStreaming(
         input=[
             NeMoGymEasyInputMessage(role="system", content="Answer with a number."),
             NeMoGymEasyInputMessage(role="user", content=spec["question"]),
-        ]
+        ],
+        tools=[CALC] if spec.get("agent") else [],
     )
-    run = TaskRunRequest(responses_create_params=params, expected_answer=spec["expected_answer"], level="easy")
+    task = {k: v for k, v in spec.items() if k not in ("question", "text", "token_ids", "tool_call", "agent")}
+    run = TaskRunRequest(responses_create_params=params, level="easy", **task)
     output: list = []
-    if spec.get("tool_call"):
+    if spec.get("tool_call") or spec.get("agent"):
         output.append(NeMoGymResponseFunctionToolCall(call_id="c1", name="calc", arguments='{"x": "8*9"}'))
+    if spec.get("agent"):
+        output.append(NeMoGymFunctionCallOutput(call_id="c1", output="72"))
     text = NeMoGymResponseOutputText(annotations=[], text=spec["text"])
     ids = spec["token_ids"]
     output.append(
@@ -85,7 +102,8 @@ async def main(args: dict) -> None:
         seeded = await client.post(server_name="grpcgrade", url_path="/seed_session", json=run.model_dump())
         await raise_for_status(seeded)
         verify_request = TaskVerifyRequest.model_validate(run.model_dump() | {"response": response.model_dump()})
-        verified = await client.post(server_name="grpcgrade", url_path="/verify", json=verify_request.model_dump())
+        path = args.get("path", "/verify")
+        verified = await client.post(server_name="grpcgrade", url_path=path, json=verify_request.model_dump())
         await raise_for_status(verified)
         answer = GrpcgradeVerifyResponse.model_validate(await get_response_json(verified))
         echoed = answer.response.output[-1].content[0].text == spec["text"]

@@ -126,9 +126,10 @@ def _shape_score(value: Any, schema: Mapping[str, Any]) -> tuple[float, list[Any
 
 
 class SchemaGrader(BaseGrader):
-    """What `json_schema` and `xml_schema` share: the record schema and the no-schema reward."""
+    """What `json_schema` and `xml_schema` share: the record schema (`metadata.schema`), the no-schema reward,
+    and so their params and inputs; a subclass grades the answer against the schema (`against`)."""
 
-    def __init__(self, reward_if_no_schema: float) -> None:
+    def __init__(self, reward_if_no_schema: float = 0.0) -> None:
         if not is_number(reward_if_no_schema) or not math.isfinite(reward_if_no_schema):
             raise InvalidParams("reward_if_no_schema", "must be a finite number")
         super().__init__()
@@ -142,18 +143,22 @@ class SchemaGrader(BaseGrader):
             metadata={"schema_found": False},
         )
 
-
-class JsonSchemaGrader(SchemaGrader):
-    """Shape check against `metadata.schema` (a JSON string): required keys, optional no-extra-keys rule."""
-
-    def __init__(self, reward_if_no_schema: float = 0.0) -> None:
-        super().__init__(reward_if_no_schema=reward_if_no_schema)
-
     def evaluate(self, response: str = "", metadata: Any = None, **kwargs: Any) -> GraderScore:
         schema = record_schema(metadata)
         if schema is None:
             return self.no_schema_result()
-        value, penalty, how = _parse_relaxed(answer_or_completion(response or ""))
+        return self.against(response or "", schema)
+
+    def against(self, response: str, schema: Mapping[str, Any]) -> GraderScore:
+        """The answer in `response` graded against the record's `schema`."""
+        raise NotImplementedError
+
+
+class JsonSchemaGrader(SchemaGrader):
+    """Shape check against `metadata.schema` (a JSON string): required keys, optional no-extra-keys rule."""
+
+    def against(self, response: str, schema: Mapping[str, Any]) -> GraderScore:
+        value, penalty, how = _parse_relaxed(answer_or_completion(response))
         if value is None:
             # Kolibrify cannot tell a parsed `null` / `None` from a failed parse: both score 0.
             return GraderScore(

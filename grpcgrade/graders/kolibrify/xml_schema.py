@@ -23,7 +23,7 @@ from typing import Any
 from grpcgrade.grader import GraderScore
 
 from .json_graders import RELAXED_PARSE_PENALTY, SchemaGrader
-from .parsing import answer_or_completion, fenced_block, record_schema
+from .parsing import answer_or_completion, fenced_block
 
 #: D9: deepest element nesting accepted.
 MAX_XML_DEPTH = 256
@@ -76,14 +76,8 @@ def parse_xml(text: str) -> str | None:
 class XmlSchemaGrader(SchemaGrader):
     """0.5 for well-formed XML, 0.8 for a wrong root tag, 1.0 for the right one; x0.9 if fenced."""
 
-    def __init__(self, reward_if_no_schema: float = 0.0) -> None:
-        super().__init__(reward_if_no_schema=reward_if_no_schema)
-
-    def evaluate(self, response: str = "", metadata: Any = None, **kwargs: Any) -> GraderScore:
-        schema = record_schema(metadata)
-        if schema is None:
-            return self.no_schema_result()
-        text = answer_or_completion(response or "")
+    def against(self, response: str, schema: Mapping[str, Any]) -> GraderScore:
+        text = answer_or_completion(response)
         root, penalty = parse_xml(text), 1.0
         if root is None and (candidate := fenced_block(text)):
             root, penalty = parse_xml(candidate), RELAXED_PARSE_PENALTY

@@ -13,11 +13,13 @@ plus fields NeMo Gym averages into its metrics when numeric (`reward_profile.com
 - The sample: `response` is the text of the assistant `message` items' `output_text` parts; `query` the
   last user input's text (`input` a string is itself); `reference` the task's `expected_answer`
   (`samples.as_text`; without one, a grader that requires a reference answers INVALID_SAMPLE);
-  `function_call` output items become the `tool_calls` agent input (docs/agents.md) in the Chat
-  Completions shape (`{"id", "type": "function", "function": {"name", "arguments"}}`); every other task
-  field goes to
-  `extra` as it is; `completion_tokens` is the output items' `generation_token_ids` count when NeMo-RL
-  sends them, else `response.usage.output_tokens`.
+  the agent inputs (docs/agents.md) a grader of the reward names are made from the Responses API items in
+  the Chat Completions shape: `messages` the conversation (`input`, then the `output` items:
+  `chat_messages`), `tool_calls` the `function_call` output items (`{"id", "type": "function", "function":
+  {"name", "arguments"}}`) and `tool_definitions` the request's function `tools`; every other task field
+  goes to `extra` as it is;
+  `completion_tokens` is the output items' `generation_token_ids` count when NeMo-RL sends them, else
+  `response.usage.output_tokens`.
 - The answer adds `reward`, `reward_components` ({grader key: score or null}) and `grpcgrade_failed`
   (0 or 1). A failed sample's `reward` is the configuration's `http.failure_reward` (NeMo Gym requires a
   number), with `grpcgrade_failed` 1 (so its mean in NeMo Gym's aggregate metrics is the failure rate)
@@ -31,12 +33,13 @@ plus fields NeMo Gym averages into its metrics when numeric (`reward_profile.com
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from aiohttp import web
 
 from grpcgrade.core.chat import last_text, message_text
+from grpcgrade.core.grading import inputs_of
 from grpcgrade.core.samples import INPUT_FIELDS, SAMPLE_FIELDS, as_text
 
 from .common import FaceContext, faced, sample_fields
@@ -70,16 +73,74 @@ def response_text(items: list[Mapping[str, Any]]) -> str:
     )
 
 
+def _call(item: Mapping[str, Any]) -> dict[str, Any]:
+    """A `function_call` item as a Chat Completions tool call."""
+    return {
+        "id": item.get("call_id", ""),
+        "type": "function",
+        "function": {"name": item.get("name", ""), "arguments": item.get("arguments", "")},
+    }
+
+
 def tool_calls(items: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """`function_call` items as Chat Completions tool calls."""
+    return [_call(item) for item in items if item.get("type") == "function_call"]
+
+
+def chat_messages(params: Mapping[str, Any], items: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The rollout, its `input` then its `output` items, as Chat Completions messages (docs/agents.md), grouped
+    as NeMo Gym's own `ResponsesConverter` groups them: an assistant's text and the `function_call` items
+    that follow it are one assistant message with `tool_calls`, until a user, system, developer or tool
+    message ends that turn; a `function_call_output` is a `tool` message answering its `call_id`. `input`
+    given as a string is the user's message; `instructions` come first as a system message. Message text is
+    the content string or its text parts (`message_text`); `reasoning` items and tools other than functions
+    are left out, as `response` leaves them out."""
+    given = params.get("input")
+    inputs: list[Any] = [{"role": "user", "content": given}] if isinstance(given, str) else list(given or ())
+    instructions = params.get("instructions")
+    messages: list[dict[str, Any]] = [{"role": "system", "content": instructions}] if instructions else []
+    text: list[str] = []
+    calls: list[dict[str, Any]] = []
+
+    def end_turn() -> None:
+        if text or calls:
+            turn: dict[str, Any] = {"role": "assistant", "content": "".join(text) or None}
+            if calls:
+                turn["tool_calls"] = calls.copy()
+            messages.append(turn)
+            text.clear()
+            calls.clear()
+
+    for item in (*inputs, *items):
+        if not isinstance(item, Mapping):
+            continue
+        kind = item.get("type") or ("message" if item.get("role") else None)
+        if kind == "message":
+            role = item.get("role") or "assistant"  # an output message is the assistant's
+            if role == "assistant":
+                text.append(message_text(item.get("content")))
+            else:
+                end_turn()
+                messages.append({"role": role, "content": message_text(item.get("content"))})
+        elif kind == "function_call":
+            calls.append(_call(item))
+        elif kind == "function_call_output":
+            end_turn()
+            messages.append(
+                {"role": "tool", "tool_call_id": item.get("call_id", ""), "content": message_text(item.get("output"))}
+            )
+    end_turn()
+    return messages
+
+
+def tool_definitions(params: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The request's function tools (the Responses API's flat `{"type": "function", "name", "description",
+    "parameters"}`) in the Chat Completions shape `{"type": "function", "function": {...}}`."""
+    tools = params.get("tools")
     return [
-        {
-            "id": item.get("call_id", ""),
-            "type": "function",
-            "function": {"name": item.get("name", ""), "arguments": item.get("arguments", "")},
-        }
-        for item in items
-        if item.get("type") == "function_call"
+        {"type": "function", "function": {k: tool[k] for k in ("name", "description", "parameters") if k in tool}}
+        for tool in (tools if isinstance(tools, list) else ())
+        if isinstance(tool, Mapping) and tool.get("type") == "function"
     ]
 
 
@@ -101,6 +162,16 @@ def query_of(params: Mapping[str, Any]) -> str:
     return last_text(given, "user") if isinstance(given, list) else ""
 
 
+#: How each agent input is made from the request's params and the response's items. Only those a grader of the
+#: reward names are made: the others' graders neither pay for the conversion nor fail a long rollout on the
+#: field's size limit (`max_field_chars`), which a conversation may pass.
+AGENT_INPUTS: dict[str, Callable[[Mapping[str, Any], list[Mapping[str, Any]]], list[dict[str, Any]]]] = {
+    "messages": chat_messages,
+    "tool_calls": lambda params, items: tool_calls(items),
+    "tool_definitions": lambda params, items: tool_definitions(params),
+}
+
+
 class NemoGymFace:
     """Verifies one NeMo Gym rollout with the face's engine call."""
 
@@ -118,17 +189,18 @@ class NemoGymFace:
         if not isinstance(params, Mapping) or not isinstance(response, Mapping):
             raise web.HTTPBadRequest(text="`responses_create_params` and `response` are required: JSON objects")
         items = _items(response)
-        skip = PROTOCOL_KEYS | {REFERENCE_KEY} | INPUT_FIELDS | set(SAMPLE_FIELDS) | set(ANSWER_KEYS)
+        declared = frozenset().union(*(inputs_of(job.grader).names for job in jobs))
+        agent = {name: build(params, items) for name, build in AGENT_INPUTS.items() if name in declared}
+        skip = PROTOCOL_KEYS | {REFERENCE_KEY} | INPUT_FIELDS | set(SAMPLE_FIELDS) | set(ANSWER_KEYS) | set(agent)
         extra = {key: value for key, value in body.items() if key not in skip}
-        calls = tool_calls(items)
-        if calls:
-            extra["tool_calls"] = calls
         tokens = completion_tokens(response, items)
         if tokens is not None:
             extra["completion_tokens"] = tokens
         answer_given = body.get(REFERENCE_KEY)
         reference = None if answer_given is None else as_text(answer_given)  # none: INVALID_SAMPLE if required
-        sample = sample_fields(response_text(items), query=query_of(params), reference=reference, extra=extra)
+        sample = sample_fields(
+            response_text(items), query=query_of(params), reference=reference, extra=extra, agent=agent
+        )
         guards = ctx.guards({}, 1, started, ratio=False)
         (graded,) = await ctx.grade(name, jobs, [sample], guards, FACE)
         answer = dict(body)
