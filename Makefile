@@ -153,10 +153,11 @@ docs: $(STAMP)
 cog: $(STAMP)
 	$(BIN)/cog -r -I scripts $$(grep -l '\[\[\[cog' README.md docs/*.md)
 
-# What pip cannot install: bubblewrap, the code sandbox of plugins/grpcgrade-code, and libseccomp, its
-# seccomp filter's builder (Debian/Ubuntu, as root).
+# What pip cannot install (Debian/Ubuntu, as root): bubblewrap, the code sandbox of plugins/grpcgrade-code;
+# libseccomp, its seccomp filter's builder; nghttp2-client's h2load, the load generator of
+# `grpcgrade bench --per-sample` (a crowd of callers driven from C, so that the client does not cap the servers).
 system-deps:
-	apt-get update && apt-get install -y --no-install-recommends bubblewrap libseccomp2
+	apt-get update && apt-get install -y --no-install-recommends bubblewrap libseccomp2 nghttp2-client
 
 # The image built and run by a real container engine, then the compose stack (docs/deploy.md says what it
 # checks). As root on Debian: installs and configures podman from Debian's packages first.

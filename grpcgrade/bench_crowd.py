@@ -1,142 +1,237 @@
 """`grpcgrade bench --per-sample`: a crowd of one-sample callers, against the FastAPI peer users write.
 
 Trainers that grade as rollouts finish send one sample per call, thousands at once. This measures, in one
-run on the same samples and the same grader, the calls per second answered by
+run on the same sample and the same grader, the calls per second answered by
 
 - the plain FastAPI per-sample server (`bench_peer`: uvicorn, one process, the grader inline), over HTTP;
-- grpcgrade's unary `Evaluate` (the scores view), from the async Python client;
-- grpcgrade's HTTP face (`POST /get_reward`, one query per request), from the same HTTP client as the peer;
+- grpcgrade's unary `Evaluate` (the scores view), with its server coalescing concurrent calls, and again
+  with coalescing off;
+- grpcgrade's HTTP face (`POST /get_reward`, OpenRLHF's body with one query);
+- the floor of each protocol (`bench_peer`'s bare `grpc.aio` and aiohttp servers in one process): what
+  gRPC and aiohttp themselves allow a Python process here, which bounds what grpcgrade's faces can reach;
 
 each with `callers` concurrent callers calling back to back, and reports each as a ratio to the peer (the
-goals: gRPC >= 3x, HTTP >= 2x) with its p50 and p99 latency. The server coalesces the concurrent one-sample
-calls (`core.coalesce`); `--per-sample` also runs it with coalescing off, so its share shows. Each side
-runs twice, taking turns, and keeps its better run: on a shared machine load changes within seconds.
+goals: gRPC >= 3x, HTTP >= 2x) with its p50 and p99 latency.
+
+**The load generator is `h2load`** (nghttp2's, in C; Debian's `nghttp2-client`, which `make system-deps`
+installs), the same for every server: HTTP/1.1 with one connection per caller for the HTTP servers, and
+HTTP/2 with gRPC's headers and a framed `EvaluateRequest` for gRPC (`GRPC_STREAMS_PER_CONNECTION` calls in
+flight on each connection, as a trainer's worker processes each with a channel). A Python client driving
+4,000 callers spends about as much CPU per call as the server it drives, so on 2 cores it capped every
+server alike and the ratios read ~1; h2load spends a few microseconds a call. h2load checks HTTP
+statuses, not gRPC's trailers: the gRPC calls are counted as answered from the server's own
+`grpc_server_handled_total{grpc_code="OK"}`.
+
+**Server CPU per call** is reported beside calls/s (`*_server_cpu_us`: user + system CPU of the server
+process and its worker processes, from /proc, over the run, per call): the server's capacity whatever the
+machine's load, and the figure that says where the time goes. Each side runs twice, taking turns, and
+keeps its better run: on a shared machine load changes within seconds.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
+import resource
+import shutil
+import socket
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .bench import PRESETS, make_samples
-from .testing import free_port, start_server
+from .testing import ServerProcess, children, cpu_seconds, free_port, start_server
 
 #: The issue's goals: per-sample calls/s as a multiple of the FastAPI peer's.
 GOALS = {"grpc_x_fastapi": 3.0, "http_x_fastapi": 2.0}
 ROUNDS = 2
+#: gRPC calls in flight on one HTTP/2 connection (the crowd is spread over callers / this connections).
+GRPC_STREAMS_PER_CONNECTION = 100
+#: The longest one h2load run may take (a crowd on a loaded machine is slow, not stuck).
+RUN_TIMEOUT_SECONDS = 600
+EVALUATE_PATH = "/grpcgrade.v1.GradingService/Evaluate"
 
 
-async def _crowd(
-    call: Callable[[dict[str, Any]], Awaitable[float | None]], samples: list[dict[str, Any]], callers: int
-) -> tuple[list[float], float, int]:
-    """`callers` tasks taking samples in turn and calling back to back: latencies, seconds, failures."""
-    latencies: list[float] = []
-    failures = 0
-    queue = iter(samples)
+@dataclass
+class Crowd:
+    """One server to drive: where, with what body, whose CPU counts, and (gRPC) how many calls it answered OK."""
 
-    async def caller() -> None:
-        nonlocal failures
-        for sample in queue:
-            t0 = time.perf_counter()
-            try:
-                value = await call(sample)
-            except Exception:  # noqa: BLE001 - counted: a failed call is a figure, not the end of the run
-                failures += 1
-                continue
-            latencies.append(time.perf_counter() - t0)
-            if value is None:
-                failures += 1
-
-    start = time.perf_counter()
-    await asyncio.gather(*(caller() for _ in range(callers)))
-    return latencies, time.perf_counter() - start, failures
+    name: str
+    url: str
+    body: Path
+    pid: int
+    grpc: bool = False
+    answered: Callable[[], float] | None = None
 
 
-async def _http_run(
-    url: str, body: Callable[[dict[str, Any]], dict[str, Any]], key: str, samples: list[dict[str, Any]], callers: int
-) -> tuple[list[float], float, int]:
-    import aiohttp
-
-    connector = aiohttp.TCPConnector(limit=0)
-    timeout = aiohttp.ClientTimeout(total=600)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-
-        async def call(sample: dict[str, Any]) -> float | None:
-            while True:
-                async with session.post(url, json=body(sample)) as r:
-                    if r.status == 503:  # refused for load: after the hint, as a trainer would
-                        await asyncio.sleep(float(r.headers.get("Retry-After", "1")))
-                        continue
-                    r.raise_for_status()
-                    value = (await r.json())[key]
-                    return value[0] if isinstance(value, list) else value
-
-        await call(samples[0])  # warm-up: the connection pool, the grader
-        return await _crowd(call, samples, callers)
+def tree_cpu_seconds(pid: int) -> float:
+    """User + system CPU of `pid` and its child processes (a server's workers) so far."""
+    total = cpu_seconds(pid)
+    for child in children(pid):
+        try:
+            total += cpu_seconds(child)
+        except OSError:  # ended meanwhile
+            continue
+    return total
 
 
-async def _grpc_run(
-    target: str, spec: list[dict[str, Any]], samples: list[dict[str, Any]], callers: int
-) -> tuple[list[float], float, int]:
-    from .client import AsyncGradingClient
-    from .v1 import grading_pb2 as pb
-
-    async with AsyncGradingClient(target, timeout=600) as client:
-
-        async def call(sample: dict[str, Any]) -> float | None:
-            response = await client.evaluate(sample, spec, view=pb.RESULT_VIEW_SCORES)
-            return response.reward if response.HasField("reward") else None
-
-        await call(samples[0])
-        return await _crowd(call, samples, callers)
+def grpc_frame(message: bytes) -> bytes:
+    """A gRPC length-prefixed message: not compressed, its length as 4 big-endian bytes, the message."""
+    return b"\0" + struct.pack(">I", len(message)) + message
 
 
-def _figures(name: str, run: tuple[list[float], float, int], calls: int) -> dict[str, float]:
-    latencies, seconds, failures = run
+def h2load_command(crowd: Crowd, calls: int, callers: int, log: Path) -> list[str]:
+    """h2load's arguments for `calls` calls from `callers` concurrent callers, each call's time to `log`."""
+    h2load = shutil.which("h2load")
+    if h2load is None:
+        raise RuntimeError(
+            "grpcgrade bench --per-sample drives the servers with h2load (Debian's nghttp2-client; "
+            "make system-deps installs it)"
+        )
+    cmd = [h2load, "-n", str(calls), "-t", "1", "-d", str(crowd.body), f"--log-file={log}"]
+    if crowd.grpc:
+        connections = max(1, -(-callers // GRPC_STREAMS_PER_CONNECTION))
+        cmd += ["-c", str(connections), "-m", str(-(-callers // connections))]
+        cmd += ["-H", "content-type: application/grpc", "-H", "te: trailers"]
+    else:
+        cmd += ["--h1", "-c", str(callers), "-H", "content-type: application/json"]
+    return [*cmd, crowd.url]
+
+
+def drive(crowd: Crowd, calls: int, callers: int, workdir: Path) -> dict[str, float]:
+    """One h2load run against `crowd`: calls/s, p50/p99 latency, failed calls, CPU per call (server, h2load)."""
+    log = workdir / f"{crowd.name}.h2load"
+    log.unlink(missing_ok=True)
+    answered = crowd.answered() if crowd.answered is not None else 0.0
+    cpu = tree_cpu_seconds(crowd.pid)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    done = subprocess.run(
+        h2load_command(crowd, calls, callers, log), capture_output=True, text=True, timeout=RUN_TIMEOUT_SECONDS
+    )
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = tree_cpu_seconds(crowd.pid) - cpu
+    if done.returncode != 0:
+        raise RuntimeError(f"h2load failed against {crowd.name}: {done.stderr or done.stdout}")
+    starts, ends, latencies, failed = [], [], [], 0
+    for line in log.read_text().splitlines():
+        start, status, micros = (int(x) for x in line.split("\t"))
+        starts.append(start)
+        ends.append(start + micros)
+        latencies.append(micros / 1000)
+        failed += not 200 <= status < 300
+    failed += calls - len(latencies)  # never answered at all
+    if crowd.answered is not None:  # gRPC: HTTP 200 with an error in the trailers is a failure too
+        failed = max(failed, calls - int(crowd.answered() - answered))
+    seconds = (max(ends) - min(starts)) / 1e6 if starts else float("inf")
     q = statistics.quantiles(latencies, n=100) if len(latencies) > 1 else [0.0] * 99
+    generator = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    name = crowd.name
     return {
         f"{name}_per_second": round(calls / seconds, 1),
-        f"{name}_p50_ms": round(q[49] * 1000, 1),
-        f"{name}_p99_ms": round(q[98] * 1000, 1),
-        f"{name}_failed": failures,
+        f"{name}_p50_ms": round(q[49], 1),
+        f"{name}_p99_ms": round(q[98], 1),
+        f"{name}_failed": failed,
+        f"{name}_server_cpu_us": round(cpu / calls * 1e6, 1),
+        f"{name}_h2load_cpu_us": round(generator / calls * 1e6, 1),
     }
 
 
-def _peer(grader: str, params: dict[str, Any], workdir: Path) -> tuple[subprocess.Popen[bytes], int]:
-    port = free_port()
-    log = open(workdir / "peer.log", "wb")  # noqa: SIM115 - the peer's whole life
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "grpcgrade.bench_peer", grader, json.dumps(params), str(port)],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
+def _listening(proc: subprocess.Popen[bytes], ports: list[int], log: Path) -> None:
     deadline = time.monotonic() + 60
-    import socket
-
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"the FastAPI peer exited: {(workdir / 'peer.log').read_text()}")
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return proc, port
+            raise RuntimeError(f"a comparison server exited: {log.read_text()}")
+        up = 0
+        for port in ports:
+            with socket.socket() as s:
+                up += s.connect_ex(("127.0.0.1", port)) == 0
+        if up == len(ports):
+            return
         time.sleep(0.1)
     proc.kill()
-    raise RuntimeError("the FastAPI peer did not listen within 60 s")
+    raise RuntimeError(f"a comparison server did not listen within 60 s: {log.read_text()}")
+
+
+def _spawn(workdir: Path, kind: str, *args: str, ports: list[int]) -> subprocess.Popen[bytes]:
+    """`bench_peer`'s `kind` of server, once it listens on every one of `ports`."""
+    log = workdir / f"{kind}.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "grpcgrade.bench_peer", kind, *args], stdout=out, stderr=out)
+    _listening(proc, ports, log)
+    return proc
+
+
+def _answered(server: ServerProcess) -> Callable[[], float]:
+    return lambda: server.metric("grpc_server_handled_total", grpc_method="Evaluate", grpc_code="OK")
+
+
+def _count(url: str) -> float:
+    from urllib.request import urlopen
+
+    with urlopen(url, timeout=30) as answer:
+        return float(answer.read())
+
+
+def _bodies(workdir: Path, spec: list[dict[str, Any]], sample: dict[str, Any]) -> dict[str, Path]:
+    """The one sample as each server takes it: a framed EvaluateRequest, the peer's JSON, OpenRLHF's body."""
+    from .service.convert import sample_to_pb, specs_to_pb
+    from .v1 import grading_pb2 as pb
+
+    request = pb.EvaluateRequest(graders=specs_to_pb(spec), sample=sample_to_pb(sample), view=pb.RESULT_VIEW_SCORES)
+    openrlhf = {"query": [sample["response"]], "labels": [sample.get("reference", "")]}
+    bodies = {"grpc": workdir / "evaluate.bin", "peer": workdir / "peer.json", "http": workdir / "openrlhf.json"}
+    bodies["grpc"].write_bytes(grpc_frame(request.SerializeToString()))
+    bodies["peer"].write_text(json.dumps(sample))
+    bodies["http"].write_text(json.dumps(openrlhf))
+    return bodies
+
+
+def _start(stack: ExitStack, workdir: Path, grader: str, sample: dict[str, Any], workers: int | None) -> list[Crowd]:
+    """Every server of the module docstring started (and stopped by `stack`), the peer first."""
+    preset = PRESETS[grader]
+    spec = [{"name": preset.grader, "params": preset.params}]
+    bodies = _bodies(workdir, spec, sample)
+    port = free_port()
+    peer = _spawn(workdir, "fastapi", preset.grader, json.dumps(preset.params), str(port), ports=[port])
+    stack.callback(_end, peer)
+    crowds = [Crowd("fastapi", f"http://127.0.0.1:{port}/reward", bodies["peer"], peer.pid)]
+    reward = {"rewards": {"bench": spec}, "default_reward": "bench", "cache": {"enabled": False}}
+    for name, config in (("grpc", reward), ("grpc_uncoalesced", {**reward, "coalesce_linger_seconds": 0})):
+        path = workdir / f"{name}.yaml"
+        path.write_text(json.dumps(config))
+        args = ["--config", str(path), "--log-level", "error"]
+        server = start_server(workdir, *args, *(["--workers", str(workers)] if workers is not None else []), http=True)
+        stack.callback(server.stop)
+        url = f"http://{server.target}{EVALUATE_PATH}"
+        crowds.append(Crowd(name, url, bodies["grpc"], server.proc.pid, grpc=True, answered=_answered(server)))
+        if name == "grpc":  # the HTTP face of the server as it is configured by default
+            crowds.append(Crowd("http", f"{server.http}/get_reward", bodies["http"], server.proc.pid))
+    grpc_port, http_port = free_port(), free_port()
+    floor = _spawn(workdir, "floor", grader, "{}", str(grpc_port), str(http_port), ports=[grpc_port, http_port])
+    stack.callback(_end, floor)
+    url, counted = f"http://127.0.0.1:{grpc_port}{EVALUATE_PATH}", f"http://127.0.0.1:{http_port}/answered"
+    crowds.append(Crowd("floor_grpc", url, bodies["grpc"], floor.pid, grpc=True, answered=lambda: _count(counted)))
+    crowds.append(Crowd("floor_http", f"http://127.0.0.1:{http_port}/get_reward", bodies["http"], floor.pid))
+    return crowds
+
+
+def _end(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    proc.wait(30)
 
 
 def run_per_sample(
     grader: str = "json_validator", calls: int = 20_000, callers: int = 4_000, workers: int | None = None
 ) -> dict[str, Any]:
-    """The figures of the module docstring, as a dict (ratios, calls/s, p50 and p99 in ms, load)."""
+    """The figures of the module docstring, as a dict (ratios, calls/s, p50 and p99 in ms, CPU per call, load)."""
     try:
         import fastapi  # noqa: F401
         import uvicorn  # noqa: F401
@@ -145,64 +240,35 @@ def run_per_sample(
             "grpcgrade bench --per-sample needs FastAPI and uvicorn for its peer: pip install fastapi uvicorn "
             "(make bench installs them)"
         ) from exc
-    preset = PRESETS[grader]
-    spec = [{"name": preset.grader, "params": preset.params}]
-    samples = make_samples(preset.data, calls)
-    cores = os.cpu_count() or 1
     report: dict[str, Any] = {
         "grader": grader,
         "calls": calls,
         "callers": callers,
-        "cores": cores,
+        "cores": os.cpu_count() or 1,
+        "load_generator": "h2load",
         "load_average": {"start": [round(x, 2) for x in os.getloadavg()]},
     }
     figures: dict[str, dict[str, float]] = {}
-
-    def keep(name: str, run: tuple[list[float], float, int]) -> None:
-        new = _figures(name, run, calls)
-        old = figures.get(name)
-        if old is None or new[f"{name}_per_second"] > old[f"{name}_per_second"]:
-            figures[name] = new
-
-    with tempfile.TemporaryDirectory() as tmp:
+    sample = make_samples(PRESETS[grader].data, 1)[0]
+    with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
         workdir = Path(tmp)
-        config = workdir / "crowd.yaml"
-        reward = {"rewards": {"bench": spec}, "default_reward": "bench", "cache": {"enabled": False}}
-        config.write_text(json.dumps(reward))
-        off = workdir / "crowd-off.yaml"
-        off.write_text(json.dumps({**reward, "coalesce_linger_seconds": 0}))
-        peer, peer_port = _peer(preset.grader, preset.params, workdir)
-        servers = {}
-        try:
-            for name, path in (("on", config), ("off", off)):
-                http_port = free_port()
-                args = ["--config", str(path), "--http-port", str(http_port), "--log-level", "error"]
-                if workers is not None:
-                    args += ["--workers", str(workers)]
-                servers[name] = (start_server(workdir, *args, metrics=False), http_port)
-            peer_url = f"http://127.0.0.1:{peer_port}/reward"
-
-            def openrlhf(sample: dict[str, Any]) -> dict[str, Any]:
-                return {"query": [sample["response"]], "labels": [sample.get("reference", "")]}
-
-            for _ in range(ROUNDS):
-                keep("fastapi", asyncio.run(_http_run(peer_url, dict, "reward", samples, callers)))
-                server, http_port = servers["on"]
-                keep("grpc", asyncio.run(_grpc_run(server.target, spec, samples, callers)))
-                url = f"http://127.0.0.1:{http_port}/get_reward"
-                keep("http", asyncio.run(_http_run(url, openrlhf, "rewards", samples, callers)))
-                server, http_port = servers["off"]
-                keep("grpc_uncoalesced", asyncio.run(_grpc_run(server.target, spec, samples, callers)))
-        finally:
-            for server, _ in servers.values():
-                server.stop()
-            peer.terminate()
-            peer.wait(30)
+        crowds = _start(stack, workdir, grader, sample, workers)
+        for crowd in crowds:  # warm-up: connections, the graders, the first chunk of each server
+            drive(crowd, min(calls, 2 * callers), callers, workdir)
+        for _ in range(ROUNDS):
+            for crowd in crowds:
+                new = drive(crowd, calls, callers, workdir)
+                old = figures.get(crowd.name)
+                if old is None or new[f"{crowd.name}_per_second"] > old[f"{crowd.name}_per_second"]:
+                    figures[crowd.name] = new
     for values in figures.values():
         report.update(values)
-    peer_rate = report["fastapi_per_second"]
-    for name in ("grpc", "http", "grpc_uncoalesced"):
+    peer_rate, peer_cpu = report["fastapi_per_second"], report["fastapi_server_cpu_us"]
+    for crowd in crowds[1:]:
+        name = crowd.name
         report[f"{name}_x_fastapi"] = round(report[f"{name}_per_second"] / peer_rate, 2)
+        # calls a CPU-second answers, as a multiple of the peer's: capacity whatever else ran meanwhile
+        report[f"{name}_calls_per_cpu_x_fastapi"] = round(peer_cpu / max(report[f"{name}_server_cpu_us"], 1e-9), 2)
     report["goals"] = {k: {"goal": f">= {v:g}", "met": report[k] >= v} for k, v in GOALS.items()}
     report["load_average"]["end"] = [round(x, 2) for x in os.getloadavg()]
     return report

@@ -40,7 +40,8 @@ CONFIG_KEYS = {
     "`tiktoken:ENCODING` or a model's `tokenizer.json` (relative to this file); `--tokenizer` overrides it "
     "(see [Trainers](trainers.md#token-counts-the-trainer-does-not-send))",
     "coalesce_linger_seconds": "one-sample calls (unary `Evaluate`, one-sample HTTP requests) with the same "
-    "graders arriving together are graded as one chunk; while a chunk of theirs is being graded, a call waits "
+    "graders arriving together are graded as one chunk (unless the engine grades them inline anyway: cheap "
+    "graders, a small sample); while a chunk of theirs is being graded, a call waits "
     "at most this long for others (0: each call graded alone; see [Performance](performance.md#per-sample-callers))",
 }
 

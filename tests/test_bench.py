@@ -122,3 +122,24 @@ def test_the_bench_server_grades_every_run_and_never_answers_from_the_cache(tmp_
         assert not first.results[0].cached and not second.results[0].cached
     finally:
         server.stop()
+
+
+def test_per_sample_drives_every_server_with_h2load_and_counts_their_cpu(tmp_path):
+    """`bench --per-sample` on a small crowd: every server answered every call (gRPC's answers counted by the
+    servers themselves: h2load reads only HTTP statuses), each figure and ratio is there, and the CPU per call
+    was read for each server and for the load generator."""
+    cmd = [sys.executable, "-m", "grpcgrade.cli", "bench", "--per-sample", "--samples", "300", "--callers", "60"]
+    out = subprocess.run([*cmd, "--json"], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert (report["calls"], report["callers"], report["load_generator"]) == (300, 60, "h2load")
+    for name in ("fastapi", "grpc", "grpc_uncoalesced", "http", "floor_grpc", "floor_http"):
+        assert report[f"{name}_failed"] == 0
+        assert report[f"{name}_per_second"] > 0
+        assert 0 < report[f"{name}_p50_ms"] <= report[f"{name}_p99_ms"]
+        assert report[f"{name}_server_cpu_us"] > 0
+        assert report[f"{name}_h2load_cpu_us"] >= 0
+        if name != "fastapi":
+            ratio = report[f"{name}_per_second"] / report["fastapi_per_second"]
+            assert report[f"{name}_x_fastapi"] == pytest.approx(ratio, abs=0.01)
+    assert set(report["goals"]) == {"grpc_x_fastapi", "http_x_fastapi"}

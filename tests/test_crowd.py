@@ -12,7 +12,10 @@ wait for a worker, as real grading does, so calls overlap and pass the limit.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import subprocess
 from collections import Counter
+from pathlib import Path
 
 import aiohttp
 import grpc
@@ -20,6 +23,7 @@ import pytest
 from expected import json_score
 
 from grpcgrade.client import AsyncGradingClient
+from grpcgrade.core.config import HttpConfig
 from grpcgrade.service.convert import specs_to_pb
 from grpcgrade.v1 import grading_pb2 as pb
 
@@ -114,6 +118,20 @@ def test_an_http_crowd_is_answered_or_refused_with_a_retry_hint(crowd_server):
     assert crowd_server.metric("grpcgrade_calls_admitted") == 0
 
 
+def test_the_http_face_listens_with_a_backlog_for_a_crowd(crowd_server):
+    """A crowd connects at once, faster than one event loop accepts: the kernel holds the connections not yet
+    accepted, as many as the listening socket's backlog. With asyncio's default of 100, the kernel dropped the
+    rest's SYNs and their callers resent them only after 1, 3, 7 s (4,000 callers: the slowest answered after
+    55 s). The backlog asked for is the connection cap (`http.max_connections`, 4,096), capped by the kernel's
+    somaxconn; `ss` reports a listening socket's backlog as its Send-Q."""
+    port = crowd_server.http_port
+    listing = subprocess.run(["ss", "-Hltn", f"sport = :{port}"], capture_output=True, text=True, check=True).stdout
+    (line,) = listing.splitlines()
+    backlog = int(line.split()[2])
+    somaxconn = int(Path("/proc/sys/net/core/somaxconn").read_text())
+    assert backlog == min(HttpConfig().max_connections, somaxconn)
+
+
 def test_a_refusal_carries_the_limit_and_the_hint(crowd_server):
     """What a caller without our client sees: RESOURCE_EXHAUSTED naming the limit, the pushback trailer."""
 
@@ -168,3 +186,26 @@ def test_admission_refuses_past_each_limit_and_frees_what_ends():
     assert refused.value.retry_after == Limits().retry_after_seconds
     assert (admission.calls, admission.samples) == (0, 0)
     assert admission.refused == {"max_queued_samples": 1, "max_concurrent_calls": 1, "max_memory_bytes": 1}
+
+
+def test_the_coalescer_grades_at_once_what_the_engine_grades_inline():
+    """A one-sample call the engine would grade inline (cheap graders, a small sample) gains nothing from
+    waiting for others: it is graded at once (calls that hop to the workers are gathered: the crowd tests
+    above count them)."""
+    from grpcgrade.core.coalesce import ServerCoalescer
+    from grpcgrade.core.engine import Engine
+    from grpcgrade.core.registry import get_registry
+    from grpcgrade.core.rewards import SpecData
+
+    engine = Engine(get_registry())
+    # as a server with workers resolves it (worker-capable: it may run inline or hop)
+    jobs = [dataclasses.replace(job, worker_capable=True) for job in engine.resolve([SpecData(name="json_validator")])]
+    coalescer = ServerCoalescer(engine)
+    texts = responses(50)
+
+    async def crowd() -> list[float | None]:
+        answers = await asyncio.gather(*(coalescer.grade(jobs, {"response": t}, None, nbytes=len(t)) for t in texts))
+        return [results[0].score for results, _ in answers]
+
+    assert asyncio.run(crowd()) == [json_score(t) for t in texts]
+    assert (coalescer.chunks, coalescer.samples) == (0, 0)

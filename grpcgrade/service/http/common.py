@@ -299,12 +299,14 @@ class FaceContext:
         samples: Sequence[dict[str, Any] | SampleProblem],
         guards: tuple[float | None, FailureTally | None] = (None, None),
         face: str = "",
+        nbytes: int = 0,
     ) -> list[Graded]:
         """Every sample graded with the reward's `jobs`: the one engine call of every face. A sample given
         as its SampleProblem, or whose fields are past the limits, is a failed sample (no other sample pays
         for it). A request past its failure ratio is 400 `FAILED_PRECONDITION: ...` naming the grader and
         its most frequent error code. Failed samples are counted per face and reward
-        (`grpcgrade_http_failed_samples_total`) and logged, one WARNING line per request."""
+        (`grpcgrade_http_failed_samples_total`) and logged, one WARNING line per request. `nbytes`: the
+        request body's size (0: unknown), for the engine's choice to grade a small request inline."""
         n = len(samples)
         required = requirements((job.grader.name, job.inputs) for job in jobs)
         unusable: list[SampleProblem] = []
@@ -337,7 +339,7 @@ class FaceContext:
             raise service_unavailable(exc) from None
         try:
             if n == 1 and guards == (None, None) and self.coalescer is not None:  # with concurrent one-sample calls
-                results, value = await self.coalescer.grade(jobs, checked(0), self.engine.timeout(None), reward)
+                results, value = await self.coalescer.grade(jobs, checked(0), self.engine.timeout(None), reward, nbytes)
                 out[0] = Graded(value, results)
             else:
                 async for graded in self.engine.grade_batch(

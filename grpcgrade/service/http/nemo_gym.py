@@ -202,7 +202,7 @@ class NemoGymFace:
             response_text(items), query=query_of(params), reference=reference, extra=extra, agent=agent
         )
         guards = ctx.guards({}, 1, started, ratio=False)
-        (graded,) = await ctx.grade(name, jobs, [sample], guards, FACE)
+        (graded,) = await ctx.grade(name, jobs, [sample], guards, FACE, request.content_length or 0)
         answer = dict(body)
         answer["reward"] = ctx.http.failure_reward if graded.reward is None else graded.reward
         keys = [job.spec.label for job in jobs]

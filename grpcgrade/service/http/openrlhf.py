@@ -118,7 +118,7 @@ class OpenRLHFFace:
         n = len(queries)
         ctx.check_count(n, "queries")
         prompts = _strings(body, "prompts", n)
-        labels = await off_loop(_labels, body, n, ctx.limits.max_field_chars)
+        labels = await off_loop(request, _labels, body, n, ctx.limits.max_field_chars)
         agent = agent_columns(body, n)
         guards = ctx.guards(body, n, started)
 
@@ -133,7 +133,7 @@ class OpenRLHFFace:
                 return exc
             return sample_fields(response, query=prompt, reference=label, agent=agent[i])
 
-        graded = await ctx.grade(reward, jobs, [sample(i) for i in range(n)], guards, FACE)
+        graded = await ctx.grade(reward, jobs, [sample(i) for i in range(n)], guards, FACE, request.content_length or 0)
         out = [ctx.http.failure_reward if g.reward is None else g.reward for g in graded]
         failed = [float(g.reward is None) for g in graded]
         return web.json_response({"rewards": out, "scores": out, "extra_logs": {FAILED_LOG: failed}})

@@ -86,7 +86,7 @@ class SlimeFace:
         reference = None if label is None else as_text(label)  # no label: no reference (INVALID_SAMPLE if required)
         sample = sample_fields(response, query=_query(body.get("prompt")), reference=reference)
         guards = ctx.guards(_guard_options(request), 1, started, ratio=False)
-        (graded,) = await ctx.grade(name, jobs, [sample], guards, FACE)
+        (graded,) = await ctx.grade(name, jobs, [sample], guards, FACE, request.content_length or 0)
         value = ctx.http.failure_reward if graded.reward is None else graded.reward
         if form == "number":
             return web.json_response(value)
