@@ -329,6 +329,7 @@ class FaceContext:
             n,
             lambda a, b: [(i, checked(i)) for i in range(a, b)],
             lambda a, b: encoded([checked(i) for i in range(a, b)]),
+            nbytes,
         )
         deadline, failures = guards
         admission = self.admission
