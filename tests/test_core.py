@@ -24,8 +24,8 @@ from grpcgrade.core.engine import (
     INLINE_WINDOW_SECONDS,
     MAX_CHUNKS_PER_CALL,
     Batch,
+    ChunkResult,
     Engine,
-    GradedChunk,
     InlineShare,
     Job,
 )
@@ -382,17 +382,49 @@ def test_a_chunk_is_graded_by_every_grader_and_combined_by_the_formula(registry:
     ]
 
 
+def test_a_slow_async_grader_holds_no_other_sample_beside_a_sync_grader(registry: Registry) -> None:
+    """A plan of a judge-like async grader and a synchronous one (row by row): the sample the async grader
+    is slow on is held back alone. Its judgment waits until every other sample of its chunk, and of the
+    chunk behind it, has been handed on; had it held them, the batch would never finish."""
+    released = asyncio.Event()
+
+    async def judged(response: str) -> float:
+        if response == "slow":
+            await released.wait()
+        return 1.0
+
+    registry.add(
+        PluginInfo(name="judge", distribution="tests", version="0"), FunctionGrader.wrap(judged), name="judged"
+    )
+    engine = engine_for(registry)
+    plan = engine.resolve([SpecData("judged"), SpecData("nonempty")])
+    samples = [{"response": "slow" if i == 0 else f"fast {i}"} for i in range(8)]
+    batch = Batch(size=len(samples), chunk=lambda a, b: [(i, samples[i]) for i in range(a, b)])
+
+    async def collect() -> list[int]:
+        order: list[int] = []
+        async for part in engine.grade_batch(plan, batch, engine.chunks(plan, 8, 4)):
+            order.extend(part.indices)
+            assert all(isinstance(r, GraderScore) for column in part.columns for r in column)
+            if len(order) == len(samples) - 1:
+                released.set()  # every other sample is in: only now may the slow one finish
+        return order
+
+    order = asyncio.run(asyncio.wait_for(collect(), 60))
+    assert sorted(order) == list(range(8)) and order[-1] == 0
+
+
 def test_a_batch_comes_back_in_chunks_covering_every_sample_once(registry: Registry) -> None:
     engine = engine_for(registry)
     jobs = engine.resolve([SpecData("short", params={"limit": 2}), SpecData("nonempty")])
     samples = [{"response": "x" * n} for n in range(7)]
     batch = Batch(size=len(samples), chunk=lambda a, b: [(i, samples[i]) for i in range(a, b)])
 
-    async def collect() -> list[GradedChunk]:
+    async def collect() -> list[ChunkResult]:
         return [
             chunk
             async for chunk in engine.grade_batch(jobs, batch, engine.chunks(jobs, 7, 3))
-            if isinstance(chunk, GradedChunk)
+            if isinstance(chunk, ChunkResult)
         ]
 
     chunks = asyncio.run(collect())
@@ -494,7 +526,7 @@ def test_a_heavy_call_that_ends_early_stops_counting_its_samples_as_waiting(regi
         graded = engine.grade_batch(jobs, batch, planned)
         async for chunk in graded:
             await graded.aclose()  # the caller went away after one chunk
-            assert isinstance(chunk, GradedChunk)
+            assert isinstance(chunk, ChunkResult)
             return len(chunk.indices)
         raise AssertionError("no chunk")
 

@@ -41,11 +41,7 @@ def test_the_service_layer_does_load_grpc() -> None:
 # `if TYPE_CHECKING:`, which never runs.
 PACKAGE = Path(grpcgrade.__file__).resolve().parent
 #: Cycles in flight elsewhere, each named with who removes it. Empty once they are gone.
-ALLOWED_CYCLES: set[frozenset[str]] = {
-    # exec's issue 32 (the execution layer) takes cached_grading <-> engine apart; today cached_grading's
-    # reference to engine is TYPE_CHECKING-only, so this entry only keeps their refactor from being blocked.
-    frozenset({"grpcgrade.core.cached_grading", "grpcgrade.core.engine"}),
-}
+ALLOWED_CYCLES: set[frozenset[str]] = set()
 
 
 def _modules(root: Path) -> dict[str, Path]:

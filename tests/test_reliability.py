@@ -21,7 +21,7 @@ from grpc_health.v1 import health_pb2
 
 from grpcgrade.core.budget import OutputBudget
 from grpcgrade.core.config import parse_config
-from grpcgrade.core.engine import WholeChunk, _pipelined
+from grpcgrade.core.engine import ChunkResult, _pipelined
 from grpcgrade.core.errors import ConfigError
 from grpcgrade.core.samples import Limits
 from grpcgrade.service.convert import sample_to_pb, specs_to_pb
@@ -469,9 +469,9 @@ def test_calls_wait_for_the_output_budget_and_a_closed_call_frees_it():
         budget = OutputBudget(1000)
         started = {"b": 0}
 
-        async def answer(call: str) -> WholeChunk:
+        async def answer(call: str) -> ChunkResult:
             started[call] = started.get(call, 0) + 1
-            return WholeChunk(b"x" * 600, 1)
+            return ChunkResult(range(1), encoded=b"x" * 600)
 
         a = _pipelined((answer("a") for _ in range(10)), 3, budget)
         await anext(a)  # a's window is graded (1,800 bytes charged) and its reader takes no more

@@ -1,11 +1,13 @@
-"""The engine's use of the result cache and the quarantine, around one grader's run over a chunk.
+"""The result cache and the quarantine as one filter in front of a call's groups of graders.
 
-A grader that uses the cache (or has samples in quarantine) is graded per grader, not in whole chunks:
-each sample's key is looked up first, quarantined samples get their error at once, cache hits their stored
-result, and only the misses are graded, each distinct input once (a GRPO group repeats its prompt, and
-identical completions are common). Successes are stored; a TIMEOUT or WORKER_LOST puts the input in
-quarantine wherever it was graded, whole chunks included. A call none of whose graders uses either pays
-one check per call and nothing per sample.
+The plan (`plan.place`) asks the filter which graders it `filters`: one that uses the cache (or has inputs
+in quarantine) is a group of its own, not part of whole chunks, and the filter stands in front of it
+(`run`): each sample's key is looked up first, quarantined samples get their error at once, cache hits
+their stored result, and only the misses are graded, each distinct input once (a GRPO group repeats its
+prompt, and identical completions are common). Successes are stored. The quarantine learns from every
+group's result, filtered or not, whole chunks included: a result carries its failures (TIMEOUT, WORKER_LOST:
+`work.Failure`), found where the answer was made (`learn`). A call none of whose graders uses either pays
+one check per grader per call and nothing per sample.
 
 Identical inputs in flight at once are graded once as well: async graders are graded sample by sample (a
 slow judgment holds only its own sample), so the duplicates of a GRPO group arrive as separate runs, often
@@ -21,11 +23,11 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from grpcgrade.grader import BaseGrader, GraderError, GraderResult
 
-from .grading import GraderStats, Stats
+from .plan import Job
 from .result_cache import (
     QUARANTINE_CODES,
     CacheConfig,
@@ -37,16 +39,10 @@ from .result_cache import (
     scope_of,
 )
 from .samples import select
+from .work import ChunkResult, Failure
 
-if TYPE_CHECKING:
-    from .engine import Job
-
-Grade = Callable[[list[dict[str, Any]]], Awaitable[list[GraderResult]]]
-
-
-def quarantinable(stats: Iterable[Stats]) -> bool:
-    """Whether a chunk's stats report a result the quarantine keeps (TIMEOUT, WORKER_LOST)."""
-    return any(isinstance(s, GraderStats) and any(c in QUARANTINE_CODES for c, _ in s.error_codes) for s in stats)
+#: Grades a part of a group's samples (a group of one grader): its result, `columns[0]` the results.
+Grade = Callable[[list[dict[str, Any]]], Awaitable[ChunkResult]]
 
 
 class CachedGrading:
@@ -80,9 +76,10 @@ class CachedGrading:
     def _quarantined(self, job: Job) -> bool:
         return bool(self.quarantine) and self.quarantine.holds(scope_of(job.grader, job.spec.params))  # type: ignore[union-attr]
 
-    def per_grader(self, jobs: Sequence[Job]) -> bool:
-        """Whether the call must be graded per grader (never in whole chunks) for the cache or quarantine."""
-        return any(job.use_cache for job in jobs) or (bool(self.quarantine) and any(map(self._quarantined, jobs)))
+    def filters(self, job: Job) -> bool:
+        """Whether the filter stands in front of this grader in a call (never in whole chunks): it uses the
+        cache, or has inputs in quarantine."""
+        return job.use_cache or self._quarantined(job)
 
     # -- grading ----------------------------------------------------------------------------------------
 
@@ -91,10 +88,10 @@ class CachedGrading:
     ) -> list[GraderResult]:
         """`grade(batch)`'s results, with the cache and the quarantine in front of it; `limit` is the call's
         per-sample time limit."""
-        if not job.use_cache and not self._quarantined(job):
-            results = await grade(batch)
-            self.note(job, batch, results, limit)
-            return results
+        if not job.use_cache and not self._quarantined(job):  # the quarantine was cleared since the plan
+            graded = await grade(batch)
+            self.learn([job], graded.failures, batch.__getitem__, limit)
+            return graded.columns[0]
         scope, name = scope_of(job.grader, job.spec.params), job.grader.name
         keys = [content_key(scope, kw, job.inputs) for kw in batch]
         out: list[GraderResult | None] = [None] * len(batch)
@@ -123,7 +120,7 @@ class CachedGrading:
                     owned.append(key)
         try:
             graded = await grade([batch[positions[0]] for positions in todo.values()])  # even none: stats count
-            for (key, positions), result in zip(todo.items(), graded, strict=True):
+            for (key, positions), result in zip(todo.items(), graded.columns[0], strict=True):
                 first = positions[0]
                 out[first] = result
                 if cache is not None:
@@ -131,8 +128,9 @@ class CachedGrading:
                     self._settle(key, stored)
                     for other in positions[1:]:
                         out[other] = stored or result
-                if isinstance(result, GraderError) and result.code in QUARANTINE_CODES:
-                    self._add(job, keys[first], batch[first], result, limit)
+            firsts = [positions[0] for positions in todo.values()]
+            for row, _, error in graded.failures:
+                self._add(job, keys[firsts[row]], batch[firsts[row]], error, limit)
         finally:  # graded, failed or cancelled: nobody waits on this run's keys any more
             for key in owned:
                 self._settle(key, None)
@@ -143,10 +141,11 @@ class CachedGrading:
             for i, kept in shared:
                 out[i] = kept
             if alone:  # the other run kept nothing for them: graded here after all, as misses
-                for i, result in zip(alone, await grade([batch[i] for i in alone]), strict=True):
+                again = await grade([batch[i] for i in alone])
+                for i, result in zip(alone, again.columns[0], strict=True):
                     out[i] = result
-                    if isinstance(result, GraderError) and result.code in QUARANTINE_CODES:
-                        self._add(job, keys[i], batch[i], result, limit)
+                for row, _, error in again.failures:
+                    self._add(job, keys[alone[row]], batch[alone[row]], error, limit)
                 self.misses[name] += len(alone)
         if cache is not None:
             self.hits[name] += hits
@@ -178,34 +177,20 @@ class CachedGrading:
         key = content_key(scope_of(job.grader, job.spec.params), selected, job.inputs)
         self._add(job, key, selected, error, limit)
 
-    def note(
-        self, job: Job, batch: Sequence[dict[str, Any]], results: Sequence[GraderResult], limit: float | None = None
+    def learn(
+        self, jobs: Sequence[Job], failures: Iterable[Failure], sample: Callable[[int], Any], limit: float | None
     ) -> None:
-        """Quarantine the inputs among `batch` (as the grader received them) whose result was a TIMEOUT or
-        a WORKER_LOST."""
+        """The quarantine learns a result's failures: (sample index, grader position in `jobs`, error);
+        `sample(index)` gives that sample's fields as the engine holds them (or why it was unusable)."""
         if self.quarantine is None:
             return
-        for selected, result in zip(batch, results, strict=True):
-            if isinstance(result, GraderError) and result.code in QUARANTINE_CODES:
-                self._record(job, selected, result, limit)
-
-    def note_columns(
-        self,
-        jobs: Sequence[Job],
-        chunk: Sequence[Any],
-        columns: Sequence[Sequence[GraderResult]],
-        limit: float | None = None,
-    ) -> None:
-        """`note` for a chunk graded with every grader at once: `chunk` holds each sample's fields (or the
-        SampleProblem that made it unusable), `columns[j]` grader j's results."""
-        if self.quarantine is None:
-            return
-        for job, column in zip(jobs, columns, strict=True):
-            for kwargs, result in zip(chunk, column, strict=True):
-                if isinstance(result, GraderError) and result.code in QUARANTINE_CODES and isinstance(kwargs, dict):
-                    self._record(job, select(kwargs, job.inputs), result, limit)
+        for index, position, error in failures:
+            kwargs = sample(index)
+            if isinstance(kwargs, dict):
+                self.note_sample(jobs[position], kwargs, error, limit)
 
     def note_sample(self, job: Job, kwargs: dict[str, Any], error: GraderError, limit: float | None = None) -> None:
-        """Quarantine one sample (all its fields, as the engine holds them) for this grader."""
+        """Quarantine one sample (all its fields, as the engine holds them) for this grader, when its error
+        is one the quarantine keeps."""
         if error.code in QUARANTINE_CODES:
             self._record(job, select(kwargs, job.inputs), error, limit)

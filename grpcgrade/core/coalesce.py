@@ -23,13 +23,13 @@ whole chunk (the engine raising) is every caller's error, as it would have been 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from grpcgrade.grader import GraderResult
 
-from .engine import CHEAP_CHUNK, Engine, GradedChunk, Job
+from .engine import CHEAP_CHUNK, ChunkResult, Engine, Job
 from .errors import SampleProblem
 
 #: How long a call waits for others of its plan while one of its chunks is being graded (seconds).
@@ -46,7 +46,7 @@ Answer = tuple[list[GraderResult], float | None]
 class _Plan:
     """The calls of one plan waiting to be graded, and how many of its chunks are being graded."""
 
-    jobs: list[Job]
+    jobs: Sequence[Job]
     timeout: float | None
     reward: str
     waiting: list[tuple[Kwargs, int, asyncio.Future[Answer]]] = field(default_factory=list)
@@ -54,7 +54,7 @@ class _Plan:
     timer: asyncio.Handle | None = None
 
 
-def plan_key(jobs: list[Job], timeout: float | None, reward: str) -> Hashable:
+def plan_key(jobs: Sequence[Job], timeout: float | None, reward: str) -> Hashable:
     """What calls must share to be graded together. The registry builds each distinct (name, params) once,
     so the same grader object means the same grader and parameters."""
     return (
@@ -80,7 +80,7 @@ class ServerCoalescer:
         self.samples = 0
 
     async def grade(
-        self, jobs: list[Job], kwargs: Kwargs, timeout: float | None, reward: str = "", nbytes: int = 0
+        self, jobs: Sequence[Job], kwargs: Kwargs, timeout: float | None, reward: str = "", nbytes: int = 0
     ) -> Answer:
         """One sample's results (in `jobs`' order) and reward, graded with the calls of its plan that are
         waiting too. `nbytes`: the sample's request size, for the engine's inline choice (summed per chunk).
@@ -126,7 +126,7 @@ class ServerCoalescer:
         try:
             chunk = [(i, kwargs) for i, (kwargs, _, _) in enumerate(batch)]
             nbytes = sum(n for _, n, _ in batch)
-            graded: GradedChunk = await self.engine.grade_chunk(
+            graded: ChunkResult = await self.engine.grade_chunk(
                 plan.jobs, chunk, plan.timeout, plan.reward, nbytes=nbytes
             )
         except BaseException as exc:

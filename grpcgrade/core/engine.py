@@ -1,25 +1,25 @@
-"""The grading engine: grader specs resolved once per call, samples graded chunk by chunk.
+"""The grading engine: a call's plan made once, when its graders are resolved, then executed chunk by chunk.
 
-Where work runs, in the words used throughout (code, tests, docs):
-- **inline**: in the server process. Async graders (LLM judges, remote HTTP) always run inline, on the
-  event loop; synchronous graders only when there are no workers (`--workers 0`) or the server's own
-  configuration keeps them there (server-only graders). A synchronous grader on the loop would stall
-  every call, health checks included, for as long as a request can make it run.
-- **in a worker**: through the executor (`executors`: the local worker pool, or another implementation of
-  the interface). Every other synchronous grader runs in a worker, one chunk per grader, beside the call's
-  async graders; a unary call's graders go to one worker together.
-- **row by row**: async graders grade each sample on its own (`grade_rows`), so a slow one delays only its
-  sample; the call's window then counts samples in flight.
-- **whole chunks**: when every grader of a batch can run in a worker, whole chunks go there as the
-  service's serialized samples and come back as its serialized response (see `service.wire`), so cheap
-  graders use every core too.
-- **small bounded batches inline**: a batch (or unary call) of at most `INLINE_MAX_BYTES` whose graders
-  all declare `bounded_cost` (work bounded by the input's size, nothing the request supplies runs) is
-  graded where it arrives, the whole-chunk work run in the server process: a hop costs more than it.
+`resolve` builds the call's `plan.Plan`: which graders run together, where (inline in the server process,
+in the executor, or on the event loop for graders that await I/O), whether a chunk travels in the service's
+codec, how the call is cut into chunks and how many are in flight. The engine then only executes it:
 
-The engine chooses among them; the service only translates. Several chunks are in flight so every core
-works; they come back as they finish, and a new chunk starts only when a finished one has been handed on,
-so a slow reader slows the grading instead of growing a queue.
+- **whole chunks**: a plan of one group of every grader in the executor sends each chunk as one work item
+  (`work.WorkItem`), as the service's encoded samples when it offers a codec (`Batch.encoded`; see
+  `codecs`), else as keyword arguments; the answer comes back as the codec's bytes (or as columns), so
+  cheap graders use every core too. A small call of graders of bounded cost is run inline instead, while
+  the event loop's inline share allows (`Plan.inline`, the one choice made at run time).
+- **per group**: otherwise each grader is its own group: in the executor, inline (synchronous graders that
+  run nowhere else), or on the event loop (async graders); the result cache and the quarantine
+  (`cached_grading`) stand in front of the groups they filter.
+- **row by row**: a plan with graders that await I/O per sample hands each sample on as soon as its own
+  results are in (`grade_rows`), so a slow one delays only its sample; the call's window then counts
+  samples in flight.
+
+Every group's result is a `work.ChunkResult`; the quarantine learns from its `failures`, wherever it was
+graded. Several chunks are in flight so every core works; they come back as they finish, and a new chunk
+starts only when a finished one has been handed on, so a slow reader slows the grading instead of growing
+a queue.
 
 A call's guards (see `guard`) work the same on every path: its deadline goes with each chunk, so what is
 running stops at it with BUDGET_EXCEEDED, and what has not come back shortly after it is cut here; its
@@ -37,19 +37,17 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, 
 from dataclasses import dataclass, replace
 from typing import Any, Generic, TypeVar
 
-from grpcgrade.grader import BaseGrader, GraderError, GraderResult, Inputs
+from grpcgrade.grader import GraderError, GraderResult
 
 from .budget import OutputBudget
-from .cached_grading import CachedGrading, quarantinable
+from .cached_grading import CachedGrading
 from .errors import ErrorCode, InvalidParams, SampleProblem, UnknownGrader, UnknownReward
-from .executors import Executor, InProcess, Work
+from .executors import Executor, InProcess
 from .grading import (
     Stats,
     budget_error,
     failed_stats,
     grade_async,
-    grade_chunk_sync,
-    grade_sync,
     grader_stats,
     inputs_of,
     join_stats,
@@ -58,12 +56,35 @@ from .grading import (
     with_problems,
 )
 from .guard import CUT_GRACE_SECONDS, FailureTally
+from .plan import (
+    INLINE_MAX_BYTES,
+    INLINE_MAX_SHARE,
+    INLINE_WINDOW_SECONDS,
+    Group,
+    InlineShare,
+    Job,
+    Place,
+    Plan,
+    place,
+)
 from .registry import Registry
 from .result_cache import CacheMode
 from .rewards import Reward, SpecData, check_weights, number_repeats, reward_stats, rewards
 from .samples import select_all
 from .tokens import TOKENIZER_PARAM
-from .workers import chunk_work, grader_work
+from .work import ChunkResult, Encoded, WorkItem, faults
+
+__all__ = [
+    "INLINE_MAX_BYTES",
+    "INLINE_MAX_SHARE",
+    "INLINE_WINDOW_SECONDS",
+    "Batch",
+    "ChunkResult",
+    "Engine",
+    "InlineShare",
+    "Job",
+    "Plan",
+]
 
 T = TypeVar("T")
 
@@ -83,105 +104,21 @@ HEAVY_CHUNK = 256
 HEAVY_MIN_CHUNK = 8
 GUIDED_SHARES = 2
 MAX_CHUNKS_PER_CALL = 1024  # a request's tiny chunk_size is raised to keep within this
-#: The most request bytes graded inline, on the event loop, by graders of bounded cost: the longest any such
-#: request can hold the loop is a bounded-cost grader over this much input. json_validator's worst case, a
-#: 512 KiB JSON object or array of floats, takes 11-15 ms of CPU (measured; 256 KiB: ~5 ms). 512 KiB holds
-#: a trainer's small step (512 short samples, ~300 KB), which one process grades faster than a hop.
-INLINE_MAX_BYTES = 512 * 1024
-#: Inline grading takes at most this share of the event loop's time, per window: past it, small calls hop to
-#: the workers like any other, so many concurrent callers still use every core and the loop stays free.
-INLINE_MAX_SHARE = 0.25
-INLINE_WINDOW_SECONDS = 1.0
-
-
-class InlineShare:
-    """The event loop's time spent grading inline in the current window, against `INLINE_MAX_SHARE`.
-
-    A fixed window (reset when it has passed) rather than a moving average: two numbers, no per-call list,
-    and the bound it gives is the one that matters: at most `share x window` (plus one call) per window.
-    """
-
-    def __init__(
-        self,
-        share: float = INLINE_MAX_SHARE,
-        window: float = INLINE_WINDOW_SECONDS,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.limit, self.window, self.clock = share * window, window, clock
-        self.start, self.busy = clock(), 0.0
-
-    def _roll(self) -> None:
-        now = self.clock()
-        if now - self.start >= self.window:
-            self.start, self.busy = now, 0.0
-
-    def allows(self) -> bool:
-        """Whether one more small call may be graded inline now."""
-        self._roll()
-        return self.busy < self.limit
-
-    def spent(self, seconds: float) -> None:
-        self._roll()
-        self.busy += seconds
-
-
-@dataclass(frozen=True)
-class GradedChunk:
-    """A chunk's results column by column, as graders produce them: `columns[j][k]` is job j's result
-    for the sample at `indices[k]`, `rewards[k]` that sample's reward."""
-
-    indices: list[int]
-    columns: list[list[GraderResult]]
-    rewards: list[float | None]
-    #: Some rows of a chunk, handed on as they finished (`Engine.grade_rows`): `indices` need not be a run.
-    partial: bool = False
-
-
-@dataclass(frozen=True)
-class WholeChunk:
-    """A chunk graded in a worker as a unit: `payload` is whatever the service's work returned (for the
-    gRPC service, the serialized response message), `size` the samples it answers."""
-
-    payload: Any
-    size: int
-    start: int = 0  # the index of its first sample in the request
-    stats: Sequence[Stats] = ()  # each grader's (and the reward's), as the worker counted them
 
 
 @dataclass(frozen=True)
 class Batch:
-    """A batch as the service hands it over: `size` samples, cut into chunks on demand, either way.
+    """A batch as the service hands it over: `size` samples, cut into chunks on demand.
 
-    `chunk(a, b)` gives samples a..b-1 as keyword arguments; `whole(a, b, timeout, deadline)`, where the
-    service can make one, the same samples as one unit of whole-chunk work, graded until the call's
-    `deadline` (see `guard`). Cutting is lazy: a chunk is made when it is graded. `nbytes` is the size of
-    the request's samples where the service knows it (else 0: not small).
+    `chunk(a, b)` gives samples a..b-1 as keyword arguments; `encoded(a, b)`, where the service has a codec
+    (`codecs`), the same samples in it, for whole chunks. Cutting is lazy: a chunk is made when it is
+    graded. `nbytes` is the size of the request's samples where the service knows it (else 0: not small).
     """
 
     size: int
     chunk: Callable[[int, int], Chunk]
-    whole: Callable[[int, int, float | None, float | None], Work] | None = None
+    encoded: Callable[[int, int], Encoded] | None = None
     nbytes: int = 0
-    #: In a whole chunk's answer, the (sample index, grader position, error) of each result that timed out
-    #: or lost its worker: what the quarantine keeps. Asked only of answers whose stats count one.
-    failures: Callable[[Any], list[tuple[int, int, GraderError]]] | None = None
-
-
-@dataclass(frozen=True)
-class Job:
-    """A resolved spec: the grader instance and where it can run."""
-
-    spec: SpecData
-    grader: BaseGrader
-    inputs: Inputs
-    worker_capable: bool  # synchronous, and every worker's registry has it (not a server-only grader)
-    use_cache: bool = False  # the result cache answers this call's samples for this grader
-
-    @property
-    def in_worker(self) -> bool:
-        """Graded in a worker even when the call's other graders are not: nothing a request can make slow
-        runs on the event loop (a hop costs ~0.2 ms; a stalled loop costs every call)."""
-        return self.worker_capable
 
 
 class Engine:
@@ -198,7 +135,7 @@ class Engine:
     ) -> None:
         self.registry = registry
         self.pool = pool  # where work that may not run on the event loop goes; None: nowhere but here
-        self.inline = InProcess()  # small whole chunks of bounded cost (`inline_small`)
+        self.inline = InProcess()  # what runs in the server process: inline groups, small bounded chunks
         #: The server's tokenizer (`--tokenizer`, `tokenizer:`), given to every grader with a `tokenizer`
         #: parameter its params leave unset; a reward's own `tokenizer:` comes first for its graders.
         self.tokenizer = tokenizer
@@ -210,10 +147,10 @@ class Engine:
         self.observer = observer
         self._server_only = set(server_only_graders)  # defined by this process's configuration only
         self.inline_share = InlineShare()
-        self.cached = cached  # the result cache and the quarantine; None: neither
+        self.cached = cached  # the result cache and the quarantine: the filter; None: neither
         self.unissued = 0  # heavy calls' samples not yet handed out in a chunk, over every running call
 
-    # -- resolution ---------------------------------------------------------------------------------
+    # -- resolution and the plan --------------------------------------------------------------------
 
     def with_tokenizer(self, specs: list[SpecData], tokenizer: str) -> list[SpecData]:
         """`specs` with `tokenizer` in the params of each grader that takes one and names none (a length gate
@@ -231,9 +168,9 @@ class Engine:
             out.append(spec)
         return out
 
-    def resolve(self, specs: list[SpecData], reward: str = "", cache: CacheMode = CacheMode.DEFAULT) -> list[Job]:
-        """Graders for a call, built (or taken from the cache) once, and whether the result cache serves
-        each (`cache`: the call's choice). Raises for a bad request."""
+    def resolve(self, specs: list[SpecData], reward: str = "", cache: CacheMode = CacheMode.DEFAULT) -> Plan:
+        """A call's plan: its graders, built (or taken from the cache) once, whether the result cache serves
+        each (`cache`: the call's choice), and how they are graded (`plan`). Raises for a bad request."""
         if reward and specs:
             raise InvalidParams("reward", "give either `reward` or `graders`, not both")
         if reward:
@@ -256,7 +193,16 @@ class Engine:
             capable = self.pool is not None and grader.is_sync and canonical not in self._server_only
             use_cache = self.cached is not None and self.cached.uses_cache(grader, cache)
             jobs.append(Job(spec, grader, inputs_of(grader), capable, use_cache))
-        return jobs
+        return self.plan(jobs)
+
+    def plan(self, jobs: Sequence[Job]) -> Plan:
+        """The plan of `jobs` (a plan already: itself), as the placement policy (`plan.place`) makes it
+        with the filter's say and the executor's size."""
+        if isinstance(jobs, Plan):
+            return jobs
+        cached = self.cached
+        filtered = [cached is not None and cached.filters(job) for job in jobs]
+        return place(jobs, filtered, self.pool.size if self.pool is not None else None, self.inline_share)
 
     def timeout(self, requested: float | None) -> float | None:
         """A call's per-sample time limit: its own, else the server's; a call may lower the server's limit,
@@ -269,13 +215,13 @@ class Engine:
             )
         return min(requested, self.grader_timeout) if self.grader_timeout else requested
 
-    def chunks(self, jobs: list[Job], samples: int, requested: int = 0) -> Iterator[tuple[int, int]]:
+    def chunks(self, jobs: Sequence[Job], samples: int, requested: int = 0) -> Iterator[tuple[int, int]]:
         """How a call's samples are cut: (start, stop) of each chunk (and streamed response), in order. The
-        request's size, else by the graders' cost: cheap ones `CHEAP_CHUNK` each, heavy ones guided (see
-        `HEAVY_CHUNK`), each chunk's size chosen when it is handed out. Never more than
+        request's size, else by the plan's chunk policy: cheap graders `CHEAP_CHUNK` each, heavy ones guided
+        (see `HEAVY_CHUNK`), each chunk's size chosen when it is handed out. Never more than
         `MAX_CHUNKS_PER_CALL` chunks (a hop and a message each)."""
         floor = -(-samples // MAX_CHUNKS_PER_CALL)
-        if requested or not any(job.grader.heavy for job in jobs):
+        if requested or not self.plan(jobs).guided:
             size = max(requested or CHEAP_CHUNK, floor)
             return iter([(a, min(a + size, samples)) for a in range(0, samples, size)])
         return self._guided(samples, floor)
@@ -295,184 +241,224 @@ class Engine:
         finally:
             self.unissued -= samples - a
 
-    def whole_chunks(self, jobs: list[Job]) -> bool:
-        """Whole chunks go to the workers when every grader of the call can run there (and none needs the
-        result cache or has samples in quarantine: those are looked up per grader)."""
-        return all(job.worker_capable for job in jobs) and not self._per_grader(jobs)
+    def whole_chunks(self, jobs: Sequence[Job]) -> bool:
+        """Whether the plan of `jobs` sends whole chunks to the executor (`Plan.whole_chunks`)."""
+        return self.plan(jobs).whole_chunks
 
-    def _per_grader(self, jobs: list[Job]) -> bool:
-        return self.cached is not None and self.cached.per_grader(jobs)
+    def inline_small(self, jobs: Sequence[Job], nbytes: int) -> bool:
+        """Whether a call of `jobs` of `nbytes` is graded inline now (`Plan.inline`)."""
+        return self.plan(jobs).inline(nbytes)
 
-    def inline_small(self, jobs: list[Job], nbytes: int) -> bool:
-        """A call this small, whose graders all declare a bounded cost, is graded inline (no hop), while
-        inline grading has taken less than its share of the event loop lately, and unless the result cache
-        or the quarantine has a say (then it is graded per grader)."""
-        return (
-            0 < nbytes <= INLINE_MAX_BYTES
-            and all(job.worker_capable and job.grader.bounded_cost for job in jobs)
-            and not self._per_grader(jobs)
-            and self.inline_share.allows()
-        )
-
-    def window(self, jobs: list[Job]) -> int:
-        """Chunks in flight per call: enough to keep every worker busy, few enough to bound memory."""
-        if self.pool is not None and (self.whole_chunks(jobs) or any(job.in_worker for job in jobs)):
-            return 2 * self.pool.size + 1
-        return 2
-
-    # -- grading ------------------------------------------------------------------------------------
+    # -- executing a plan ---------------------------------------------------------------------------
 
     def _observe(self, stats: Iterable[Stats]) -> None:
         if self.observer is not None:
             for stat in stats:
                 self.observer(stat)
 
-    async def _run_job(
+    def _item(
         self,
-        job: Job,
+        plan: Plan,
+        group: Group,
+        samples: list[Any] | Encoded,
+        size: int,
+        timeout: float | None,
+        deadline: float | None,
+        start: int = 0,
+        reward: str = "",
+        selected: bool = False,
+    ) -> WorkItem:
+        """A group's work item over `samples` (the request's `start`...; `selected`: see `WorkItem`)."""
+        jobs = [plan[j] for j in group.positions]
+        whole = len(jobs) == len(plan)
+        return WorkItem(
+            tuple(job.spec for job in jobs),
+            tuple(job.grader.name for job in jobs),
+            samples,
+            start,
+            size,
+            timeout,
+            deadline,
+            whole,
+            reward if whole else "",
+            tuple(job.grader for job in jobs),
+            selected,
+        )
+
+    async def _execute(self, plan: Plan, group: Group, item: WorkItem, nbytes: int = 0) -> ChunkResult:
+        """`item` run where the plan places its group: inline when the plan allows a call this small now,
+        else in the executor or inline as placed. Its stats are counted here."""
+        if plan.inline(nbytes):
+            began = time.perf_counter()
+            result: ChunkResult = await self.inline.run(item)
+            self.inline_share.spent(time.perf_counter() - began)
+        elif group.place is Place.EXECUTOR and self.pool is not None:
+            result = await self.pool.run(item)
+        else:
+            result = await self.inline.run(item)
+        self._observe(result.stats)
+        return result
+
+    def _learn(
+        self, jobs: Sequence[Job], result: ChunkResult, sample: Callable[[int], Any], limit: float | None
+    ) -> None:
+        """The quarantine learns a result's failures (`sample(index)`: that sample's fields)."""
+        if self.cached is not None and result.failures:
+            self.cached.learn(jobs, result.failures, sample, limit)
+
+    async def _grade_group(
+        self,
+        plan: Plan,
+        group: Group,
         batch: list[dict[str, Any]],
         timeout: float | None,
         unusable: int = 0,
         deadline: float | None = None,
-    ) -> list[GraderResult]:
-        """The job's results for `batch`; its stats count the chunk's `unusable` samples as INVALID_SAMPLE.
-        Past the call's `deadline` the samples left are BUDGET_EXCEEDED."""
+    ) -> ChunkResult:
+        """A group of one grader over `batch` (the chunk's usable samples, selected for it), where the plan
+        places it; its stats count the chunk's `unusable` samples as INVALID_SAMPLE. Past the call's
+        `deadline` the samples left are BUDGET_EXCEEDED."""
+        job = plan[group.positions[0]]
+        name = job.grader.name
         if not batch:
             if unusable:
-                self._observe([problem_stats(job.grader.name, unusable)])
-            return []
-        start = time.perf_counter()
-        results: list[GraderResult]
-        if job.in_worker:
-            assert self.pool is not None
-            name = self.registry.entry(job.spec.name).name
-            results, _ = await self.pool.run(grader_work(name, job.spec.params, batch, timeout, deadline))
-        elif job.grader.is_sync:
-            results = grade_sync(job.grader, batch, timeout, deadline)
+                self._observe([problem_stats(name, unusable)])
+            return ChunkResult([], [[]])
+        if group.place in (Place.EXECUTOR, Place.INLINE):
+            item = self._item(plan, group, batch, len(batch), timeout, deadline, selected=True)
+            executor = self.pool if group.place is Place.EXECUTOR and self.pool is not None else self.inline
+            result: ChunkResult = await executor.run(item)
+            stats = result.stats
         else:
+            start = time.perf_counter()
             results = await grade_async(job.grader, batch, timeout, deadline)
-        stats = grader_stats(job.grader.name, results, time.perf_counter() - start)
-        self._observe(join_stats([[stats], [problem_stats(job.grader.name, unusable)]]) if unusable else [stats])
-        return results
+            stats = [grader_stats(name, results, time.perf_counter() - start)]
+            result = ChunkResult(range(len(batch)), [results], stats=stats, failures=faults([results]))
+        self._observe(join_stats([stats, [problem_stats(name, unusable)]]) if unusable else stats)
+        return result
 
-    async def _run_cached(
+    async def _run_group(
         self,
-        job: Job,
+        plan: Plan,
+        group: Group,
         batch: list[dict[str, Any]],
         timeout: float | None,
         unusable: int = 0,
         deadline: float | None = None,
     ) -> list[GraderResult]:
-        """`_run_job`, with the result cache and the quarantine in front of it (`CachedGrading.run`)."""
-        if self.cached is None:
-            return await self._run_job(job, batch, timeout, unusable, deadline)
-        run = self.cached.run
-        return await run(job, batch, lambda part: self._run_job(job, part, timeout, unusable, deadline), timeout)
+        """A group of one grader's results for `batch`, through the filter when the plan says so; the
+        quarantine learns the failures either way."""
+        job = plan[group.positions[0]]
 
-    def _note(
-        self,
-        jobs: list[Job],
-        chunk: list[Any],
-        columns: list[list[GraderResult]],
-        stats: Sequence[Stats],
-        timeout: float | None,
-    ) -> None:
-        """The quarantine learns the samples of a chunk graded as a whole that timed out or lost a worker."""
-        if self.cached is not None and quarantinable(stats):
-            self.cached.note_columns(jobs, chunk, columns, timeout)
+        def grade(part: list[dict[str, Any]]) -> Awaitable[ChunkResult]:
+            return self._grade_group(plan, group, part, timeout, unusable, deadline)
+
+        if group.filtered and self.cached is not None:
+            return await self.cached.run(job, batch, grade, timeout)
+        result = await grade(batch)
+        self._learn([job], result, batch.__getitem__, timeout)
+        return result.columns[0]
 
     async def grade_chunk(
         self,
-        jobs: list[Job],
+        jobs: Sequence[Job],
         chunk: Chunk,
         timeout: float | None = None,
         reward: str = "",
         deadline: float | None = None,
         nbytes: int = 0,
-    ) -> GradedChunk:
-        """One chunk, each grader where it runs; inline synchronous graders one after the other (also every
-        grader of a chunk of `nbytes` that `inline_small` allows). `reward` names the configured reward the
-        call asked for: its values are counted for the metrics. Past the call's `deadline`
-        (`time.monotonic()`) the samples left are answered BUDGET_EXCEEDED."""
+    ) -> ChunkResult:
+        """One chunk of keyword arguments, as the plan of `jobs` says: one work item of every grader, or each
+        group where it runs (a chunk of `nbytes` may run inline: `Plan.inline`). `reward` names the
+        configured reward the call asked for: its values are counted for the metrics. Past the call's
+        `deadline` (`time.monotonic()`) the samples left are answered BUDGET_EXCEEDED."""
+        plan = self.plan(jobs)
         timeout = self.timeout(timeout)
         indices = [index for index, _ in chunk]
         kwargs = [kw for _, kw in chunk]
-        if self.inline_small(jobs, nbytes):
-            start = time.perf_counter()
-            columns, stats = grade_chunk_sync([job.grader for job in jobs], kwargs, timeout, deadline)
-            self.inline_share.spent(time.perf_counter() - start)
-            self._observe(stats)
-            self._note(jobs, kwargs, columns, stats, timeout)
-        elif self.pool is not None and self.whole_chunks(jobs):
-            specs = [(self.registry.entry(job.spec.name).name, job.spec.params) for job in jobs]
-            columns, stats = await self.pool.run(chunk_work(specs, kwargs, timeout, deadline))
-            self._observe(stats)
-            self._note(jobs, kwargs, columns, stats, timeout)
-        elif all(job.grader.is_sync and not job.in_worker for job in jobs) and not self._per_grader(jobs):
-            columns, stats = grade_chunk_sync([job.grader for job in jobs], kwargs, timeout, deadline)
-            self._observe(stats)
-            self._note(jobs, kwargs, columns, stats, timeout)
-        else:
-            good = usable(kwargs)
-            unusable = len(kwargs) - len(good)
-            own = len(jobs) > 1  # graders in this process share the samples' lists and dicts otherwise
-            runs = (
-                self._run_cached(job, select_all(good, job.inputs, own), timeout, unusable, deadline) for job in jobs
+        together = plan.together
+        if together is not None:
+            item = self._item(plan, together, kwargs, len(kwargs), timeout, deadline, reward=reward)
+            result = await self._execute(plan, together, item, nbytes)
+            self._learn(plan, result, kwargs.__getitem__, timeout)
+            return ChunkResult(indices, result.columns, result.rewards, stats=result.stats)
+        good = usable(kwargs)
+        unusable = len(kwargs) - len(good)
+        own = len(plan) > 1  # graders in this process share the samples' lists and dicts otherwise
+        runs = (
+            self._run_group(
+                plan, group, select_all(good, plan[group.positions[0]].inputs, own), timeout, unusable, deadline
             )
-            columns = list(await asyncio.gather(*runs))
-            if good is not kwargs:
-                columns = [with_problems(j.grader.name, kwargs, c) for j, c in zip(jobs, columns, strict=True)]
-        values = rewards([job.spec for job in jobs], columns)
+            for group in plan.groups
+        )
+        columns = list(await asyncio.gather(*runs))
+        if good is not kwargs:
+            columns = [with_problems(j.grader.name, kwargs, c) for j, c in zip(plan, columns, strict=True)]
+        values = rewards([job.spec for job in plan], columns)
         if reward:
             self._observe([reward_stats(reward, values)])
-        return GradedChunk(indices, columns, values)
+        return ChunkResult(indices, columns, values)
 
-    def streams_rows(self, jobs: list[Job]) -> bool:
-        """A call with graders that await I/O per sample (LLM judges, remote graders) is graded row by row:
-        each sample is handed on when its own results are in, so one slow judgment holds only its sample."""
-        return any(_per_sample(job) for job in jobs)
+    async def _grade_encoded(
+        self, plan: Plan, batch: Batch, a: int, b: int, timeout: float | None, reward: str, deadline: float | None
+    ) -> ChunkResult:
+        """Samples a..b-1 as one work item of every grader in the service's codec: the answer comes back
+        encoded, and its failures with it."""
+        together = plan.together
+        assert together is not None and batch.encoded is not None
+        samples = batch.encoded(a, b)
+        item = self._item(plan, together, samples, b - a, timeout, deadline, a, reward)
+        # A call's size, where the service did not say it: its encoding's, when it is one chunk.
+        nbytes = batch.nbytes or (len(samples.data) if (a, b) == (0, batch.size) else 0)
+        result = await self._execute(plan, together, item, nbytes)
+        self._learn(plan, result, lambda i: batch.chunk(i, i + 1)[0][1], timeout)
+        return result
 
     async def grade_rows(
         self,
-        jobs: list[Job],
+        jobs: Sequence[Job],
         chunk: Chunk,
         timeout: float | None = None,
         reward: str = "",
         deadline: float | None = None,
-    ) -> AsyncIterator[GradedChunk]:
-        """A chunk of a call with per-sample async graders (`streams_rows`), its rows yielded as they finish
-        (as `partial` GradedChunks): synchronous graders grade the chunk as `grade_chunk` does (in a worker,
-        through the cache), each async grader each sample on its own, so a slow sample delays no other.
-        An async grader with `aevaluate_batch` grades the chunk in one call, as it asks to; one the result
-        cache serves is graded sample by sample too (the cache grades identical inputs in flight once). Past the call's
-        `deadline` the samples still waiting are answered BUDGET_EXCEEDED (by `grade_async`)."""
+    ) -> AsyncIterator[ChunkResult]:
+        """A chunk of a plan graded row by row (`Plan.rows`), its rows yielded as they finish (as `partial`
+        results): each group of a grader that grades chunks grades the chunk as `grade_chunk` does (in a
+        worker, through the filter), each `ROWS` group each sample on its own, so a slow sample delays no
+        other. One the result cache serves is graded sample by sample too (the cache grades identical
+        inputs in flight once). Past the call's `deadline` the samples still waiting are answered
+        BUDGET_EXCEEDED (by `grade_async`)."""
+        plan = self.plan(jobs)
         timeout = self.timeout(timeout)
         indices = [index for index, _ in chunk]
         kwargs = [kw for _, kw in chunk]
         good = usable(kwargs)
         rows = [k for k, kw in enumerate(kwargs) if not isinstance(kw, SampleProblem)]
         unusable = len(kwargs) - len(good)
-        own = len(jobs) > 1
+        own = len(plan) > 1
         columns: list[list[GraderResult]] = [
-            [GraderError(job.grader.name, str(kw), code=ErrorCode.INVALID_SAMPLE) for kw in kwargs] for job in jobs
+            [GraderError(job.grader.name, str(kw), code=ErrorCode.INVALID_SAMPLE) for kw in kwargs] for job in plan
         ]
-        waiting = [len(jobs) if not isinstance(kw, SampleProblem) else 0 for kw in kwargs]
+        waiting = [len(plan) if not isinstance(kw, SampleProblem) else 0 for kw in kwargs]
         tasks: dict[asyncio.Future[list[GraderResult]], tuple[int, list[int]]] = {}
-        for j, job in enumerate(jobs):
+        for group in plan.groups:
+            (j,) = group.positions
+            job = plan[j]
             batch = select_all(good, job.inputs, own)
-            if not _per_sample(job):
-                run = self._run_cached(job, batch, timeout, unusable, deadline)
+            if group.place is not Place.ROWS:
+                run = self._run_group(plan, group, batch, timeout, unusable, deadline)
                 tasks[asyncio.ensure_future(run)] = (j, rows)
                 continue
             if unusable:
                 self._observe([problem_stats(job.grader.name, unusable)])
             for k, selected in zip(rows, batch, strict=True):
-                tasks[asyncio.ensure_future(self._run_cached(job, [selected], timeout, 0, deadline))] = (j, [k])
+                one = self._run_group(plan, group, [selected], timeout, 0, deadline)
+                tasks[asyncio.ensure_future(one)] = (j, [k])
         done_rows = [k for k, left in enumerate(waiting) if not left]  # unusable: answered already
         try:
             while tasks or done_rows:
                 if done_rows:
-                    yield self._rows(jobs, indices, columns, sorted(done_rows), reward)
+                    yield self._rows(plan, indices, columns, sorted(done_rows), reward)
                     done_rows = []
                 if not tasks:
                     break
@@ -489,18 +475,18 @@ class Engine:
                 task.cancel()
 
     def _rows(
-        self, jobs: list[Job], indices: list[int], columns: list[list[GraderResult]], ks: list[int], reward: str
-    ) -> GradedChunk:
+        self, plan: Plan, indices: list[int], columns: list[list[GraderResult]], ks: list[int], reward: str
+    ) -> ChunkResult:
         """Rows `ks` of a chunk (`grade_rows`), with their rewards (counted for the metrics with `reward`)."""
-        part = [[column[k] for k in ks] for column in columns]
-        values = rewards([job.spec for job in jobs], part)
+        part = ChunkResult(indices, columns).rows(ks)
+        values = rewards([job.spec for job in plan], part.columns)
         if reward:
             self._observe([reward_stats(reward, values)])
-        return GradedChunk([indices[k] for k in ks], part, values, partial=True)
+        return replace(part, rewards=values)
 
     async def grade_batch(
         self,
-        jobs: list[Job],
+        jobs: Sequence[Job],
         batch: Batch,
         chunks: Iterator[tuple[int, int]],
         timeout: float | None = None,
@@ -508,19 +494,20 @@ class Engine:
         reward: str = "",
         deadline: float | None = None,
         failures: FailureTally | None = None,
-    ) -> AsyncIterator[GradedChunk | WholeChunk]:
-        """Grade a batch chunk after chunk (`chunks`: see `Engine.chunks`, taken one at a time as chunks start,
-        and closed at the end), the engine choosing the path; each
-        chunk is yielded as it finishes (not necessarily in order), as a `GradedChunk`, or a `WholeChunk` from a worker.
-        With a `budget`, a whole chunk's answer is charged from when it is graded until the next chunk is
-        asked for (it has been handed on), and each chunk starts only when the budget has room. `reward`: as
-        for `grade_chunk` (a whole chunk counts its reward where it is graded: `Batch.whole` knows it).
+    ) -> AsyncIterator[ChunkResult]:
+        """Grade a batch chunk after chunk as its plan says (`chunks`: see `Engine.chunks`, taken one at a
+        time as chunks start, and closed at the end); each chunk's `ChunkResult` is yielded as it finishes
+        (not necessarily in order): encoded by the service's codec for whole chunks it offered one for,
+        else as columns. With a `budget`, an encoded answer is charged from when it is graded until the next
+        chunk is asked for (it has been handed on), and each chunk starts only when the budget has room.
+        `reward`: as for `grade_chunk` (a whole chunk counts its reward where it is graded).
 
         The call's guards (see `guard`): once its `deadline` (`time.monotonic()`) passes, no chunk starts,
         running ones answer what they have not graded with BUDGET_EXCEEDED, and the chunks that have not
         come back `CUT_GRACE_SECONDS` later are cancelled; every sample not yet answered then comes last,
-        as one `GradedChunk` of BUDGET_EXCEEDED results. With `failures`, each chunk is counted before it
+        as one result of BUDGET_EXCEEDED results. With `failures`, each chunk is counted before it
         is yielded, and TooManyFailures is raised (the running chunks cancelled) once they are too many."""
+        plan = self.plan(jobs)
         timeout = self.timeout(timeout)
         issued: list[tuple[int, int]] = []  # the chunks started, in order
         source = chunks  # closed at the end (a guided call's generator)
@@ -530,44 +517,37 @@ class Engine:
                 issued.append(bound)
                 yield bound
 
-        steps: Iterator[Awaitable[GradedChunk | WholeChunk] | Streamed[GradedChunk | WholeChunk]]
-        window = self.window(jobs)
-        if self.streams_rows(jobs):  # the window counts samples in flight: each row handed on frees one
+        steps: Iterator[Awaitable[ChunkResult] | Streamed[ChunkResult]]
+        window = plan.window
+        if plan.rows:  # the window counts samples in flight: each row handed on frees one
             first = next(chunks, None)
             chunks = itertools.chain([first] if first is not None else [], chunks)
             window *= first[1] - first[0] if first is not None else 1
             chunk = batch.chunk
             steps = (
-                Streamed[GradedChunk | WholeChunk](self.grade_rows(jobs, chunk(a, b), timeout, reward, deadline), b - a)
+                Streamed[ChunkResult](self.grade_rows(plan, chunk(a, b), timeout, reward, deadline), b - a)
                 for a, b in bounds()
             )
-        elif batch.whole is not None and self.inline_small(jobs, batch.nbytes):
-            whole = batch.whole
-            steps = (self._run_inline(whole(a, b, timeout, deadline), a) for a, b in bounds())
-        elif batch.whole is not None and self.pool is not None and self.whole_chunks(jobs):
-            whole = batch.whole
-            steps = (self._run_whole(whole(a, b, timeout, deadline), a, jobs, batch) for a, b in bounds())
+        elif plan.whole_chunks and batch.encoded is not None:
+            steps = (self._grade_encoded(plan, batch, a, b, timeout, reward, deadline) for a, b in bounds())
         else:
             chunk = batch.chunk
-            steps = (self.grade_chunk(jobs, chunk(a, b), timeout, reward, deadline) for a, b in bounds())
-        names = [job.grader.name for job in jobs]
+            steps = (self.grade_chunk(plan, chunk(a, b), timeout, reward, deadline) for a, b in bounds())
+        names = [job.grader.name for job in plan]
         answered: set[int] = set()  # the first samples of the chunks answered whole
         rows: set[int] = set()  # the samples answered in parts of a chunk (`grade_rows`)
         pipeline = _pipelined(steps, window, budget, deadline, units=_rows_of)
         try:
             async for graded in pipeline:
-                if isinstance(graded, WholeChunk):
-                    answered.add(graded.start)
-                    if failures is not None:
-                        failures.add_stats(graded.stats)
+                if graded.partial:
+                    rows.update(graded.indices)
                 else:
-                    if graded.partial:
-                        rows.update(graded.indices)
-                    else:
-                        answered.add(graded.indices[0])  # a chunk of samples a..b-1 starts at a
-                    if failures is not None:
-                        failures.add_columns(names, graded.columns, graded.rewards)
+                    answered.add(graded.indices[0])  # a chunk of samples a..b-1 starts at a
                 if failures is not None:
+                    if graded.encoded is not None:
+                        failures.add_stats(graded.stats)
+                    else:
+                        failures.add_columns(names, graded.columns, graded.rewards)
                     failures.check()
                 yield graded
         finally:  # ended, cut, failed or closed by the caller: whatever still runs is cancelled now
@@ -585,43 +565,18 @@ class Engine:
             if failures is not None:
                 failures.add_stats(stats)
                 failures.check()
-            yield GradedChunk(cut, [[budget_error(name)] * len(cut) for name in names], [None] * len(cut))
-
-    async def _run_inline(self, work: Work, start: int) -> WholeChunk:
-        """Whole-chunk work run here, as a worker would run it (`inline_small` said it is small and bounded)."""
-        began = time.perf_counter()
-        payload, stats = await self.inline.submit(work)
-        self.inline_share.spent(time.perf_counter() - began)
-        self._observe(stats)
-        return WholeChunk(payload, work.size, start, stats)
-
-    async def _run_whole(self, work: Work, start: int, jobs: list[Job], batch: Batch) -> WholeChunk:
-        assert self.pool is not None
-        payload, stats = await self.pool.run(work)
-        self._observe(stats)
-        if self.cached is not None and batch.failures is not None and quarantinable(stats):
-            for index, position, error in batch.failures(payload):
-                kwargs = batch.chunk(index, index + 1)[0][1]
-                if isinstance(kwargs, dict):
-                    self.cached.note_sample(jobs[position], kwargs, error, work.timeout)
-        return WholeChunk(payload, work.size, start, stats)
+            yield ChunkResult(cut, [[budget_error(name)] * len(cut) for name in names], [None] * len(cut))
 
 
 def _output_bytes(graded: object) -> int:
-    """What a finished chunk holds, where known without per-sample work: a whole chunk's serialized answer."""
-    payload = graded.payload if isinstance(graded, WholeChunk) else None
-    return len(payload) if isinstance(payload, bytes) else 0
+    """What a finished chunk holds, where known without per-sample work: an encoded answer's bytes."""
+    encoded = graded.encoded if isinstance(graded, ChunkResult) else None
+    return len(encoded) if encoded is not None else 0
 
 
-def _rows_of(part: GradedChunk | WholeChunk) -> int:
+def _rows_of(part: ChunkResult) -> int:
     """The samples a part of a streamed chunk answers: the window units it frees."""
-    return len(part.indices) if isinstance(part, GradedChunk) else 1
-
-
-def _per_sample(job: Job) -> bool:
-    """An async grader graded sample by sample (`Engine.grade_rows`); one with `aevaluate_batch` asks for
-    whole chunks."""
-    return not job.grader.is_sync and getattr(job.grader, "aevaluate_batch", None) is None
+    return part.size
 
 
 @dataclass(frozen=True)

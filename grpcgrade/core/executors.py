@@ -1,11 +1,12 @@
 """Executors: where a unit of grading work runs, behind one interface.
 
-The engine hands an executor `Work` and awaits its result; it never learns whether the work ran in the
-server process (`InProcess`), in one of this machine's worker processes (`workers.WorkerPool`, a
-supervisor of its own), or on another machine (a Ray executor implements the same interface). An
-executor implements three things:
+The engine hands an executor a work item (`work.WorkItem`: a group of graders over a run of samples) and
+awaits its result (`work.ChunkResult`); it never learns whether the work ran in the server process
+(`InProcess`), in one of this machine's worker processes (`workers.WorkerPool`, a supervisor of its own),
+or on another machine (a Ray executor implements the same interface). An executor implements three
+things:
 
-- `submit(work)`: run the work once, somewhere, and return its result, or raise one of the typed outcomes
+- `submit(item)`: run the item once, somewhere, and return its result, or raise one of the typed outcomes
   `WorkerDied` (the process running it died: killed, out of memory) or `WorkTimedOut` (it ran past its
   watchdog, `watchdog(work)`, and the process running it was stopped). Any other exception is the work's
   own and is raised as it is.
@@ -20,8 +21,9 @@ executor implements three things:
 sample by sample, so only the sample that kills or hangs a process is answered WORKER_LOST or TIMEOUT, and
 every other sample still gets its result.
 
-What crosses to another process or machine is a `Task`: the function, its arguments, and the time the
-call has left, in *seconds* (`seconds_left`), never an absolute clock reading: a deadline on this
+An item is anything with the `Item` shape: `WorkItem` for grading, `Work` (a plain function) for the
+executors' own tests. What crosses to another process or machine is a `Task`: the function, its arguments,
+and the time the call has left, in *seconds* (`seconds_left`), never an absolute clock reading: a deadline on this
 machine's monotonic clock means nothing on another machine's. The process that runs a task turns the
 seconds back into a deadline on its own clock as it starts it.
 """
@@ -32,9 +34,9 @@ import abc
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from .errors import ErrorCode
 
@@ -53,14 +55,35 @@ class WorkTimedOut(Exception):
     """`submit`'s outcome when the work ran past its watchdog: the process running it was stopped."""
 
 
+class Item(Protocol):
+    """What an executor runs: `size` samples under a per-sample `timeout`, sent elsewhere as `task()` or run in
+    this process by `run_here()`. When a process dies or hangs on it, `split()` gives it sample by sample,
+    `failed(code, message)` is the result of a one-sample item that could not be done, and `join(parts)`
+    puts split results back together, so the fault handling is the same whatever travels."""
+
+    @property
+    def size(self) -> int: ...
+
+    @property
+    def timeout(self) -> float | None: ...
+
+    def task(self) -> Task: ...
+
+    def run_here(self) -> Any: ...
+
+    def split(self) -> Sequence[Item]: ...
+
+    def failed(self, code: str, message: str) -> Any: ...
+
+    def join(self, parts: list[Any]) -> Any: ...
+
+
 @dataclass(frozen=True)
 class Work:
-    """A unit an executor runs: `fn(*args)` over `size` samples (with `deadline=` when the call has one).
-
-    When a process dies or hangs on it, `split` gives the same work sample by sample, `failed(code,
-    message)` stands for a one-sample work that could not be done, and `join` puts split results back
-    together, so the fault handling is the same whatever travels. `deadline` is the call's, on this
-    process's `time.monotonic()`; it crosses to the process that runs the work as seconds left (`Task`).
+    """A plain function as an item: `fn(*args)` over `size` samples (with `deadline=` when the call has one),
+    its fault handling given as functions. The executors' own tests run these; grading runs
+    `work.WorkItem`s. `deadline` is the call's, on this process's `time.monotonic()`; it crosses to the
+    process that runs the work as seconds left (`Task`).
     """
 
     fn: Callable[..., Any]
@@ -76,6 +99,9 @@ class Work:
         """What runs the work elsewhere, its deadline made the seconds the call has left from now."""
         left = None if self.deadline is None else self.deadline - time.monotonic()
         return Task(self.fn, self.args, left)
+
+    def run_here(self) -> Any:
+        return self.task()()
 
 
 @dataclass(frozen=True)
@@ -93,7 +119,7 @@ class Task:
         return self.fn(*self.args, deadline=time.monotonic() + self.seconds_left)
 
 
-def watchdog(work: Work) -> float | None:
+def watchdog(work: Item) -> float | None:
     """How long a process may hold `work` before it is taken for hung (None: no per-sample limit, no
     watchdog; the call's deadline still stops the grading where it runs)."""
     return work.timeout * work.size + WATCHDOG_GRACE_SECONDS if work.timeout else None
@@ -106,7 +132,7 @@ class Executor(abc.ABC):
     restarts: int = 0
 
     @abc.abstractmethod
-    async def submit(self, work: Work) -> Any:
+    async def submit(self, work: Item) -> Any:
         """Run `work` once; raises `WorkerDied` or `WorkTimedOut` when it could not be done."""
 
     @abc.abstractmethod
@@ -126,7 +152,7 @@ class Executor(abc.ABC):
     def close(self, patience: float = 3.0) -> None:
         """At exit, after the drain: processes get `patience` seconds to finish what they hold, then stop."""
 
-    async def run(self, work: Work) -> Any:
+    async def run(self, work: Item) -> Any:
         """`work`'s result; a sample that kills or hangs its process gets `work.failed`, alone. A work item
         of one sample whose process died is tried once more (the death may have been someone else's doing,
         the OOM killer's or an operator's), then answered WORKER_LOST."""
@@ -146,22 +172,23 @@ class Executor(abc.ABC):
                 if attempts >= 2:
                     return work.failed(ErrorCode.WORKER_LOST, "the worker process grading this sample died twice")
 
-    async def _one_by_one(self, work: Work) -> Any:
+    async def _one_by_one(self, work: Item) -> Any:
         """Sample by sample, each its own work item: the sample that kills or hangs a process takes no other
         sample with it (each process holds one item), and the others run side by side."""
         return work.join(list(await asyncio.gather(*(self.run(part) for part in work.split()))))
 
 
 class InProcess(Executor):
-    """Runs work in the server process, on the calling thread: for small work of bounded cost, where a hop
-    to another process costs more than the work (see `engine.inline_small`). It cannot survive the work
-    killing its process, so it runs only what `bounded_cost` graders do; it has no watchdog (the per-sample
-    limit and the call's deadline hold through `grading`'s timer)."""
+    """Runs work in the server process, on the calling thread, with the graders built there: small work of
+    bounded cost, where a hop to another process costs more than the work (`plan.Plan.inline`), and the
+    graders that run nowhere else (no executor, or server-only graders). It cannot survive the work killing
+    its process; it has no watchdog (the per-sample limit and the call's deadline hold through `grading`'s
+    timer)."""
 
     size = 1
 
-    async def submit(self, work: Work) -> Any:
-        return work.task()()
+    async def submit(self, work: Item) -> Any:
+        return work.run_here()
 
     async def ready(self) -> None:
         return None  # the server process is up

@@ -3,8 +3,8 @@ actors over a cluster's CPUs, so one endpoint grades with every node.
 
 veRL, OpenRLHF, NeMo-RL, ROLL and slime already run a Ray cluster; this puts the reward's workers on it
 instead of on the server's machine alone. It is the third implementation of the executor interface
-(`executors`): the engine hands it the same `Work` (the same chunking, time limits and whole-chunk wire
-path as local workers) and gets the same results and typed outcomes back, and `Executor.run`'s fault
+(`executors`): the engine hands it the same work items (`work.WorkItem`: the same chunking, time limits
+and codecs as local workers) and gets the same results and typed outcomes back, and `Executor.run`'s fault
 policy is the same: a chunk whose actor died or hung is run again sample by sample.
 
 - One actor per CPU of the cluster (or `--workers N`), each holding one CPU and spread over the nodes
@@ -34,7 +34,7 @@ from typing import Any
 
 from . import grading
 from .errors import GraderCancelled
-from .executors import Executor, Task, Work, WorkerDied, WorkTimedOut, watchdog
+from .executors import Executor, Item, Task, WorkerDied, WorkTimedOut, watchdog
 
 log = logging.getLogger(__name__)
 
@@ -139,7 +139,7 @@ class RayExecutor(Executor):
         elif self._idle is not None:
             self._idle.put_nowait(actor)
 
-    async def submit(self, work: Work) -> Any:
+    async def submit(self, work: Item) -> Any:
         assert self._idle is not None, "ready() first"
         actor = await self._idle.get()
         seq = next(self._seq)

@@ -42,14 +42,13 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from grpcgrade.grader import GraderError, GraderResult
-
 from . import grading
 from .errors import GraderCancelled, describe
-from .executors import WATCHDOG_GRACE_SECONDS, Executor, Task, Work, WorkerDied, WorkTimedOut, watchdog
-from .grading import GraderStats, failed_stats, grade_chunk_sync, grade_sync, join_stats
+from .executors import WATCHDOG_GRACE_SECONDS, Executor, Item, Task, Work, WorkerDied, WorkTimedOut, watchdog
+from .rewards import SpecData
+from .work import WorkItem
 
-__all__ = ["WATCHDOG_GRACE_SECONDS", "Work", "WorkerPool", "chunk_work", "grader_work", "warm"]
+__all__ = ["WATCHDOG_GRACE_SECONDS", "Work", "WorkerPool", "grader_work", "warm"]
 
 log = logging.getLogger(__name__)
 
@@ -155,77 +154,15 @@ def warm(registry: Any) -> None:
             log.debug("not warmed: grader %s: %s", entry.name, exc)
 
 
-def _run(
-    name: str,
-    params: dict[str, Any],
-    batch: list[dict[str, Any]],
-    timeout: float | None,
-    deadline: float | None = None,
-) -> tuple[list[GraderResult], float]:
-    from .registry import get_registry
-
-    grader = get_registry().build(name, params)
-    start = time.perf_counter()
-    results = grade_sync(grader, batch, timeout, deadline)
-    return results, time.perf_counter() - start
-
-
-def _run_chunk(
-    specs: list[tuple[str, dict[str, Any]]], chunk: list[Any], timeout: float | None, deadline: float | None = None
-) -> tuple[list[list[GraderResult]], list[GraderStats]]:
-    from .registry import get_registry
-
-    registry = get_registry()
-    return grade_chunk_sync([registry.build(name, params) for name, params in specs], chunk, timeout, deadline)
-
-
 def grader_work(
     name: str,
     params: dict[str, Any],
     batch: list[dict[str, Any]],
     timeout: float | None,
     deadline: float | None = None,
-) -> Work:
-    """One grader over a chunk of keyword arguments: `([results], seconds)` back. Past the call's
-    `deadline` (`time.monotonic()`; it travels as seconds left, see `executors.Task`) what is left is
-    BUDGET_EXCEEDED."""
-    return Work(
-        _run,
-        (name, params, batch, timeout),
-        len(batch),
-        timeout,
-        lambda: [grader_work(name, params, [kw], timeout, deadline) for kw in batch],
-        lambda code, message: ([GraderError(name, message, code=code)], 0.0),
-        lambda parts: ([r for res, _ in parts for r in res], sum(t for _, t in parts)),
-        deadline,
-    )
-
-
-def chunk_work(
-    specs: list[tuple[str, dict[str, Any]]], chunk: list[Any], timeout: float | None, deadline: float | None = None
-) -> Work:
-    """Every grader of a call over a chunk of keyword arguments (or `SampleProblem`s), in one worker:
-    `(columns, [GraderStats])` back, as `grade_chunk_sync` gives them (`deadline`: see `grader_work`)."""
-
-    def failed(code: str, message: str) -> tuple[list[list[GraderResult]], list[GraderStats]]:
-        columns: list[list[GraderResult]] = [[GraderError(name, message, code=code)] for name, _ in specs]
-        return columns, [failed_stats(name, code, first=j == 0) for j, (name, _) in enumerate(specs)]
-
-    def join(parts: list[tuple[list[list[GraderResult]], list[GraderStats]]]) -> Any:
-        columns = [[r for cols, _ in parts for r in cols[j]] for j in range(len(specs))]
-        stats = join_stats([st for _, st in parts])
-        return columns, stats
-
-    return Work(
-        _run_chunk,
-        (specs, chunk, timeout),
-        len(chunk),
-        timeout,
-        lambda: [chunk_work(specs, [kw], timeout, deadline) for kw in chunk],
-        failed,
-        join,
-        deadline,
-    )
+) -> WorkItem:
+    """One grader over a chunk of keyword arguments, as a work item (its result's `columns[0]`)."""
+    return WorkItem((SpecData(name, params),), (name,), batch, 0, len(batch), timeout, deadline, selected=True)
 
 
 # -- in the server process -------------------------------------------------------------------------------
@@ -471,7 +408,7 @@ class WorkerPool(Executor):
                 self._idle(waiter.result())  # given a worker as this call went away: the next one takes it
             raise
 
-    async def submit(self, work: Work) -> Any:
+    async def submit(self, work: Item) -> Any:
         """Runs `work` in the next free worker; its watchdog starts as the worker takes it. Cancelled, the
         worker is told to stop the item, and is free again once it has (or its watchdog kills it)."""
         if self.closing:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncGenerator, Iterator
+from collections.abc import AsyncGenerator, Iterator, Sequence
 from typing import Any
 
 import grpc
@@ -12,7 +12,7 @@ import grpc
 from grpcgrade.core.admission import Admission
 from grpcgrade.core.budget import OutputBudget
 from grpcgrade.core.coalesce import ServerCoalescer
-from grpcgrade.core.engine import Batch, Chunk, Engine, Job, WholeChunk
+from grpcgrade.core.engine import Batch, Chunk, Engine, Plan
 from grpcgrade.core.errors import (
     MAX_DETAIL_CHARS,
     InvalidParams,
@@ -21,8 +21,8 @@ from grpcgrade.core.errors import (
     UnknownGrader,
     UnknownReward,
 )
-from grpcgrade.core.executors import Work
 from grpcgrade.core.guard import FailureTally, call_guards
+from grpcgrade.core.plan import Job
 from grpcgrade.core.samples import Limits, requirements
 from grpcgrade.grader import GraderMode
 from grpcgrade.v1 import grading_pb2 as pb
@@ -42,12 +42,12 @@ from .convert import (
 )
 from .metrics import Metrics
 from .overload import refuse_overloaded
-from .wire import ReceivedBatch, quarantine_failures, wire_work
+from .wire import ReceivedBatch, encoded
 
 Request = pb.EvaluateRequest | ReceivedBatch
 
 
-def _required(jobs: list[Job]) -> dict[str, str]:
+def _required(jobs: Sequence[Job]) -> dict[str, str]:
     """The inputs a sample of this call must carry, with the grader that requires each."""
     return requirements((job.grader.name, job.inputs) for job in jobs)
 
@@ -143,8 +143,8 @@ class GradingServicer(pb_grpc.GradingServiceServicer):
         if self.metrics is not None:
             self.metrics.in_flight.inc(delta)
 
-    async def _resolve(self, request: Request, context: grpc.aio.ServicerContext) -> tuple[list[Job], float | None]:
-        """The call's graders and per-sample time limit; aborts the call for a bad request."""
+    async def _resolve(self, request: Request, context: grpc.aio.ServicerContext) -> tuple[Plan, float | None]:
+        """The call's plan and per-sample time limit; aborts the call for a bad request."""
         specs = list(request.graders)
         if len(specs) > self.limits.max_graders_per_request:
             await context.abort(
@@ -162,7 +162,7 @@ class GradingServicer(pb_grpc.GradingServiceServicer):
         raise AssertionError("unreachable: abort raises")
 
     @staticmethod
-    def _labels(jobs: list[Job]) -> list[tuple[str, str]]:
+    def _labels(jobs: Sequence[Job]) -> list[tuple[str, str]]:
         return [(job.spec.label, job.grader.name) for job in jobs]
 
     async def Evaluate(self, request: pb.EvaluateRequest, context: grpc.aio.ServicerContext) -> pb.EvaluateResponse:
@@ -281,7 +281,7 @@ class GradingServicer(pb_grpc.GradingServiceServicer):
     async def _graded(
         self,
         request: ReceivedBatch,
-        jobs: list[Job],
+        jobs: Plan,
         chunks: Iterator[tuple[int, int]],
         timeout: float | None,
         deadline: float | None = None,
@@ -292,26 +292,22 @@ class GradingServicer(pb_grpc.GradingServiceServicer):
         labels = self._labels(jobs)
         view = request.view
         full, columnar = _full(request), view == pb.RESULT_VIEW_COLUMNS
-        specs = [job.spec for job in jobs]
         small = len(request.data) <= limits.max_field_chars  # then no sample has a field over the limit
 
         def chunk(a: int, b: int) -> Chunk:
             return list(zip(range(a, b), rows.kwargs(a, b, limits, small), strict=True))
 
-        def whole(a: int, b: int, timeout: float | None, deadline: float | None) -> Work:
-            return wire_work(specs, labels, request, a, b, view, limits, timeout, request.reward, deadline)
-
-        batch = Batch(rows.n, chunk, whole, len(request.data), failures=quarantine_failures)
+        batch = Batch(rows.n, chunk, lambda a, b: encoded(request, a, b, view, limits), len(request.data))
         limit = limits.max_message_bytes
         graded_chunks = self.engine.grade_batch(
             jobs, batch, chunks, timeout, self.budget, request.reward, deadline=deadline, failures=failures
         )
         async for graded in graded_chunks:
-            if isinstance(graded, WholeChunk):
-                if len(graded.payload) <= limit:
-                    yield graded.payload, graded.size
+            if graded.encoded is not None:  # answered in the wire codec (`wire.WIRE`): sent as it is
+                if len(graded.encoded) <= limit:
+                    yield graded.encoded, graded.size
                     continue
-                message = pb.BatchEvaluateResponse.FromString(graded.payload)
+                message = pb.BatchEvaluateResponse.FromString(graded.encoded)
             else:
                 message = pb.BatchEvaluateResponse()
                 if columnar:

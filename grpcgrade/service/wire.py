@@ -14,6 +14,8 @@ the price of never parsing and writing a sample again to send it. A request whos
 
 Either way of sending samples is read through `Rows`, and either shape of answer (`items`, or `columns` for
 RESULT_VIEW_COLUMNS) is written where the chunk is graded: the worker's answer is the response message.
+That pair of translations is the service's codec, `WIRE` (see `core.codecs`): the engine sends its name
+with the bytes, and a worker imports this module by it.
 """
 
 from __future__ import annotations
@@ -21,23 +23,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from grpcgrade.core.codecs import Codec
 from grpcgrade.core.errors import InvalidParams, SampleProblem
-from grpcgrade.core.executors import Work
-from grpcgrade.core.grading import (
-    Stats,
-    column_inputs,
-    failed_stats,
-    grade_chunk_sync,
-    grade_columns,
-    inputs_of,
-    join_stats,
-)
-from grpcgrade.core.histograms import EMPTY
-from grpcgrade.core.registry import get_registry
 from grpcgrade.core.result_cache import QUARANTINE_CODES
-from grpcgrade.core.rewards import Result, RewardStats, SpecData, reward_stats, rewards
-from grpcgrade.core.samples import Limits, requirements
-from grpcgrade.grader import BaseGrader, GraderError
+from grpcgrade.core.samples import Limits
+from grpcgrade.core.work import Encoded
+from grpcgrade.grader import GraderError
 from grpcgrade.v1 import grading_pb2 as pb
 
 from .convert import (
@@ -50,8 +41,6 @@ from .convert import (
     join_columns,
     sample_kwargs,
 )
-
-Labels = list[tuple[str, str]]
 
 SAMPLE_TAG = 0x12  # field 2 (`samples`), wire type 2 (length-delimited)
 
@@ -225,122 +214,84 @@ class ReceivedBatch:
         return self.data[offsets[start] : offsets[stop]]
 
 
-def grade_serialized(
-    graders: Sequence[BaseGrader],
-    specs: list[SpecData],
-    data: bytes,
-    offset: int,
-    view: int,
-    limits: Limits,
-    timeout: float | None,
-    reward: str = "",
-    deadline: float | None = None,
-) -> tuple[bytes, list[Stats]]:
-    """A serialized BatchEvaluateRequest's samples in (the request's `offset`...), a serialized response out,
-    in the request's `view` (a ResultView); with the configured `reward`'s name, its values are counted here
-    too. Past the call's `deadline` (`time.monotonic()`) the samples left are answered BUDGET_EXCEEDED."""
-    rows = Rows(pb.BatchEvaluateRequest.FromString(data))
-    rows.required = requirements((g.name, inputs_of(g)) for g in graders)
-    n = rows.n
-    full = is_full(view)
-    # No field of a sample holds more characters than the chunk has bytes: one comparison clears them all.
-    small = len(data) <= limits.max_field_chars
+class WireCodec(Codec):
+    """The gRPC service's codec (`codecs`): a chunk's samples as a serialized BatchEvaluateRequest (a slice of
+    the request's own bytes, see `ReceivedBatch.samples_bytes`), its answer as a serialized
+    BatchEvaluateResponse in the request's view, written in the worker and forwarded as it is. `options` is
+    `(view, limits)`."""
 
-    def kwargs() -> list[Any]:
-        return rows.kwargs(0, n, limits, small)
+    name = f"{__name__}:WIRE"
 
-    columns: list[list[Result]]
-    fields = _column_fields(graders) if not full and small and deadline is None else None
-    text = rows.text(fields) if fields is not None else None
-    if text is not None:
-        # The scores view of graders with a `score_column`: text columns in, scores out, no dict per sample.
-        # (A call with a step budget is graded sample by sample: the budget cuts between samples.)
-        columns, graded = grade_columns(graders, text, n, kwargs, timeout)
-    else:
-        columns, graded = grade_chunk_sync(graders, kwargs(), timeout, deadline)  # type: ignore[assignment]
-    stats: list[Stats] = list(graded)
-    labels = [(spec.label, grader.name) for spec, grader in zip(specs, graders, strict=True)]
-    out = pb.BatchEvaluateResponse()
-    values = rewards(specs, columns)
-    if reward:
-        stats.append(reward_stats(reward, values))
-    if view == pb.RESULT_VIEW_COLUMNS:
-        fill_columns(out.columns, range(offset, offset + n), labels, columns, values)
-    else:
-        fill_items(out.items, range(offset, offset + n), rows.ids(), labels, columns, values, full)
-    return out.SerializeToString(), stats
+    def decode(self, data: bytes, options: tuple[int, Limits], required: dict[str, str]) -> WireSamples:
+        view, limits = options
+        return WireSamples(data, view, limits, required)
 
-
-def _column_fields(graders: Sequence[BaseGrader]) -> set[str] | None:
-    """The text fields every grader's `score_column` takes, or None when one of them has none."""
-    fields: set[str] = set()
-    for grader in graders:
-        inputs = column_inputs(grader)
-        if not inputs:
-            return None
-        fields.update(inputs)
-    return fields
-
-
-def grade_wire(
-    specs: list[SpecData],
-    data: bytes,
-    offset: int,
-    view: int,
-    limits: Limits,
-    timeout: float | None,
-    reward: str = "",
-    deadline: float | None = None,
-) -> tuple[bytes, list[Stats]]:
-    """Runs in the worker: its own registry's graders over `grade_serialized`."""
-    registry = get_registry()
-    graders = [registry.build(spec.name, spec.params) for spec in specs]
-    return grade_serialized(graders, specs, data, offset, view, limits, timeout, reward, deadline)
-
-
-def wire_work(
-    specs: list[SpecData],
-    labels: Labels,
-    request: ReceivedBatch,
-    start: int,
-    stop: int,
-    view: int,
-    limits: Limits,
-    timeout: float | None,
-    reward: str = "",
-    deadline: float | None = None,
-) -> Work:
-    """The request's samples `start`..`stop-1` as one unit of pool work; its result is `(bytes, [Stats])`:
-    each grader's, and the configured `reward`'s when the call names one. Past the call's `deadline`
-    (`time.monotonic()`) the samples left are answered BUDGET_EXCEEDED."""
-    data = request.samples_bytes(start, stop)
-
-    def split() -> list[Work]:
-        return [
-            wire_work(specs, labels, request, k, k + 1, view, limits, timeout, reward, deadline)
-            for k in range(start, stop)
-        ]
-
-    def failed(code: str, message: str) -> tuple[bytes, list[Stats]]:
-        """Every grader's error for the one sample no worker could grade (which grader hung is unknown)."""
+    def encode(
+        self,
+        decoded: Any,
+        start: int,
+        labels: Sequence[tuple[str, str]],
+        columns: Sequence[Sequence[Any]],
+        rewards: Sequence[float | None],
+        options: tuple[int, Limits],
+    ) -> bytes:
+        view = options[0]
         out = pb.BatchEvaluateResponse()
-        errors = [[GraderError(name, message, code=code)] for _, name in labels]
+        indices = range(start, start + decoded.n)
         if view == pb.RESULT_VIEW_COLUMNS:
-            fill_columns(out.columns, [start], labels, errors, [None])
+            fill_columns(out.columns, indices, list(labels), columns, rewards)
         else:
-            fill_items(out.items, [start], [request.rows.id(start)], labels, errors, [None], is_full(view))
-        stats: list[Stats] = [failed_stats(name, code, first=j == 0) for j, (_, name) in enumerate(labels)]
-        if reward:
-            stats.append(RewardStats(reward, EMPTY, 1))
-        return out.SerializeToString(), stats
+            fill_items(out.items, indices, decoded.rows.ids(), list(labels), columns, rewards, is_full(view))
+        return out.SerializeToString()
 
-    args = (specs, data, start, view, limits, timeout, reward)
-    return Work(grade_wire, args, stop - start, timeout, split, failed, _join, deadline)
+    def cut(self, data: bytes, start: int, stop: int) -> bytes:
+        return ReceivedBatch(data).samples_bytes(start, stop)
+
+    def concat(self, parts: Sequence[bytes]) -> bytes:
+        """Serialized messages of items concatenate into their merge: the items of all parts, in order.
+        Columns are joined row after row (a concatenation would merge them wrongly)."""
+        messages = [pb.BatchEvaluateResponse.FromString(data) for data in parts]
+        if any(m.HasField("columns") for m in messages):
+            return pb.BatchEvaluateResponse(columns=join_columns([m.columns for m in messages])).SerializeToString()
+        return b"".join(parts)
+
+
+#: The codec the gRPC service's whole chunks travel in.
+WIRE = WireCodec()
+
+
+class WireSamples:
+    """A chunk's samples as the worker reads them from a serialized BatchEvaluateRequest (`codecs.Decoded`)."""
+
+    __slots__ = ("rows", "n", "small", "full", "limits")
+
+    def __init__(self, data: bytes, view: int, limits: Limits, required: dict[str, str]) -> None:
+        self.rows = Rows(pb.BatchEvaluateRequest.FromString(data))
+        self.rows.required = required
+        self.n = self.rows.n
+        self.limits = limits
+        self.full = is_full(view)
+        # No field of a sample holds more characters than the chunk has bytes: one comparison clears them all.
+        self.small = len(data) <= limits.max_field_chars
+
+    def kwargs(self) -> list[dict[str, Any] | SampleProblem]:
+        return self.rows.kwargs(0, self.n, self.limits, self.small)
+
+    def text(self, names: set[str]) -> dict[str, list[str]] | None:
+        """Text columns only for the scores view of a chunk no field of which can be over the limits."""
+        if self.full or not self.small:
+            return None
+        return self.rows.text(names)
+
+
+def encoded(request: ReceivedBatch, start: int, stop: int, view: int, limits: Limits) -> Encoded:
+    """The request's samples `start`..`stop-1` in the wire codec, answered in `view`."""
+    return Encoded(WIRE.name, request.samples_bytes(start, stop), (view, limits))
 
 
 def quarantine_failures(payload: bytes) -> list[tuple[int, int, GraderError]]:
-    """(sample index, grader position, error) of each TIMEOUT or WORKER_LOST result in a whole chunk's
-    answer: asked only of an answer whose stats count one, so the parse is rare."""
+    """(sample index, grader position, error) of each TIMEOUT or WORKER_LOST result in a serialized answer,
+    for tools reading one (the engine learns them from `work.ChunkResult.failures`, made with the answer)."""
     message = pb.BatchEvaluateResponse.FromString(payload)
     columns = message.columns
     return [
@@ -354,14 +305,3 @@ def quarantine_failures(payload: bytes) -> list[tuple[int, int, GraderError]]:
         for row, error in zip(col.error_rows, col.errors, strict=True)
         if error.code in QUARANTINE_CODES
     ]
-
-
-def _join(parts: list[tuple[bytes, list[Stats]]]) -> tuple[bytes, list[Stats]]:
-    """Serialized messages of items concatenate into their merge: the items of all parts, in order. Columns
-    are joined row after row (a concatenation would merge them wrongly)."""
-    stats = join_stats([s for _, s in parts])
-    messages = [pb.BatchEvaluateResponse.FromString(data) for data, _ in parts]
-    if any(m.HasField("columns") for m in messages):
-        joined = join_columns([m.columns for m in messages])
-        return pb.BatchEvaluateResponse(columns=joined).SerializeToString(), stats
-    return b"".join(data for data, _ in parts), stats

@@ -21,7 +21,7 @@ from aiohttp import BasicAuth, web
 from grpcgrade.core.admission import Admission
 from grpcgrade.core.coalesce import ServerCoalescer
 from grpcgrade.core.config import HttpConfig
-from grpcgrade.core.engine import Batch, Engine, GradedChunk, Job
+from grpcgrade.core.engine import Batch, Engine, Job, Plan
 from grpcgrade.core.errors import (
     InvalidParams,
     Overloaded,
@@ -46,6 +46,7 @@ from grpcgrade.grader import GraderError, GraderResult
 
 from ..metrics import Metrics
 from ..overload import service_unavailable
+from ..rows import ROWS, encoded
 from .limits import MAX_JSON_DEPTH, BodyError, read_json
 
 __all__ = ["MAX_JSON_DEPTH", "BodyError", "read_json"]  # where the faces have found them
@@ -290,7 +291,7 @@ class FaceContext:
             raise web.HTTPBadRequest(text=f"the body must be a JSON object with {what}")
         return body
 
-    def resolve(self, reward: str, cache: Any = CacheMode.DEFAULT.value) -> list[Job]:
+    def resolve(self, reward: str, cache: Any = CacheMode.DEFAULT.value) -> Plan:
         """The reward's graders (404 for an unknown reward, 400 for a bad `cache` or parameters)."""
         if cache not in set(CacheMode):
             allowed = ", ".join(f'"{mode.value}"' for mode in CacheMode)
@@ -302,7 +303,7 @@ class FaceContext:
         except InvalidParams as exc:
             raise web.HTTPBadRequest(text=str(exc)) from None
 
-    def require_counts(self, reward: str, jobs: list[Job], path: str) -> None:
+    def require_counts(self, reward: str, jobs: Sequence[Job], path: str) -> None:
         """400 naming `--tokenizer` when the reward gates on a token count that `path` (a trainer's protocol
         that never sends counts) cannot give and the server has no tokenizer to make."""
         gates = [job.spec.name for job in jobs if uncounted(job.grader)]
@@ -337,7 +338,7 @@ class FaceContext:
     async def grade(
         self,
         reward: str,
-        jobs: list[Job],
+        jobs: Sequence[Job],
         samples: Samples,
         guards: tuple[float | None, FailureTally | None] = (None, None),
         face: str = "",
@@ -365,6 +366,14 @@ class FaceContext:
                 return exc
 
         out = GradedBatch(n)
+        # Whole chunks travel in the rows codec (`service.rows`); a sample is checked again only when the
+        # quarantine asks for one that failed (a usable one: nothing is counted twice).
+        batch = Batch(
+            n,
+            lambda a, b: [(i, checked(i)) for i in range(a, b)],
+            lambda a, b: encoded([checked(i) for i in range(a, b)]),
+            nbytes,
+        )
         deadline, failures = guards
         admission = self.admission
         assert admission is not None  # set in __post_init__
@@ -377,12 +386,13 @@ class FaceContext:
                 results, value = await self.coalescer.grade(jobs, checked(0), self.engine.timeout(None), reward, nbytes)
                 out.add([0], [[result] for result in results], [value])
             else:
-                batch = Batch(n, lambda a, b: [(i, checked(i)) for i in range(a, b)])
                 async for graded in self.engine.grade_batch(
                     jobs, batch, self.engine.chunks(jobs, n), reward=reward, deadline=deadline, failures=failures
                 ):
-                    assert isinstance(graded, GradedChunk)  # no whole-chunk work offered: results come as Python
-                    out.add(graded.indices, graded.columns, graded.rewards)
+                    columns, values = (
+                        (graded.columns, graded.rewards) if graded.encoded is None else ROWS.answer(graded.encoded)
+                    )
+                    out.add(graded.indices, columns, values)
         except TooManyFailures as exc:
             if self.metrics is not None:
                 self.metrics.failure_budget_calls.inc()

@@ -1,0 +1,199 @@
+"""A call's plan: decided once, when its graders are resolved, and only executed after that.
+
+Four choices make a call's path, and each is made here, once per request, instead of again for every
+chunk: which graders run together (`Group`), where each group runs (`Place`: the placement policy), whether
+a chunk travels in the service's codec (a group of every grader, in the executor), and how the call is cut
+and how much of it is in flight (the chunk policy, `guided`, and the `window`). The engine reads the plan;
+the one choice left to run time is the one that depends on the server's load: whether a small call of
+graders of bounded cost may be graded inline now (`Plan.inline`, against the event loop's `InlineShare`).
+
+The placement policy:
+- every grader can run in a worker (synchronous, not server-only) and none goes through the result cache
+  or has inputs in quarantine: one group of all of them, in the executor (whole chunks; inline when small,
+  see `INLINE_MAX_BYTES`).
+- every grader synchronous and none can run in a worker (no executor: `--workers 0`, or graders only the
+  server's configuration defines), nor filtered: one group, inline.
+- otherwise one group per grader: in the executor if it can run there, inline if it is synchronous,
+  on the event loop if it awaits I/O (`ROWS`, sample by sample, unless it grades whole chunks with
+  `aevaluate_batch`: `LOOP`); a grader the cache serves or with inputs in quarantine is `filtered`, looked
+  up first (`cached_grading`).
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import overload
+
+from grpcgrade.grader import BaseGrader, Inputs
+
+from .rewards import SpecData
+
+#: The most request bytes graded inline, on the event loop, by graders of bounded cost: the longest any such
+#: request can hold the loop is a bounded-cost grader over this much input. json_validator's worst case, a
+#: 512 KiB JSON object or array of floats, takes 11-15 ms of CPU (measured; 256 KiB: ~5 ms). 512 KiB holds
+#: a trainer's small step (512 short samples, ~300 KB), which one process grades faster than a hop.
+INLINE_MAX_BYTES = 512 * 1024
+#: Inline grading takes at most this share of the event loop's time, per window: past it, small calls hop to
+#: the workers like any other, so many concurrent callers still use every core and the loop stays free.
+INLINE_MAX_SHARE = 0.25
+INLINE_WINDOW_SECONDS = 1.0
+
+
+class InlineShare:
+    """The event loop's time spent grading inline in the current window, against `INLINE_MAX_SHARE`.
+
+    A fixed window (reset when it has passed) rather than a moving average: two numbers, no per-call list,
+    and the bound it gives is the one that matters: at most `share x window` (plus one call) per window.
+    """
+
+    def __init__(
+        self,
+        share: float = INLINE_MAX_SHARE,
+        window: float = INLINE_WINDOW_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.limit, self.window, self.clock = share * window, window, clock
+        self.start, self.busy = clock(), 0.0
+
+    def _roll(self) -> None:
+        now = self.clock()
+        if now - self.start >= self.window:
+            self.start, self.busy = now, 0.0
+
+    def allows(self) -> bool:
+        """Whether one more small call may be graded inline now."""
+        self._roll()
+        return self.busy < self.limit
+
+    def spent(self, seconds: float) -> None:
+        self._roll()
+        self.busy += seconds
+
+
+@dataclass(frozen=True)
+class Job:
+    """A resolved spec: the grader instance and where it can run."""
+
+    spec: SpecData
+    grader: BaseGrader
+    inputs: Inputs
+    worker_capable: bool  # synchronous, and every worker's registry has it (not a server-only grader)
+    use_cache: bool = False  # the result cache answers this call's samples for this grader
+
+    @property
+    def in_worker(self) -> bool:
+        """Graded in a worker even when the call's other graders are not: nothing a request can make slow
+        runs on the event loop (a hop costs ~0.2 ms; a stalled loop costs every call)."""
+        return self.worker_capable
+
+
+class Place(enum.Enum):
+    """Where a group runs (the words the code, tests and docs use)."""
+
+    INLINE = "inline"  # in the server process (`executors.InProcess`)
+    EXECUTOR = "executor"  # in the executor: this machine's worker pool, or Ray's actors
+    LOOP = "loop"  # an async grader on the event loop, a chunk in one call (`aevaluate_batch`)
+    ROWS = "rows"  # an async grader on the event loop, each sample on its own
+
+
+@dataclass(frozen=True)
+class Group:
+    """Graders of a call that run together (`positions` in the call), where they run, and whether the result
+    cache and the quarantine look their samples up first (`filtered`: a group of one grader)."""
+
+    positions: tuple[int, ...]
+    place: Place
+    filtered: bool = False
+
+
+def per_sample(grader: BaseGrader) -> bool:
+    """An async grader graded sample by sample; one with `aevaluate_batch` asks for whole chunks."""
+    return not grader.is_sync and getattr(grader, "aevaluate_batch", None) is None
+
+
+@dataclass(frozen=True, eq=False)
+class Plan(Sequence[Job]):
+    """A call's graders (it reads as their sequence) and how they are graded (see the module docstring)."""
+
+    jobs: tuple[Job, ...]
+    groups: tuple[Group, ...]
+    window: int  # chunks in flight per call; with `rows`, times the samples of a chunk
+    guided: bool  # heavy graders: chunks shrink as the server's heavy samples are handed out
+    bounded: bool  # one group, in the executor, every grader of bounded cost: small calls may run inline
+    share: InlineShare  # the event loop's inline time, which `inline` asks
+
+    @overload
+    def __getitem__(self, index: int) -> Job: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[Job]: ...
+
+    def __getitem__(self, index: int | slice) -> Job | Sequence[Job]:
+        return self.jobs[index]
+
+    def __len__(self) -> int:
+        return len(self.jobs)
+
+    def __iter__(self) -> Iterator[Job]:
+        return iter(self.jobs)
+
+    @property
+    def together(self) -> Group | None:
+        """The group of every grader, synchronous, when the call has one and the filter has no say in it: a
+        chunk is then one work item."""
+        first = self.groups[0]
+        whole = len(first.positions) == len(self.jobs) and not first.filtered
+        return first if whole and first.place in (Place.EXECUTOR, Place.INLINE) else None
+
+    @property
+    def whole_chunks(self) -> bool:
+        """Whole chunks go to the executor: one group of every grader, placed there. Its samples travel in
+        the service's codec when it offers one."""
+        together = self.together
+        return together is not None and together.place is Place.EXECUTOR
+
+    @property
+    def rows(self) -> bool:
+        """Graded row by row: a grader awaits I/O per sample, so each sample is handed on when its own
+        results are in, and one slow judgment holds only its sample."""
+        return any(group.place is Place.ROWS for group in self.groups)
+
+    def inline(self, nbytes: int) -> bool:
+        """The run-time choice: a call of `nbytes` (0: unknown, not small) of a `bounded` plan is graded inline,
+        the whole-chunk work run in the server process, while inline grading has taken less than its share
+        of the event loop lately."""
+        return self.bounded and 0 < nbytes <= INLINE_MAX_BYTES and self.share.allows()
+
+
+def place(jobs: Sequence[Job], filtered: Sequence[bool], executor_size: int | None, share: InlineShare) -> Plan:
+    """The plan of `jobs` (`filtered[j]`: job j goes through the cache or the quarantine; `executor_size`:
+    the executor's, None without one)."""
+    everything = tuple(range(len(jobs)))
+    groups: tuple[Group, ...]
+    if not any(filtered) and all(job.worker_capable for job in jobs):
+        groups = (Group(everything, Place.EXECUTOR),)
+    elif not any(filtered) and all(job.grader.is_sync for job in jobs) and not any(j.worker_capable for j in jobs):
+        groups = (Group(everything, Place.INLINE),)
+    else:
+        groups = tuple(Group((j,), _place_of(job), filtered[j]) for j, job in enumerate(jobs))
+    in_executor = executor_size is not None and any(group.place is Place.EXECUTOR for group in groups)
+    whole = len(groups) == 1 and groups[0].place is Place.EXECUTOR
+    return Plan(
+        tuple(jobs),
+        groups,
+        window=2 * executor_size + 1 if in_executor and executor_size is not None else 2,
+        guided=any(job.grader.heavy for job in jobs),
+        bounded=whole and all(job.grader.bounded_cost for job in jobs),
+        share=share,
+    )
+
+
+def _place_of(job: Job) -> Place:
+    if job.worker_capable:
+        return Place.EXECUTOR
+    if job.grader.is_sync:
+        return Place.INLINE
+    return Place.ROWS if per_sample(job.grader) else Place.LOOP
