@@ -20,14 +20,15 @@ from pathlib import Path
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2
+from plain_work import PlainWork
 
 from grpcgrade.core.errors import GraderCancelled
-from grpcgrade.core.executors import InProcess, Work, WorkerDied, WorkTimedOut
+from grpcgrade.core.executors import InProcess, WorkerDied, WorkTimedOut
 from grpcgrade.core.grading import cancellable, grade_sync
 from grpcgrade.core.workers import WorkerPool, grader_work
 from grpcgrade.grader import BaseGrader, GraderError, GraderScore
 from grpcgrade.service.convert import sample_to_pb, specs_to_pb
-from grpcgrade.testing import cpu_seconds, health_status, start_server, worker_pids, writing
+from grpcgrade.testing import cpu_seconds, eventually, health_status, start_server, worker_pids, writing
 from grpcgrade.v1 import grading_pb2 as pb
 from grpcgrade.v1 import grading_pb2_grpc as pb_grpc
 
@@ -45,10 +46,7 @@ def blocked(pid: int) -> bool:
 
 
 def until(condition, what: str) -> None:
-    deadline = time.monotonic() + WAIT
-    while not condition():
-        assert time.monotonic() < deadline, f"not within {WAIT} s: {what}"
-        time.sleep(0.02)
+    eventually(condition, what, WAIT, every=0.02)
 
 
 @pytest.fixture
@@ -155,8 +153,8 @@ def test_a_stopped_worker_is_killed_by_its_watchdog_and_replaced_alone(tmp_path,
 # -- the executor interface, in the test's own process ---------------------------------------------------
 
 
-def _work(fn, args, timeout=None, size=1) -> Work:
-    return Work(fn, args, size, timeout, split=lambda: [], failed=lambda code, message: code, join=list)
+def _work(fn, args, timeout=None, size=1) -> PlainWork:
+    return PlainWork(fn, args, size, timeout)
 
 
 @pytest.fixture
@@ -205,7 +203,7 @@ def test_work_crosses_as_seconds_left_and_in_process_runs_it_here():
     """A call's deadline travels as the seconds it has left, never as a clock reading of this process."""
     seen: list = []
     deadline = time.monotonic() + 100.0
-    work = Work(lambda **kw: seen.append(kw), (), 1, None, lambda: [], lambda c, m: c, list, deadline)
+    work = PlainWork(lambda **kw: seen.append(kw), deadline=deadline)
     task = work.task()
     assert 99.0 < task.seconds_left <= 100.0  # type: ignore[operator]
     asyncio.run(InProcess().submit(work))

@@ -21,8 +21,8 @@ things:
 sample by sample, so only the sample that kills or hangs a process is answered WORKER_LOST or TIMEOUT, and
 every other sample still gets its result.
 
-An item is anything with the `Item` shape: `WorkItem` for grading, `Work` (a plain function) for the
-executors' own tests. What crosses to another process or machine is a `Task`: the function, its arguments,
+An item is anything with the `Item` shape: grading's is `work.WorkItem` (the executors' tests run plain
+functions through the same shape). What crosses to another process or machine is a `Task`: the function, its arguments,
 and the time the call has left, in *seconds* (`seconds_left`), never an absolute clock reading: a deadline on this
 machine's monotonic clock means nothing on another machine's. The process that runs a task turns the
 seconds back into a deadline on its own clock as it starts it.
@@ -76,32 +76,6 @@ class Item(Protocol):
     def failed(self, code: str, message: str) -> Any: ...
 
     def join(self, parts: list[Any]) -> Any: ...
-
-
-@dataclass(frozen=True)
-class Work:
-    """A plain function as an item: `fn(*args)` over `size` samples (with `deadline=` when the call has one),
-    its fault handling given as functions. The executors' own tests run these; grading runs
-    `work.WorkItem`s. `deadline` is the call's, on this process's `time.monotonic()`; it crosses to the
-    process that runs the work as seconds left (`Task`).
-    """
-
-    fn: Callable[..., Any]
-    args: tuple[Any, ...]
-    size: int
-    timeout: float | None  # per sample; the watchdog allows `size` of them
-    split: Callable[[], list[Work]]
-    failed: Callable[[str, str], Any]
-    join: Callable[[list[Any]], Any]
-    deadline: float | None = None
-
-    def task(self) -> Task:
-        """What runs the work elsewhere, its deadline made the seconds the call has left from now."""
-        left = None if self.deadline is None else self.deadline - time.monotonic()
-        return Task(self.fn, self.args, left)
-
-    def run_here(self) -> Any:
-        return self.task()()
 
 
 @dataclass(frozen=True)

@@ -44,11 +44,11 @@ from typing import Any
 
 from . import grading
 from .errors import GraderCancelled, describe
-from .executors import WATCHDOG_GRACE_SECONDS, Executor, Item, Task, Work, WorkerDied, WorkTimedOut, watchdog
+from .executors import WATCHDOG_GRACE_SECONDS, Executor, Item, Task, WorkerDied, WorkTimedOut, watchdog
 from .rewards import SpecData
 from .work import WorkItem
 
-__all__ = ["WATCHDOG_GRACE_SECONDS", "Work", "WorkerPool", "grader_work", "warm"]
+__all__ = ["WATCHDOG_GRACE_SECONDS", "WorkerPool", "grader_work", "warm"]
 
 log = logging.getLogger(__name__)
 

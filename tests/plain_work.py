@@ -1,0 +1,42 @@
+"""A plain function as an executor's item (`core.executors.Item`), for the executors' own tests: they make a
+worker die, hang or report its PID with a function of their choosing, where grading sends
+`core.work.WorkItem`s. Only its `task()` crosses to the worker (a picklable `Task`), so it lives here, not in
+the package."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from grpcgrade.core.executors import Task
+
+
+@dataclass(frozen=True)
+class PlainWork:
+    """`fn(*args)` over `size` samples, with `deadline=` when the call has one (this process's
+    `time.monotonic()`; it crosses as seconds left). A one-sample item that could not be done is its error
+    code; split items are not made (`split` gives none)."""
+
+    fn: Callable[..., Any]
+    args: tuple[Any, ...] = ()
+    size: int = 1
+    timeout: float | None = None  # per sample; the watchdog allows `size` of them
+    deadline: float | None = None
+
+    def task(self) -> Task:
+        left = None if self.deadline is None else self.deadline - time.monotonic()
+        return Task(self.fn, self.args, left)
+
+    def run_here(self) -> Any:
+        return self.task()()
+
+    def split(self) -> list[PlainWork]:
+        return []
+
+    def failed(self, code: str, message: str) -> Any:
+        return code
+
+    def join(self, parts: list[Any]) -> Any:
+        return parts
