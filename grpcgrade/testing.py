@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +27,16 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def eventually(condition: Callable[[], object], what: str, bound: float = 60.0, every: float = 0.05) -> None:
+    """Poll until `condition()` holds: for what the server does after a call has its answer (a worker
+    replaced and warmed, a metric scraped). The bound only keeps a broken server from hanging the suite:
+    it is not a time limit the test asserts."""
+    deadline = time.monotonic() + bound
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {bound:g} s: {what}"
+        time.sleep(every)
 
 
 def children(pid: int) -> list[int]:

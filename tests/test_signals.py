@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,7 +27,7 @@ from grpcgrade.core.grading import GraderStats, failed_stats, grader_stats, join
 from grpcgrade.core.histograms import EMPTY, SCORE_BUCKETS
 from grpcgrade.core.rewards import RewardStats, reward_stats
 from grpcgrade.grader import GraderScore
-from grpcgrade.testing import ServerProcess, free_port, health_status, start_server
+from grpcgrade.testing import ServerProcess, eventually, free_port, health_status, start_server
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -130,11 +129,7 @@ def test_the_http_face_counts_its_configured_reward(tmp_path: Path) -> None:
 
 
 def wait_for(predicate: Any, what: str, bound: float = 60.0) -> None:
-    """Poll until `predicate()` holds; the bound only keeps a broken server from hanging the suite."""
-    deadline = time.monotonic() + bound
-    while not predicate():
-        assert time.monotonic() < deadline, f"still waiting for {what}"
-        time.sleep(0.1)
+    eventually(predicate, what, bound, every=0.1)
 
 
 CANARIES = [
