@@ -4,6 +4,7 @@ gRPC callers keep being answered meanwhile (issue 33)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import resource
@@ -20,7 +21,7 @@ import pytest
 from grpcgrade.core.json_body import PARSER_NICENESS
 from grpcgrade.service.http.limits import INLINE_PARSE_BYTES, MAX_JSON_CONTAINERS, PARSE_PROCESSES
 from grpcgrade.service.http.openai_graders import MOUNT_PATH
-from grpcgrade.testing import ServerProcess, parser_pids, start_server
+from grpcgrade.testing import ServerProcess, cpu_seconds, eventually, parser_pids, start_server, writing
 from grpcgrade.v1 import grading_pb2 as pb
 from grpcgrade.v1 import grading_pb2_grpc as pb_grpc
 
@@ -183,6 +184,67 @@ def test_a_parsing_process_killed_is_replaced(hostile_server: ServerProcess) -> 
     assert answer.startswith(b"HTTP/1.1 200 "), answer[:300]
     assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["rewards"] == [0.0] * len(labels)  # "a" is no "b..."
     assert set(parser_pids(hostile_server.proc.pid)).isdisjoint(pids)
+
+
+def large_post(port: int, body: bytes, out: list[bytes]) -> threading.Thread:
+    """POST `body` to /get_reward on a thread; `out` gets the answer (a minute at most: a wedged face fails
+    the test instead of hanging it)."""
+    head = b"POST /get_reward HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" + AUTH
+
+    def run() -> None:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
+            sock.sendall(head + b"Connection: close\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+            answer = b""
+            while chunk := sock.recv(65536):
+                answer += chunk
+            out.append(answer)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+def test_a_parsing_process_killed_while_it_writes_a_parsed_body_wedges_nothing(hostile_server: ServerProcess) -> None:
+    """A 3 MB body's parsed answer is far more than a pipe holds. With the server stopped, the parsing
+    process blocks writing it back; killed there (the OOM killer's timing), the body is parsed again in a
+    new process and answered, and so are later large bodies. Before, the parsing processes shared one result
+    pipe (a ProcessPoolExecutor): its reader was left with half a message, and every later large body
+    waited forever."""
+    server = hostile_server.proc.pid
+    eventually(lambda: len(parser_pids(server)) == PARSE_PROCESSES, "the parsing processes up")
+    labels = ["b" * 2000 for _ in range(1500)]
+    body = json.dumps({"query": ["a"] * len(labels), "labels": labels}).encode()
+    assert INLINE_PARSE_BYTES < len(body) < MAX_BODY
+    for _attempt in range(20):  # catch a parsing process mid-write (it may finish before the server stops)
+        pids = parser_pids(server)
+        since = {p: cpu_seconds(p) for p in pids}
+        out: list[bytes] = []
+        thread = large_post(hostile_server.http_port, body, out)
+        at_work = lambda pids=pids, since=since: any(cpu_seconds(p) > since[p] for p in pids)  # noqa: E731
+        eventually(at_work, "a parsing process at work", every=0.001)
+        os.kill(server, signal.SIGSTOP)
+        try:
+            stop = time.monotonic() + 2  # a bound on the poll, not a timing assertion
+            while time.monotonic() < stop and not any(writing(p) for p in pids):
+                time.sleep(0.01)
+            victim = next((p for p in pids if writing(p)), None)
+            if victim is not None:
+                os.kill(victim, signal.SIGKILL)
+                eventually(lambda v=victim: not Path(f"/proc/{v}/cmdline").read_bytes(), "the killed process gone")
+        finally:
+            os.kill(server, signal.SIGCONT)
+        thread.join(90)
+        assert not thread.is_alive() and out, "the body's request hung"
+        assert out[0].startswith(b"HTTP/1.1 200 "), out[0][:300]
+        assert json.loads(out[0].split(b"\r\n\r\n", 1)[1])["rewards"] == [0.0] * len(labels)
+        if victim is not None:
+            break
+    assert victim is not None, "no parsing process was caught writing in 20 tries"
+    later: list[bytes] = []
+    large_post(hostile_server.http_port, body, later).join(90)
+    assert later and later[0].startswith(b"HTTP/1.1 200 "), later[:1]
+    eventually(lambda: len(parser_pids(server)) == PARSE_PROCESSES, "the parsing processes whole again")
+    assert victim not in parser_pids(server)
 
 
 def test_an_oversized_body_is_refused_while_grpc_callers_are_answered(hostile_server: ServerProcess) -> None:

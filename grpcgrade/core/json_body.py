@@ -101,8 +101,3 @@ def init_process() -> None:
         libc.prctl(15, PROCESS_NAME.encode(), 0, 0, 0)  # PR_SET_NAME
     with contextlib.suppress(OSError):
         os.nice(PARSER_NICENESS)
-
-
-def warm() -> bool:
-    """Nothing: a task that makes the parsing process start (and import this module) before a body needs it."""
-    return True

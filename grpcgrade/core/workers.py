@@ -93,18 +93,28 @@ class _CancelPipe:
         return self.hit
 
 
-def _worker_main(conn: Connection, cancel: Connection, log_levels: dict[str, int], formatter: Any) -> None:
-    """A worker's life: start up, say so, then take one task at a time until told to stop or the server
-    goes away (its end of the pipe closes)."""
+def _worker_main(
+    conn: Connection,
+    cancel: Connection,
+    log_levels: dict[str, int],
+    formatter: Any,
+    initializer: Callable[[], None] | None = None,
+) -> None:
+    """A worker's life: start up (load and warm the graders, or run the pool's `initializer` instead), say
+    so, then take one task at a time until told to stop or the server goes away (its end of the pipe
+    closes)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server decides when workers stop
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     # A spawned process starts with logging unset: log as the server does (--log-format json: JSON lines).
     from grpcgrade import logs
 
     logs.apply(log_levels, formatter)
-    from .registry import get_registry
+    if initializer is not None:
+        initializer()
+    else:
+        from .registry import get_registry
 
-    warm(get_registry())
+        warm(get_registry())
     os.set_blocking(cancel.fileno(), False)
     cancelled = _CancelPipe(cancel.fileno())
     conn.send_bytes(pickle.dumps((_READY, os.getpid())))
@@ -180,7 +190,9 @@ class _Worker:
         self.conn, child = context.Pipe(duplex=True)
         cancel_read, self.cancel = context.Pipe(duplex=False)
         self.process = context.Process(
-            target=_worker_main, args=(child, cancel_read, *logs.current()), name=f"grpcgrade-worker-{slot}"
+            target=_worker_main,
+            args=(child, cancel_read, *logs.current(), pool.initializer),
+            name=f"grpcgrade-{pool.role}-{slot}",
         )
         self.process.start()
         child.close()  # only the worker holds its ends now: its death closes the pipe
@@ -298,8 +310,12 @@ class WorkerPool(Executor):
     what they see to the event loop the pool runs on (the loop of the first `ready` or `submit`), so all of
     the pool's state changes on that loop."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, initializer: Callable[[], None] | None = None, role: str = "worker") -> None:
+        """`size` processes. Grading's pool loads and warms every grader in each; a pool for other work (the
+        HTTP face's JSON parsing) gives an `initializer` (a module-level function) to run instead, and a
+        `role` that names its processes."""
         self.size = size
+        self.initializer, self.role = initializer, role
         self.restarts = 0
         self.closing = False
         self._loop: asyncio.AbstractEventLoop | None = None

@@ -25,17 +25,17 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import multiprocessing
-import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from aiohttp import web
 
 from grpcgrade.core.config import HttpConfig
-from grpcgrade.core.json_body import MAX_JSON_CONTAINERS, MAX_JSON_DEPTH, BodyError, init_process, parse_body, warm
+from grpcgrade.core.executors import Task
+from grpcgrade.core.json_body import MAX_JSON_CONTAINERS, MAX_JSON_DEPTH, BodyError, init_process, parse_body
+from grpcgrade.core.workers import WorkerPool
 
 __all__ = ["MAX_JSON_CONTAINERS", "MAX_JSON_DEPTH", "BodyError", "parse_body"]  # the faces find them here
 
@@ -52,37 +52,64 @@ WALK_THREADS = 2
 _walkers = ThreadPoolExecutor(max_workers=WALK_THREADS, thread_name_prefix="grpcgrade-http-walk")
 
 
+#: How long a parsing process may hold one body before it is taken for hung, killed and replaced (plus the
+#: executors' watchdog grace). An 8 MiB body parses in well under a second.
+PARSE_TIMEOUT_SECONDS = 30.0
+
+
+@dataclass(frozen=True)
+class _ParseItem:
+    """One body to parse, as an executor's item (`core.executors.Item`)."""
+
+    raw: bytes
+    sized: tuple[str, ...]
+    size: int = 1
+    timeout: float | None = PARSE_TIMEOUT_SECONDS
+
+    def task(self) -> Task:
+        return Task(parse_body, (self.raw, self.sized))
+
+    def run_here(self) -> Any:
+        return parse_body(self.raw, self.sized)
+
+    def split(self) -> list[_ParseItem]:
+        return []  # one body: nothing to split
+
+    def failed(self, code: str, message: str) -> BodyError:
+        return BodyError(f"the request body could not be parsed ({code}): {message}", status=503)
+
+    def join(self, parts: list[Any]) -> Any:
+        return parts[0]
+
+
 class _Parsers:
-    """The parsing processes, started on first use (or by `start`), made anew if one dies (a pool whose
-    process died refuses every later task)."""
+    """The parsing processes: a `WorkerPool` of their own, the supervisor grading uses (a pipe per process,
+    one body in flight each), so a process killed while it writes a parsed body back (the OOM killer's
+    doing) costs that body one more try and nothing else. A `ProcessPoolExecutor`, whose processes share one
+    result pipe, was left reading half a message forever: every later large body waited with it. Started
+    with the face, on its event loop; made anew by each start."""
 
     def __init__(self) -> None:
-        self._pool: ProcessPoolExecutor | None = None
-        self._lock = threading.Lock()
-
-    def pool(self) -> ProcessPoolExecutor:
-        with self._lock:
-            if self._pool is None:  # spawned: a fork of this process would copy its threads' locks and gRPC
-                context = multiprocessing.get_context("spawn")
-                self._pool = ProcessPoolExecutor(PARSE_PROCESSES, mp_context=context, initializer=init_process)
-            return self._pool
+        self._pool: WorkerPool | None = None
 
     def start(self) -> None:
-        """Start the processes now, so that the first large body does not wait for them."""
-        for _ in range(PARSE_PROCESSES):
-            self.pool().submit(warm)
+        self.close()
+        self._pool = WorkerPool(PARSE_PROCESSES, initializer=init_process, role="json")
 
-    def replace(self, broken: ProcessPoolExecutor) -> None:
-        with self._lock:
-            if self._pool is broken:
-                self._pool = None
-        broken.shutdown(wait=False, cancel_futures=True)
+    async def parse(self, raw: bytes, sized: tuple[str, ...]) -> tuple[Any, dict[str, int]]:
+        if self._pool is None:
+            self.start()
+        assert self._pool is not None
+        answer = await self._pool.run(_ParseItem(raw, sized))
+        if isinstance(answer, BodyError):  # its process died twice, or hung
+            log.warning("an HTTP body could not be parsed: %s", answer)
+            raise answer
+        return answer  # type: ignore[no-any-return]
 
     def close(self) -> None:
-        with self._lock:
-            pool, self._pool = self._pool, None
+        pool, self._pool = self._pool, None
         if pool is not None:
-            pool.shutdown(wait=False, cancel_futures=True)
+            pool.close(patience=0.5)
 
 
 parsers = _Parsers()
@@ -122,17 +149,7 @@ async def read_json(request: web.Request, http: HttpConfig, sized: Sequence[str]
     raw = await read_body(request, http)
     if len(raw) <= INLINE_PARSE_BYTES:
         return parse_body(raw, sized)
-    loop = asyncio.get_running_loop()
-    for attempt in (1, 2):
-        pool = parsers.pool()
-        try:
-            return await loop.run_in_executor(pool, parse_body, raw, tuple(sized))
-        except BrokenProcessPool:  # a parsing process died (killed from outside): a new pool, one more try
-            log.warning("an HTTP body parsing process died; starting new ones")
-            parsers.replace(pool)
-            if attempt == 2:
-                raise
-    raise AssertionError("unreachable")
+    return await parsers.parse(raw, tuple(sized))
 
 
 async def off_loop(request: web.Request, fn: Callable[..., T], *args: Any) -> T:
