@@ -48,6 +48,7 @@ serve: $(SERVER_STAMP)
 
 test: $(STAMP)
 	@command -v bwrap >/dev/null || echo "bubblewrap (bwrap) is missing: the code sandbox's tests will fail; install it with: make system-deps"
+	@command -v h2load >/dev/null || echo "h2load (nghttp2-client) is missing: the per-sample bench's test will fail; install it with: make system-deps"
 	$(BIN)/python -m pytest -q
 
 # The trainer frameworks' own packages, for the tests marked `trainers` (`make test-trainers`; .ci/run runs
