@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import resource
+import select
 import signal
 import socket
 import threading
@@ -122,11 +123,6 @@ class GrpcCaller:
     def between(self, start: float, end: float) -> int:
         return sum(start < t < end for t in self.ended)
 
-    def longest_gap(self, start: float, end: float) -> float:
-        """The longest time between two call ends within [start, end] (the stall a caller saw)."""
-        times = [start, *(t for t in self.ended if start < t < end), end]
-        return max(b - a for a, b in zip(times, times[1:], strict=False))
-
 
 def post_raw(port: int, head: bytes, body: bytes) -> tuple[bytes, float, float]:
     """(the answer, when the body was sent, when the answer came)."""
@@ -141,19 +137,37 @@ def post_raw(port: int, head: bytes, body: bytes) -> tuple[bytes, float, float]:
 
 def test_a_body_that_is_slow_to_parse_does_not_hold_grpc_callers(hostile_server: ServerProcess) -> None:
     """A body of 90,000 empty lists (270 kB, under the body limit): the C decoder held the event loop for
-    all of the parse (0.5 s here), during which no gRPC call could end. Parsed off the loop now, gRPC calls
-    keep ending while it is parsed; the request is then answered (400: it has no model_sample). With more
-    arrays and objects than MAX_JSON_CONTAINERS it is refused as it is parsed (413)."""
+    all of the parse (0.5 s here), during which no gRPC call could end. Parsed off the loop now. Shown by
+    order, not by time: with the parsing processes stopped (SIGSTOP) the body waits for them, and gRPC calls
+    keep ending meanwhile, 20 of them after it was sent with no answer to it yet; resumed, the request is
+    answered (400: it has no model_sample). Parsed on the loop, the answer would come first: the loop could
+    end no call while it parsed, and wrote the answer as soon as it had. With more arrays and objects than
+    MAX_JSON_CONTAINERS it is refused as it is parsed (413)."""
     item = b"[" + b"[]," * 90_000 + b"[]]"
     body = b'{"grader": ' + json.dumps(GRADER).encode() + b', "item": ' + item + b"}"
-    with GrpcCaller(hostile_server.target) as caller:
-        answer, sent, answered = post_raw(hostile_server.http_port, RUN, body)
+    assert len(body) > INLINE_PARSE_BYTES
+    server = hostile_server.proc.pid
+    eventually(lambda: len(parser_pids(server)) == PARSE_PROCESSES, "the parsing processes up")
+    pids = parser_pids(server)
+    with (
+        GrpcCaller(hostile_server.target) as caller,
+        socket.create_connection(("127.0.0.1", hostile_server.http_port), timeout=300) as sock,
+    ):
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            sock.sendall(RUN + b"Connection: close\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+            sent = time.monotonic()
+            eventually(lambda: caller.between(sent, time.monotonic()) >= 20, "gRPC calls ending while the body waits")
+            unanswered = not select.select([sock], [], [], 0)[0]
+        finally:
+            for pid in pids:
+                os.kill(pid, signal.SIGCONT)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    assert unanswered, answer[:300]
     assert answer.startswith(b"HTTP/1.1 400 ") and b"model_sample: is required" in answer, answer[:300]
-    # Reading the body takes the first moments, the parse the rest; calls held by a blocked loop all end at
-    # once when it is free, just before the answer. So: calls end in the middle half of the wait too.
-    quarter = (answered - sent) / 4
-    assert caller.between(sent + quarter, answered - quarter) > 0
-    print(f"parse: {answered - sent:.2f} s; longest gRPC stall meanwhile {caller.longest_gap(sent, answered):.3f} s")
     many = b'{"grader": {}, "item": [' + b"[]," * MAX_JSON_CONTAINERS + b"[]]}"
     answer, *_ = post_raw(hostile_server.http_port, RUN, many)
     assert answer.startswith(b"HTTP/1.1 413 ") and f"more than {MAX_JSON_CONTAINERS} arrays".encode() in answer

@@ -8,6 +8,7 @@ limits are bounded, a cancelled call stops its work, and oversized answers are s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import textwrap
 import threading
@@ -25,7 +26,7 @@ from grpcgrade.core.engine import ChunkResult, _pipelined
 from grpcgrade.core.errors import ConfigError
 from grpcgrade.core.samples import Limits
 from grpcgrade.service.convert import sample_to_pb, specs_to_pb
-from grpcgrade.testing import children, cpu_seconds, health_status, memory_kib, start_server
+from grpcgrade.testing import children, cpu_seconds, health_status, memory_kib, start_server, worker_pids
 from grpcgrade.v1 import grading_pb2 as pb
 from grpcgrade.v1 import grading_pb2_grpc as pb_grpc
 
@@ -158,19 +159,34 @@ def test_a_slow_error_report_does_not_become_a_timeout_escape(srv, heavy):
 # -- 4. memory per sample and per param is bounded -------------------------------------------------------
 
 
-def test_rougeL_of_long_texts_is_the_lcs_definition(srv):
+def worker_peaks(server) -> dict[int, int]:
+    """Each of the server's workers' peak resident memory so far (VmHWM, KiB); a worker gone meanwhile is left out."""
+    out = {}
+    for pid in worker_pids(server.proc.pid):
+        with contextlib.suppress(OSError):
+            out[pid] = memory_kib(pid, "VmHWM")
+    return out
+
+
+def test_rougeL_of_long_texts_is_the_lcs_definition(server):
     """rougeL on 12,000-word texts: before, a 12k x 12k table of Python ints (gigabytes). The response is
-    the reference with every third word dropped, so by definition the LCS is the whole response."""
+    the reference with every third word dropped, so by definition the LCS is the whole response; and no
+    worker's peak memory grows by 256 MiB grading it. On the suite's server, whose time limit is the default
+    30 s: this module's 2 s (for the hanging samples) timed out NLTK's first import and this LCS on a loaded
+    machine. The memory is what this test guards, so it asserts the memory."""
     words = [f"w{i % 997}" for i in range(12_000)]
     response = [w for i, w in enumerate(words) if i % 3]
     sample = {"response": " ".join(response), "reference": " ".join(words)}
     graders = [{"name": "similarity", "params": {"algorithm": "rougeL", "use_stemmer": False}}]
-    result = evaluate(srv.target, sample, graders)
+    before = worker_peaks(server)
+    result = evaluate(server.target, sample, graders)
     precision, recall = 1.0, len(response) / len(words)
     assert outcome(result) == pytest.approx(2 * precision * recall / (precision + recall))
+    grown_mib = max(kib - before.get(pid, 0) for pid, kib in worker_peaks(server).items()) / 1024
+    assert grown_mib < 256, f"a worker's peak grew by {grown_mib:.0f} MiB"
 
 
-def test_rougeL_matches_the_rouge_score_library(srv):
+def test_rougeL_matches_the_rouge_score_library(server):
     from rouge_score.rouge_scorer import _score_lcs
 
     from grpcgrade.graders.text.similarity_metrics import _RougeTokenizer
@@ -184,7 +200,7 @@ def test_rougeL_matches_the_rouge_score_library(srv):
     graders = [{"name": "similarity", "params": {"algorithm": "rougeL"}}]
     for reference, response in pairs:
         expected = _score_lcs(tokenizer.tokenize(reference), tokenizer.tokenize(response)).fmeasure
-        result = evaluate(srv.target, {"response": response, "reference": reference}, graders)
+        result = evaluate(server.target, {"response": response, "reference": reference}, graders)
         assert outcome(result) == pytest.approx(expected)
 
 
