@@ -131,7 +131,10 @@ def test_cached_rows_are_marked(server: ServerProcess):
 
 def test_the_step_budget_answers_the_rest_budget_exceeded(server: ServerProcess):
     with server.client(timeout=60) as client:
-        table = client.batch_scores(SampleColumns(response=["a", "hang", "b"]), ["napper"], budget_seconds=1.0)
+        for budget in (1.0, 2.0, 4.0, 8.0, 16.0):  # the budget doubled while a quick row was cut (a loaded machine)
+            table = client.batch_scores(SampleColumns(response=["a", "hang", "b"]), ["napper"], budget_seconds=budget)
+            if not {0, 2} & set(table.errors.get("napper", {})):
+                break
     assert table.rewards == [1.0, None, 1.0]
     assert table.errors["napper"][1].code == "BUDGET_EXCEEDED"
 
