@@ -185,7 +185,8 @@ def test_a_parsing_process_killed_is_replaced(hostile_server: ServerProcess) -> 
         time.sleep(0.1)
     assert len(pids) == PARSE_PROCESSES
     server_nice = niceness(hostile_server.proc.pid)
-    assert [niceness(pid) for pid in pids] == [server_nice + PARSER_NICENESS] * len(pids)  # they yield the cores
+    expected = min(19, server_nice + PARSER_NICENESS)  # 19: the kernel's ceiling (a server started under nice)
+    assert [niceness(pid) for pid in pids] == [expected] * len(pids)  # they yield the cores
     for pid in pids:
         os.kill(pid, signal.SIGKILL)
     labels = ["b" * 100 for _ in range(INLINE_PARSE_BYTES // 50)]
