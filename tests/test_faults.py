@@ -12,7 +12,7 @@ import pytest
 from grpc_health.v1 import health_pb2
 
 from grpcgrade.client import SERVICE_CONFIG
-from grpcgrade.testing import cpu_seconds, cpu_when_idle, eventually, health_status, start_server, worker_pids
+from grpcgrade.testing import CpuSince, cpu_seconds, cpu_when_idle, eventually, health_status, start_server, worker_pids
 from grpcgrade.v1 import grading_pb2 as pb
 from grpcgrade.v1 import grading_pb2_grpc as pb_grpc
 
@@ -88,13 +88,11 @@ def test_a_worker_killed_from_outside_loses_no_sample(fault_server):
     graders = [{"name": "sleepy", "params": {"seconds": 0.01}}]
     results: list = []
     with fault_server.client(timeout=120, chunk_size=400) as c:
-        victims = worker_pids(fault_server.proc.pid)
-        since = {p: cpu_seconds(p) for p in victims}
+        workers = CpuSince(worker_pids(fault_server.proc.pid))
         worker = threading.Thread(target=lambda: results.extend(c.batch_evaluate([{"response": "x"}] * 400, graders)))
         worker.start()
-        busy = lambda: [p for p in victims if cpu_seconds(p) > since[p]]  # noqa: E731
-        eventually(busy, "the batch going in a worker")
-        os.kill(busy()[0], signal.SIGKILL)  # as the OOM killer would, with its chunk
+        eventually(workers.busy, "the batch going in a worker")
+        os.kill(workers.busy()[0], signal.SIGKILL)  # as the OOM killer would, with its chunk
         worker.join(120)
     assert len(results) == 400
     assert scores(results) == [1.0] * 400

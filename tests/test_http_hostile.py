@@ -22,7 +22,7 @@ import pytest
 from grpcgrade.core.json_body import PARSER_NICENESS
 from grpcgrade.service.http.limits import INLINE_PARSE_BYTES, MAX_JSON_CONTAINERS, PARSE_PROCESSES
 from grpcgrade.service.http.openai_graders import MOUNT_PATH
-from grpcgrade.testing import ServerProcess, cpu_seconds, eventually, parser_pids, start_server, writing
+from grpcgrade.testing import CpuSince, ServerProcess, eventually, parser_pids, start_server, writing
 from grpcgrade.v1 import grading_pb2 as pb
 from grpcgrade.v1 import grading_pb2_grpc as pb_grpc
 
@@ -230,11 +230,10 @@ def test_a_parsing_process_killed_while_it_writes_a_parsed_body_wedges_nothing(h
     assert INLINE_PARSE_BYTES < len(body) < MAX_BODY
     for _attempt in range(20):  # catch a parsing process mid-write (it may finish before the server stops)
         pids = parser_pids(server)
-        since = {p: cpu_seconds(p) for p in pids}
+        parsers = CpuSince(pids)
         out: list[bytes] = []
         thread = large_post(hostile_server.http_port, body, out)
-        at_work = lambda pids=pids, since=since: any(cpu_seconds(p) > since[p] for p in pids)  # noqa: E731
-        eventually(at_work, "a parsing process at work", every=0.001)
+        eventually(parsers.busy, "a parsing process at work", every=0.001)
         os.kill(server, signal.SIGSTOP)
         try:
             stop = time.monotonic() + 2  # a bound on the poll, not a timing assertion

@@ -27,6 +27,7 @@ from grpcgrade.core.errors import ConfigError
 from grpcgrade.core.samples import Limits
 from grpcgrade.service.convert import sample_to_pb, specs_to_pb
 from grpcgrade.testing import (
+    CpuSince,
     cpu_seconds,
     cpu_when_idle,
     eventually,
@@ -96,12 +97,11 @@ def test_health_answers_while_a_unary_call_grades_a_slow_sample(server):
         graders=specs_to_pb([{"name": "misbehave", "params": {"heavy": False}}]),
         sample=sample_to_pb({"response": "hang"}),
     )
-    workers = worker_pids(server.proc.pid)
-    since = {p: cpu_seconds(p) for p in workers}
+    workers = CpuSince(worker_pids(server.proc.pid))
     with grpc.insecure_channel(server.target) as channel:
         slow = stub_of(channel).Evaluate.future(request, timeout=120)
         try:
-            eventually(lambda: any(cpu_seconds(p) > since[p] + 0.1 for p in workers), "a worker on the sample")
+            eventually(lambda: workers.busy(0.1), "a worker on the sample")
             answers = [health_status(server.target, timeout=60) for _ in range(3)]
             still_running = not slow.done()
         finally:
@@ -141,11 +141,10 @@ def test_a_stuck_worker_killed_loses_no_other_calls_samples(srv):
             errors.append(exc)
 
     threads = [threading.Thread(target=other_call, args=(out,)) for out in others]
-    workers = worker_pids(srv.proc.pid)
-    since = {p: cpu_seconds(p) for p in workers}
+    workers = CpuSince(worker_pids(srv.proc.pid))
     for thread in threads:
         thread.start()
-    eventually(lambda: all(cpu_seconds(p) > since[p] for p in workers), "the other calls' chunks in both workers")
+    eventually(lambda: len(workers.busy()) == 2, "the other calls' chunks in both workers")
     stuck = batch(
         srv.target,
         [{"response": r} for r in ("ok", "hang_in_c", "ok")],
