@@ -47,6 +47,7 @@ from grpcgrade.grader import GraderError, GraderResult
 from ..metrics import Metrics
 from ..overload import service_unavailable
 from ..rows import ROWS, encoded
+from .forward import EngineLink
 from .limits import MAX_JSON_DEPTH, BodyError, read_json
 
 __all__ = ["MAX_JSON_DEPTH", "BodyError", "read_json"]  # where the faces have found them
@@ -254,6 +255,9 @@ class FaceContext:
     metrics: Metrics | None = None
     admission: Admission | None = None
     coalescer: ServerCoalescer | None = None  # None: a one-sample request is graded alone
+    #: The engine's process, when this face runs in a process of its own (`http.process`): samples are
+    #: graded there, over the gRPC contract, and `engine` only resolves plans.
+    link: EngineLink | None = None
     secrets: list[bytes] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -385,6 +389,9 @@ class FaceContext:
             if n == 1 and guards == (None, None) and self.coalescer is not None:  # with concurrent one-sample calls
                 results, value = await self.coalescer.grade(jobs, checked(0), self.engine.timeout(None), reward, nbytes)
                 out.add([0], [[result] for result in results], [value])
+            elif self.link is not None:  # each piece's samples made as it leaves: no step makes them all
+                async for part in self.link.grade_pieces(jobs, n, checked, reward, deadline, failures):
+                    out.add(part.indices, part.columns, part.rewards)
             else:
                 async for graded in self.engine.grade_batch(
                     jobs, batch, self.engine.chunks(jobs, n), reward=reward, deadline=deadline, failures=failures

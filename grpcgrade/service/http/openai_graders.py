@@ -39,6 +39,7 @@ from grpcgrade.graders.openai.schema import GraderConfigError
 
 from ..callers import caller_middleware
 from .common import MAX_JSON_DEPTH, BodyError, authorized, faced, read_json
+from .forward import EngineLink
 
 __all__ = ["MAX_JSON_DEPTH", "MOUNT_PATH", "openai_graders_app", "openai_graders_root", "run_response"]
 
@@ -148,13 +149,20 @@ def flagged_response(grader: Any, exc: GraderConfigError) -> dict[str, Any]:
 
 
 def openai_graders_app(
-    engine: Engine, *, tokens: Sequence[str] = (), limits: Limits | None = None, http: HttpConfig | None = None
+    engine: Engine,
+    *,
+    tokens: Sequence[str] = (),
+    limits: Limits | None = None,
+    http: HttpConfig | None = None,
+    link: EngineLink | None = None,
 ) -> web.Application:
     """The `run` and `validate` endpoints as a sub-application to mount at MOUNT_PATH.
 
     `tokens`: bearer tokens to accept (none: no check here, e.g. when the parent application authenticates).
     `limits`: the server's request limits; `model_sample` is a sample field, bounded by `max_field_chars`.
     `http`: the HTTP face's limits on bodies (`limits.py`; the defaults when None).
+    `link`: the engine's process, when the face runs in its own (`forward`): `engine` then only checks
+    grader configs, and the sample is graded there.
     """
     limits = limits or Limits()
     http = http or HttpConfig()
@@ -193,7 +201,10 @@ def openai_graders_app(
         if tools is not None:
             kwargs["tool_calls"] = tools
         start = time.perf_counter()
-        graded = await engine.grade_chunk(jobs, [(0, kwargs)])
+        if link is not None:
+            graded = await link.grade_chunk(jobs, [(0, kwargs)], full=True)
+        else:
+            graded = await engine.grade_chunk(jobs, [(0, kwargs)])
         result = graded.columns[0][0]
         return web.json_response(run_response(result, body["grader"], time.perf_counter() - start))
 
