@@ -303,6 +303,8 @@ class _JudgeCollector(Collector):
 class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
+        #: Called (in the exposition server's thread) before each scrape: the HTTP face processes' counts.
+        self.before_scrape: list[Callable[[], None]] = []
         r = self.registry
         rpc = ["grpc_type", "grpc_service", "grpc_method"]
         self.started = Counter("grpc_server_started", "RPCs started on the server.", rpc, registry=r)
@@ -457,7 +459,14 @@ class Metrics:
     def serve(self, host: str, port: int) -> tuple[WSGIServer, threading.Thread]:
         """prometheus-client's exposition server, except that a connection idle for `IDLE_SECONDS` is
         closed: its server keeps a thread per open connection, and idle ones would pile up forever."""
-        httpd = make_server(host, port, make_wsgi_app(self.registry), ThreadingWSGIServer, handler_class=_Handler)
+        exposition = make_wsgi_app(self.registry)
+
+        def app(environ: dict[str, Any], start_response: Any) -> Any:
+            for hook in self.before_scrape:  # what other processes counted, in before the answer
+                hook()
+            return exposition(environ, start_response)
+
+        httpd = make_server(host, port, app, ThreadingWSGIServer, handler_class=_Handler)
         thread = threading.Thread(target=httpd.serve_forever, name="metrics", daemon=True)
         thread.start()
         return httpd, thread

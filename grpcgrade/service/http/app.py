@@ -22,10 +22,10 @@ from grpcgrade.core.engine import Engine
 from grpcgrade.core.samples import Limits
 
 from ..callers import caller_middleware
-from ..metrics import Metrics
 from ..overload import admission_middleware
 from . import nemo_gym, openai_graders, openrlhf, slime
 from .common import FACE_KEY, NO_FACE, FaceContext, Handler
+from .counters import FaceCounters
 from .forward import EngineLink
 from .limits import mark_head_arrived
 
@@ -40,7 +40,7 @@ def build_http_app(
     default_reward: str = "",
     *,
     tokens: Sequence[str] = (),
-    metrics: Metrics | None = None,
+    metrics: FaceCounters | None = None,
     admission: Admission | None = None,
     coalescer: ServerCoalescer | None = None,
     link: EngineLink | None = None,
@@ -68,6 +68,7 @@ def build_http_app(
             if metrics is not None:
                 face = request.get(FACE_KEY, NO_FACE)
                 metrics.http_requests.labels(face, request.method, str(status)).inc()
+                metrics.flush()  # to the server's process before the answer is written
 
     admission = admission or Admission(limits)
     admitted = admission_middleware(admission)  # inside `counted`: a refusal is counted as a 503

@@ -44,9 +44,9 @@ from grpcgrade.core.samples import (
 from grpcgrade.core.tokens import no_tokenizer_message, uncounted
 from grpcgrade.grader import GraderError, GraderResult
 
-from ..metrics import Metrics
 from ..overload import service_unavailable
 from ..rows import ROWS, encoded
+from .counters import FaceCounters
 from .forward import EngineLink
 from .limits import MAX_JSON_DEPTH, BodyError, read_json
 
@@ -252,7 +252,7 @@ class FaceContext:
     http: HttpConfig
     default_reward: str = ""
     tokens: Sequence[str] = ()
-    metrics: Metrics | None = None
+    metrics: FaceCounters | None = None
     admission: Admission | None = None
     coalescer: ServerCoalescer | None = None  # None: a one-sample request is graded alone
     #: The engine's process, when this face runs in a process of its own (`http.process`): samples are

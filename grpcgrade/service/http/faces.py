@@ -12,8 +12,9 @@ translation uses the machine's other cores.
   SO_REUSEPORT, and the kernel spreads new connections over them. The placeholder never accepts.
 - The engine: the face processes call the server's process on a Unix-domain socket in a directory only
   this user can enter, with the server's token when it has one (`server.Service`).
-- Counters: each face process sends its totals; the differences are added to the server's counters of the
-  same names and labels, so /metrics is one view (a restarted face starts again from zero).
+- Counters: each face process sends a request's increments before it answers (`counters`); they are
+  added to the server's counters of the same names and labels, as they arrive and before every scrape
+  (`drain`), so /metrics is one view and a client that has its answer sees it counted.
 - A face process that dies is started again after `RESTART_PAUSE_SECONDS` (doubling, up to
   `MAX_RESTART_PAUSE_SECONDS`, while they keep dying fast); its in-flight requests are lost with it
   (their clients see the connection end) and nothing else is.
@@ -28,6 +29,7 @@ import multiprocessing
 import os
 import signal
 import socket
+import threading
 import time
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
@@ -37,7 +39,8 @@ from grpcgrade.core.errors import ConfigError, PortUnavailable
 
 from ..metrics import Metrics
 from ..options import ServeOptions
-from .process import FaceSpec, Totals, main
+from .counters import COUNTERS, Increment
+from .process import FaceSpec, main
 
 log = logging.getLogger("grpcgrade.service.http")
 
@@ -59,7 +62,6 @@ class _Face:
         self.conn: Connection | None = None
         self.started = 0.0
         self.ready: asyncio.Future[int] | None = None
-        self.seen: Totals = {}
         self.pause = RESTART_PAUSE_SECONDS
 
 
@@ -95,6 +97,11 @@ class FaceProcesses:
         self.restarts = 0
         self._tasks: set[asyncio.Task[None]] = set()
         self._context = multiprocessing.get_context("spawn")
+        self._loop: asyncio.AbstractEventLoop | None = None
+        #: Held while a face's pipe is read: by the event loop, and by a scrape's thread (`drain`).
+        self._reading = threading.Lock()
+        if metrics is not None:
+            metrics.before_scrape.append(self.drain)
 
     @property
     def pids(self) -> list[int]:
@@ -104,6 +111,7 @@ class FaceProcesses:
     async def start(self) -> None:
         """Every face process started and listening; PortUnavailable or ConfigError naming the first
         that could not start."""
+        self._loop = asyncio.get_running_loop()
         for face in self.faces:
             self._spawn(face)
         for face in self.faces:
@@ -124,35 +132,56 @@ class FaceProcesses:
         theirs.close()
         face.process, face.conn, face.started = process, ours, time.monotonic()
         face.ready = asyncio.get_running_loop().create_future()
-        face.seen = {}
         loop = asyncio.get_running_loop()
         loop.add_reader(ours.fileno(), self._read, face, ours)
         loop.add_reader(process.sentinel, self._ended, face, process)
 
     def _read(self, face: _Face, conn: Connection) -> None:
-        """A message from a face process: ready, its counters, or why it could not start."""
-        try:
-            kind, value = conn.recv()
-        except (EOFError, OSError):
-            asyncio.get_running_loop().remove_reader(conn.fileno())
-            return
-        if kind == "metrics":
-            self._count(face, value)
+        """The event loop's reader of a face's pipe: what it sent so far."""
+        for kind, value in self._received(conn):
+            self._handle(face, kind, value)
+
+    def _received(self, conn: Connection) -> list[tuple[str, object]]:
+        """Every message waiting on `conn`, read under the lock; [] once it has ended."""
+        out = []
+        with self._reading:
+            try:
+                while not conn.closed and conn.poll():
+                    out.append(conn.recv())
+            except (EOFError, OSError):
+                pass
+        return out
+
+    def _handle(self, face: _Face, kind: str, value: object) -> None:
+        """A message from a face process: its counts, ready, or why it could not start (on the loop)."""
+        if kind == "count":
+            self._count(value)  # type: ignore[arg-type]
         elif face.ready is not None and not face.ready.done():
             if kind == "ready":
-                face.ready.set_result(value)
+                face.ready.set_result(int(value))  # type: ignore[call-overload]
             else:
                 face.ready.set_exception(_start_error(self.options, self.port, str(value)))
 
-    def _count(self, face: _Face, now: Totals) -> None:
-        """A face's totals into the server's counters: what grew since its last report."""
-        if self.metrics is not None:
-            for (name, labels), value in now.items():
-                grown = value - face.seen.get((name, labels), 0.0)
-                if grown > 0:
-                    counter = getattr(self.metrics, name)
-                    (counter.labels(**dict(labels)) if labels else counter).inc(grown)
-        face.seen = now
+    def drain(self) -> None:
+        """What the face processes have sent, counted now (a scrape's thread calls it before answering)."""
+        for face in self.faces:
+            conn = face.conn
+            if conn is None:
+                continue
+            for kind, value in self._received(conn):
+                if kind == "count":
+                    self._count(value)  # type: ignore[arg-type]
+                elif self._loop is not None:
+                    self._loop.call_soon_threadsafe(self._handle, face, kind, value)
+
+    def _count(self, increments: list[Increment]) -> None:
+        """A face's increments into the server's counters of the same names and labels."""
+        if self.metrics is None:
+            return
+        for name, values, amount in increments:
+            if name in COUNTERS:
+                counter = getattr(self.metrics, name)
+                (counter.labels(*values) if values else counter).inc(amount)
 
     def _ended(self, face: _Face, process: BaseProcess) -> None:
         loop = asyncio.get_running_loop()
@@ -160,14 +189,13 @@ class FaceProcesses:
         process.join(0)
         if face.process is not process:
             return
-        if face.conn is not None:  # what it said last (its final counters) first
-            with contextlib.suppress(OSError, ValueError):
-                while face.conn.poll():
-                    self._read(face, face.conn)
+        if face.conn is not None:  # what it said last (its final counts) first
+            self._read(face, face.conn)
             with contextlib.suppress(OSError, ValueError):
                 loop.remove_reader(face.conn.fileno())
-            face.conn.close()
-            face.conn = None
+            with self._reading:
+                face.conn.close()
+                face.conn = None
         if face.ready is not None and not face.ready.done():
             face.ready.set_exception(ConfigError(f"HTTP face process {face.index} exited ({process.exitcode})"))
             return
@@ -228,14 +256,15 @@ class FaceProcesses:
                 with contextlib.suppress(ValueError, OSError):
                     loop.remove_reader(process.sentinel)
             if face.conn is not None:
-                with contextlib.suppress(ValueError, OSError):
-                    while face.conn.poll():
-                        self._read(face, face.conn)
+                self._read(face, face.conn)
                 with contextlib.suppress(ValueError, OSError):
                     loop.remove_reader(face.conn.fileno())
-                face.conn.close()
-                face.conn = None
+                with self._reading:
+                    face.conn.close()
+                    face.conn = None
         self.placeholder.close()
+        if self.metrics is not None and self.drain in self.metrics.before_scrape:
+            self.metrics.before_scrape.remove(self.drain)
 
 
 def _start_error(options: ServeOptions, port: int, message: str) -> Exception:

@@ -179,7 +179,7 @@ class EngineLink:
             ("grpc.max_send_message_length", max_message_bytes),
         ]
         self.channel = grpc.aio.insecure_channel(target, options=options)
-        self.stub = grading_pb2_grpc.GradingServiceStub(self.channel)
+        self.stub = grading_pb2_grpc.GradingServiceStub(self.channel)  # type: ignore[no-untyped-call]
         self.metadata: tuple[tuple[str, str], ...] = (("authorization", f"Bearer {token}"),) if token else ()
 
     async def close(self) -> None:
@@ -260,11 +260,11 @@ class EngineLink:
         good = [(i, kw) for i, kw in chunk if not isinstance(kw, SampleProblem)]
         bad = [(i, kw) for i, kw in chunk if isinstance(kw, SampleProblem)]
         if bad:
-            yield unusable_result(jobs, [i for i, _ in bad], [p for _, p in bad])  # type: ignore[misc]
+            yield unusable_result(jobs, [i for i, _ in bad], [p for _, p in bad])
         if not good:
             return
         request = pb.BatchEvaluateRequest(
-            samples=[sample_message(kw) for _, kw in good],  # type: ignore[arg-type]
+            samples=[sample_message(kw) for _, kw in good],
             view=pb.RESULT_VIEW_FULL if full or not pointwise(jobs) else pb.RESULT_VIEW_COLUMNS,
             cache=cache_of(jobs),
         )

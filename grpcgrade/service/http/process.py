@@ -5,7 +5,7 @@ It reads the same configuration and tokens as the server, resolves plans with an
 never grades (no worker pool: it knows each reward's graders, their inputs and configs, to answer a bad
 request at once), and grades every sample through `forward.EngineLink`, the gRPC contract on the engine
 process's private socket. Its counters (requests, failed and unusable samples, failure-ratio refusals)
-are sent to the server's process every `REPORT_SECONDS` and at exit, where /metrics serves them.
+go to the server's process with each request (`counters`), where /metrics serves them.
 
 Its life: it listens on the face's port with SO_REUSEPORT (so several share it), says `ready` with the
 port on its pipe, and on SIGTERM stops accepting and lets its in-flight requests finish for up to the
@@ -24,7 +24,6 @@ import signal
 from collections.abc import Mapping
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import Any
 
 from aiohttp import web
 
@@ -37,25 +36,18 @@ from grpcgrade.llm.models import close_clients as close_judge_clients
 from grpcgrade.llm.models import configure as configure_models
 
 from ..lifecycle import SHUTDOWN_MARGIN_SECONDS, exit_deadline, settle_heap, tune_process
-from ..metrics import Metrics
 from ..options import ServeOptions, read_config, read_tokens
 from .app import build_http_app
+from .counters import FaceCounters
 from .forward import EngineLink
 from .limits import ConnectionGuard
 
 log = logging.getLogger("grpcgrade.service.http")
 
-#: How often a face process sends its counters to the server's process (seconds).
-REPORT_SECONDS = 0.5
-#: The counters a face process keeps, by their `Metrics` attribute: the ones its requests move.
-REPORTED = ("http_requests", "http_failed_samples", "http_unusable_samples", "failure_budget_calls")
 #: Linux's prctl option: the signal this process gets when its parent ends.
 PR_SET_PDEATHSIG = 1
 #: The process name a face process takes (`/proc/PID/comm`), so tests and operators tell it apart.
 PROCESS_NAME = "grpcgrade-http"
-
-#: A face's counters: {(Metrics attribute, sorted label pairs): value so far}.
-Totals = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
 @dataclass(frozen=True)
@@ -70,17 +62,6 @@ class FaceSpec:
     port: int
     log_levels: Mapping[str, int]
     log_formatter: logging.Formatter | None
-
-
-def totals(metrics: Metrics) -> Totals:
-    """The reported counters' values so far."""
-    out: Totals = {}
-    for name in REPORTED:
-        for family in getattr(metrics, name).collect():
-            for sample in family.samples:
-                if sample.name.endswith("_total"):
-                    out[(name, tuple(sorted(sample.labels.items())))] = sample.value
-    return out
 
 
 def _name_this_process() -> None:
@@ -125,7 +106,7 @@ async def _serve(spec: FaceSpec, conn: Connection) -> None:
     link = EngineLink(spec.engine, tokens[0] if tokens else None, config.limits.max_message_bytes)
     linger = config.coalesce_linger_seconds
     coalescer = ServerCoalescer(link, linger) if linger > 0 else None
-    metrics = Metrics()
+    metrics = FaceCounters(lambda increments: conn.send(("count", increments)))
     app = build_http_app(
         engine, config.limits, config.http, config.default_reward, tokens=tokens, metrics=metrics,
         coalescer=coalescer, link=link,
@@ -145,29 +126,11 @@ async def _serve(spec: FaceSpec, conn: Connection) -> None:
     loop.add_reader(conn.fileno(), stop.set)  # the server's end of the pipe closed: it is gone
     conn.send(("ready", spec.port))
     log.debug("HTTP face process %d serving on %s:%d", spec.index, opts.http_host, spec.port)
-    reporter = asyncio.create_task(_report(conn, metrics))
     await stop.wait()
     loop.remove_reader(conn.fileno())
     exit_deadline(opts.grace_seconds + SHUTDOWN_MARGIN_SECONDS)
     guard.close()  # no new connection; the in-flight requests finish for up to the grace period
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(runner.cleanup(), opts.grace_seconds + 0.5)
-    reporter.cancel()
-    with contextlib.suppress(OSError):
-        conn.send(("metrics", totals(metrics)))
     await link.close()
     await close_judge_clients()
-
-
-async def _report(conn: Connection, metrics: Metrics) -> None:
-    """The counters to the server's process, when they moved."""
-    last: Any = None
-    while True:
-        await asyncio.sleep(REPORT_SECONDS)
-        now = totals(metrics)
-        if now != last:
-            try:
-                conn.send(("metrics", now))
-            except OSError:
-                return
-            last = now
