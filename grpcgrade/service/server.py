@@ -346,8 +346,6 @@ def build_server(opts: ServeOptions) -> Service:
         metrics.watch_admission(admission)
     linger = config.coalesce_linger_seconds
     coalescer = ServerCoalescer(engine, linger) if linger > 0 else None
-    if metrics is not None and coalescer is not None:
-        metrics.watch_coalescer(coalescer)
     servicer = GradingServicer(engine, config.limits, metrics, admission, coalescer)
     add_to_server(servicer, server)
     admin_pb2_grpc.add_AdminServiceServicer_to_server(AdminServicer(cached, registry), server)
@@ -376,6 +374,9 @@ def build_server(opts: ServeOptions) -> Service:
             if pool is not None:
                 pool.close(patience=0)
             raise
+    coalescing = [c for c in (coalescer, service.faces) if c is not None]
+    if metrics is not None and coalescing:
+        metrics.watch_coalescer(*coalescing)
     return service
 
 

@@ -14,8 +14,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from grpcgrade.core.coalesce import ServerCoalescer
+
 #: The counters a face process moves, by their `metrics.Metrics` attribute.
 COUNTERS = frozenset(("http_requests", "http_failed_samples", "http_unusable_samples", "failure_budget_calls"))
+
+#: The coalescer's counts (`core.coalesce.ServerCoalescer.chunks`, `.samples`), sent as they grow.
+COALESCED = ("chunks", "samples")
 
 #: One increment: (Metrics attribute, label values in the counter's order, amount).
 Increment = tuple[str, tuple[str, ...], float]
@@ -55,9 +60,17 @@ class FaceCounters:
         self.http_failed_samples = _Counter(self, "http_failed_samples")
         self.http_unusable_samples = _Counter(self, "http_unusable_samples")
         self.failure_budget_calls = _Counter(self, "failure_budget_calls")
+        self.coalescer: ServerCoalescer | None = None
+        self._coalesced = {name: 0 for name in COALESCED}
 
     def flush(self) -> None:
         """The increments so far to the server's process."""
+        if self.coalescer is not None:  # what the face's coalescer gathered since
+            for name, last in self._coalesced.items():
+                now = getattr(self.coalescer, name)
+                if now != last:
+                    self.pending.append((name, (), now - last))
+                    self._coalesced[name] = now
         if self.pending:
             pending, self.pending = self.pending, []
             if self.send is not None:

@@ -39,7 +39,7 @@ from grpcgrade.core.errors import ConfigError, PortUnavailable
 
 from ..metrics import Metrics
 from ..options import ServeOptions
-from .counters import COUNTERS, Increment
+from .counters import COALESCED, COUNTERS, Increment
 from .process import FaceSpec, main
 
 log = logging.getLogger("grpcgrade.service.http")
@@ -95,6 +95,9 @@ class FaceProcesses:
         self.faces = [_Face(i) for i in range(count)]
         self.stopping = False
         self.restarts = 0
+        #: What the faces' coalescers gathered (`metrics.watch_coalescer` counts it with the server's).
+        self.chunks = 0
+        self.samples = 0
         self._tasks: set[asyncio.Task[None]] = set()
         self._context = multiprocessing.get_context("spawn")
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -176,10 +179,10 @@ class FaceProcesses:
 
     def _count(self, increments: list[Increment]) -> None:
         """A face's increments into the server's counters of the same names and labels."""
-        if self.metrics is None:
-            return
         for name, values, amount in increments:
-            if name in COUNTERS:
+            if name in COALESCED:
+                setattr(self, name, getattr(self, name) + int(amount))
+            elif name in COUNTERS and self.metrics is not None:
                 counter = getattr(self.metrics, name)
                 (counter.labels(*values) if values else counter).inc(amount)
 

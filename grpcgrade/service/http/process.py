@@ -107,6 +107,7 @@ async def _serve(spec: FaceSpec, conn: Connection) -> None:
     linger = config.coalesce_linger_seconds
     coalescer = ServerCoalescer(link, linger) if linger > 0 else None
     metrics = FaceCounters(lambda increments: conn.send(("count", increments)))
+    metrics.coalescer = coalescer
     app = build_http_app(
         engine, config.limits, config.http, config.default_reward, tokens=tokens, metrics=metrics,
         coalescer=coalescer, link=link,
