@@ -130,3 +130,32 @@ def test_an_engine_that_does_not_answer_is_a_503_with_a_retry_hint(tmp_path):
         asyncio.run(call())
     assert int(refused.value.headers["Retry-After"]) >= 1
     assert "not reachable" in refused.value.text
+
+
+def test_an_item_nested_deeper_than_the_contract_carries_is_refused_naming_it(two_faces):
+    """OpenAI's `item` goes to the engine's process inside a Sample, which protobuf parses to a depth of 100
+    messages (two per JSON level): one nested deeper was a 500 (the engine could not parse the call). Now
+    400 naming `item`, and an item at the limit is graded."""
+    url = two_faces.http + "/v1/fine_tuning/alpha/graders/run"
+    auth = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
+    grader = {"type": "string_check", "name": "s", "input": "{{item.x}}", "reference": "a", "operation": "eq"}
+
+    def nested(depth: int) -> object:
+        value: object = "a"
+        for _ in range(depth - 1):  # the item itself is one level
+            value = [value]
+        return value
+
+    def run(item: object) -> tuple[int, dict]:
+        body = json.dumps({"grader": grader, "model_sample": "a", "item": item}).encode()
+        try:
+            with urllib.request.urlopen(urllib.request.Request(url, data=body, headers=auth), timeout=60) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read())
+
+    # protobuf levels: the item's Value and Struct and its map entry (3), then 2 a list, 1 the innermost text
+    status, answer = run({"x": "a", "n": nested(47)})  # 3 + 2 * 46 + 1 = 96: carried
+    assert status == 200 and answer["reward"] == 1.0, answer
+    status, answer = run({"x": "a", "n": nested(48)})  # 98: not
+    assert status == 400 and answer["error"]["param"] == "item", answer

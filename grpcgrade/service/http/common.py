@@ -47,7 +47,7 @@ from grpcgrade.grader import GraderError, GraderResult
 from ..overload import service_unavailable
 from ..rows import ROWS, encoded
 from .counters import FaceCounters
-from .forward import EngineLink
+from .forward import NESTING, EngineLink, too_deep
 from .limits import MAX_JSON_DEPTH, BodyError, read_json
 
 __all__ = ["MAX_JSON_DEPTH", "BodyError", "read_json"]  # where the faces have found them
@@ -101,6 +101,10 @@ def check_sample(fields: dict[str, Any], limits: Limits) -> None:
         raise SampleProblem(
             f"field 'extra' takes {size} characters, over the limit max_field_chars={limits.max_field_chars}"
         )
+    deep = [k for k, v in extra.items() if isinstance(v, dict | list) and too_deep(v)]
+    deep += [k for k in AGENT_FIELDS if any(too_deep(entry) for entry in fields.get(k) or ())]
+    if deep:
+        raise SampleProblem(f"field {deep[0]!r} nests deeper than a sample carries ({NESTING})")
 
 
 def agent_columns(body: Mapping[str, Any], n: int) -> list[dict[str, list[Any]]]:

@@ -46,6 +46,14 @@ from ..structs import struct_to_dict
 FORWARD_PIECE = 4096
 #: Pieces of one request in flight at once.
 FORWARD_WINDOW = 2
+#: How deep a value in a sample's `extra` (or one entry of an agent input) may nest, in protobuf messages:
+#: what a BatchEvaluateRequest carries under protobuf's parsing depth of 100 (measured), a JSON list being
+#: two messages (Value, ListValue) and an object three (Value, Struct, its map entry): 48 lists, or 32
+#: objects. A face refuses a deeper one as its sample's problem: the engine's process could not parse the
+#: call, and every other sample of it would fail too.
+MAX_VALUE_LEVELS = 97
+#: That bound in a message's words.
+NESTING = "at most 48 lists or 32 objects deep"
 #: The retry hint of a 503 for an engine that did not answer (seconds).
 UNREACHABLE_RETRY_SECONDS = 1
 
@@ -77,6 +85,25 @@ def sample_message(kwargs: dict[str, Any]) -> pb.Sample:
     if extra:
         out.extra.update(extra)
     return out
+
+
+def too_deep(value: Any) -> bool:
+    """Whether `value`, as a Sample's `extra` value or one entry of an agent input, nests deeper than
+    protobuf parses (`MAX_VALUE_LEVELS`): a list costs two message levels, an object three (its map entry)."""
+    stack = [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        if level > MAX_VALUE_LEVELS:
+            return True
+        if isinstance(item, dict):
+            stack.extend((child, level + 3) for child in item.values() if isinstance(child, dict | list | tuple))
+            if item and level + 3 > MAX_VALUE_LEVELS:
+                return True
+        elif isinstance(item, list | tuple):
+            stack.extend((child, level + 2) for child in item if isinstance(child, dict | list | tuple))
+            if item and level + 2 > MAX_VALUE_LEVELS:
+                return True
+    return False
 
 
 def cache_of(jobs: Sequence[Job]) -> pb.CacheMode:

@@ -39,7 +39,7 @@ from grpcgrade.graders.openai.schema import GraderConfigError
 
 from ..callers import caller_middleware
 from .common import MAX_JSON_DEPTH, BodyError, authorized, faced, read_json
-from .forward import EngineLink
+from .forward import NESTING, EngineLink, too_deep
 
 __all__ = ["MAX_JSON_DEPTH", "MOUNT_PATH", "openai_graders_app", "openai_graders_root", "run_response"]
 
@@ -90,6 +90,10 @@ async def _body(
     for name, limit, what in bounds:
         if sizes.get(name, 0) > limit:
             raise BadRequest(f"{name}: {sizes[name]} bytes as JSON, over the limit of {limit} ({what})", param=name)
+    tools = body.get("tool_calls")
+    if too_deep(body.get("item")) or (isinstance(tools, list) and any(too_deep(t) for t in tools)):
+        name = "item" if too_deep(body.get("item")) else "tool_calls"
+        raise BadRequest(f"{name}: nested deeper than a sample carries ({NESTING})", param=name)
     for name in required:
         if name not in body:
             raise BadRequest(f"{name}: is required", param=name)
