@@ -263,6 +263,10 @@ class FaceContext:
     #: graded there, over the gRPC contract, and `engine` only resolves plans.
     link: EngineLink | None = None
     secrets: list[bytes] = field(init=False)
+    #: A face process's plans by (reward, cache mode), resolved once each (`resolve`).
+    _plans: dict[tuple[str, Any], Plan] = field(init=False, default_factory=dict)
+    #: The inputs each plan's graders require (`samples.requirements`), made once per plan.
+    _required: dict[int, dict[str, str]] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         self.secrets = [t.encode() for t in self.tokens if t]
@@ -304,12 +308,19 @@ class FaceContext:
         if cache not in set(CacheMode):
             allowed = ", ".join(f'"{mode.value}"' for mode in CacheMode)
             raise web.HTTPBadRequest(text=f"`cache` must be one of {allowed}, got {str(cache)[:40]!r}")
+        key = (reward, cache)
+        plan = self._plans.get(key)
+        if plan is not None:
+            return plan
         try:
-            return self.engine.resolve([], reward, CacheMode(cache))
+            plan = self.engine.resolve([], reward, CacheMode(cache))
         except (UnknownReward, UnknownGrader) as exc:
             raise web.HTTPNotFound(text=str(exc)) from None
         except InvalidParams as exc:
             raise web.HTTPBadRequest(text=str(exc)) from None
+        if self.link is not None:  # a face process's plans never change (its engine learns nothing)
+            self._plans[key] = plan
+        return plan
 
     def require_counts(self, reward: str, jobs: Sequence[Job], path: str) -> None:
         """400 naming `--tokenizer` when the reward gates on a token count that `path` (a trainer's protocol
@@ -359,7 +370,11 @@ class FaceContext:
         (`grpcgrade_http_failed_samples_total`) and logged, one WARNING line per request. `nbytes`: the
         request body's size (0: unknown), for the engine's choice to grade a small request inline."""
         n = len(samples)
-        required = requirements((job.grader.name, job.inputs) for job in jobs)
+        required = self._required.get(id(jobs)) if self._plans else None
+        if required is None:
+            required = requirements((job.grader.name, job.inputs) for job in jobs)
+            if self._plans and any(jobs is plan for plan in self._plans.values()):
+                self._required[id(jobs)] = required
         unusable: list[SampleProblem] = []
 
         def checked(i: int) -> dict[str, Any] | SampleProblem:
