@@ -26,8 +26,8 @@ statuses, not gRPC's trailers: the gRPC calls are counted as answered from the s
 
 **Server CPU per call** is reported beside calls/s (`*_server_cpu_us`: user + system CPU of the server
 process and its child processes (workers, HTTP face processes), from /proc, over the run, per call): the
-server's capacity whatever the machine's load, and the figure that says where the time goes. Each side runs twice, taking turns, and
-keeps its better run: on a shared machine load changes within seconds.
+server's capacity whatever the machine's load, and the figure that says where the time goes. Each side
+runs twice, taking turns, and keeps its better run: on a shared machine load changes within seconds.
 """
 
 from __future__ import annotations
