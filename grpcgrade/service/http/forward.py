@@ -253,20 +253,25 @@ class EngineLink:
                 except BaseException as exc:
                     await queue.put(exc)
                     raise
+                await queue.put(None)  # this piece is done
 
         tasks = [asyncio.ensure_future(piece(a)) for a in starts]
-        done = 0
+        done = ended = 0
         try:
-            while done < n:
+            while ended < len(tasks):
                 part = await queue.get()
                 if isinstance(part, BaseException):
                     raise part
-                assert part is not None
+                if part is None:
+                    ended += 1
+                    continue
                 done += len(part.indices)
                 if failures is not None:
                     failures.add_columns(names, part.columns, part.rewards)
                     failures.check()
                 yield part
+            if done != n:  # never expected: the engine answers every sample it takes
+                raise web.HTTPBadGateway(text=f"the grading engine answered {done} of {n} samples")
         finally:
             for task in tasks:
                 task.cancel()
