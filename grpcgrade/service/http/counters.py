@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from grpcgrade.core.coalesce import ServerCoalescer
+from grpcgrade.core.grading import Stats
 
 #: The counters a face process moves, by their `metrics.Metrics` attribute.
 COUNTERS = frozenset(("http_requests", "http_failed_samples", "http_unusable_samples", "failure_budget_calls"))
@@ -53,9 +54,11 @@ class FaceCounters:
     """A face process's counters (the attributes of `metrics.Metrics` the faces move); `send` takes one
     message of increments (None: counted nowhere, for a face without a server's process)."""
 
-    def __init__(self, send: Callable[[list[Increment]], None] | None = None) -> None:
+    def __init__(self, send: Callable[[list[Increment], list[Stats]], None] | None = None) -> None:
         self.send = send
         self.pending: list[Increment] = []
+        #: Grading stats for the server's metrics (`Metrics.observe_grading`): samples answered here.
+        self.stats: list[Stats] = []
         self.http_requests = _Counter(self, "http_requests")
         self.http_failed_samples = _Counter(self, "http_failed_samples")
         self.http_unusable_samples = _Counter(self, "http_unusable_samples")
@@ -71,7 +74,11 @@ class FaceCounters:
                 if now != last:
                     self.pending.append((name, (), now - last))
                     self._coalesced[name] = now
-        if self.pending:
-            pending, self.pending = self.pending, []
+        if self.pending or self.stats:
+            pending, stats, self.pending, self.stats = self.pending, self.stats, [], []
             if self.send is not None:
-                self.send(pending)
+                self.send(pending, stats)
+
+    def observe(self, stats: list[Stats]) -> None:
+        """Grading stats the engine did not see (`forward.EngineLink.observer`), sent with the next flush."""
+        self.stats.extend(stats)

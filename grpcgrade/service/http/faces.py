@@ -36,6 +36,7 @@ from multiprocessing.process import BaseProcess
 
 from grpcgrade import logs
 from grpcgrade.core.errors import ConfigError, PortUnavailable
+from grpcgrade.core.grading import Stats
 
 from ..metrics import Metrics
 from ..options import ServeOptions
@@ -158,7 +159,7 @@ class FaceProcesses:
     def _handle(self, face: _Face, kind: str, value: object) -> None:
         """A message from a face process: its counts, ready, or why it could not start (on the loop)."""
         if kind == "count":
-            self._count(value)  # type: ignore[arg-type]
+            self._count(*value)  # type: ignore[misc]
         elif face.ready is not None and not face.ready.done():
             if kind == "ready":
                 face.ready.set_result(int(value))  # type: ignore[call-overload]
@@ -173,12 +174,16 @@ class FaceProcesses:
                 continue
             for kind, value in self._received(conn):
                 if kind == "count":
-                    self._count(value)  # type: ignore[arg-type]
+                    self._count(*value)  # type: ignore[misc]
                 elif self._loop is not None:
                     self._loop.call_soon_threadsafe(self._handle, face, kind, value)
 
-    def _count(self, increments: list[Increment]) -> None:
-        """A face's increments into the server's counters of the same names and labels."""
+    def _count(self, increments: list[Increment], stats: list[Stats]) -> None:
+        """A face's increments into the server's counters of the same names and labels, and its grading
+        stats into the metrics as the engine's own."""
+        if self.metrics is not None:
+            for one in stats:
+                self.metrics.observe_grading(one)
         for name, values, amount in increments:
             if name in COALESCED:
                 setattr(self, name, getattr(self, name) + int(amount))

@@ -33,7 +33,9 @@ from aiohttp import web
 from grpcgrade.core.context import CALLER, CALLER_HEADER, DEFAULT_CALLER
 from grpcgrade.core.engine import Chunk, ChunkResult, Job
 from grpcgrade.core.errors import ErrorCode, SampleProblem
+from grpcgrade.core.grading import Stats, problem_stats
 from grpcgrade.core.guard import FailureTally
+from grpcgrade.core.rewards import reward_stats
 from grpcgrade.core.samples import AGENT_FIELDS, TEXT_FIELDS
 from grpcgrade.grader import GraderError, GraderMode, GraderRank, GraderResult, GraderScore
 from grpcgrade.v1 import grading_pb2 as pb
@@ -208,6 +210,9 @@ class EngineLink:
         self.channel = grpc.aio.insecure_channel(target, options=options)
         self.stub = grading_pb2_grpc.GradingServiceStub(self.channel)  # type: ignore[no-untyped-call]
         self.metadata: tuple[tuple[str, str], ...] = (("authorization", f"Bearer {token}"),) if token else ()
+        #: Told what the engine's metrics would have counted for samples answered here (the unusable ones:
+        #: INVALID_SAMPLE for each grader, and no reward), so /metrics counts them as before.
+        self.observer: Callable[[list[Stats]], None] | None = None
 
     async def close(self) -> None:
         await self.channel.close()
@@ -292,6 +297,9 @@ class EngineLink:
         good = [(i, kw) for i, kw in chunk if not isinstance(kw, SampleProblem)]
         bad = [(i, kw) for i, kw in chunk if isinstance(kw, SampleProblem)]
         if bad:
+            if self.observer is not None:
+                stats: list[Stats] = [problem_stats(job.grader.name, len(bad)) for job in jobs]
+                self.observer([*stats, reward_stats(reward, [None] * len(bad))] if reward else stats)
             yield unusable_result(jobs, [i for i, _ in bad], [p for _, p in bad])
         if not good:
             return

@@ -106,7 +106,8 @@ async def _serve(spec: FaceSpec, conn: Connection) -> None:
     link = EngineLink(spec.engine, tokens[0] if tokens else None, config.limits.max_message_bytes)
     linger = config.coalesce_linger_seconds
     coalescer = ServerCoalescer(link, linger) if linger > 0 else None
-    metrics = FaceCounters(lambda increments: conn.send(("count", increments)))
+    metrics = FaceCounters(lambda increments, stats: conn.send(("count", (increments, stats))))
+    link.observer = metrics.observe
     metrics.coalescer = coalescer
     app = build_http_app(
         engine, config.limits, config.http, config.default_reward, tokens=tokens, metrics=metrics,
