@@ -257,6 +257,28 @@ def test_a_call_past_its_deadline_stops_its_running_chunks(server):
     assert after < 3.0, f"the workers spent {after:.1f} s of CPU after the deadline"
 
 
+@pytest.mark.parametrize("callers", [1, 3], ids=["one-call", "coalesced-calls"])
+def test_unary_calls_past_their_deadline_stop_their_sample(server, callers):
+    """Unary `Evaluate` calls of a sample that would keep a worker busy up to the suite server's 30 s limit,
+    each with a 0.8 s deadline: once every call gathered into the server's chunk has gone, the chunk is
+    cancelled and the worker stops. Before, the coalescer graded a chunk whose callers had all left to its
+    time limit (a worker lost for 30 s per abandoned call, and the sample quarantined as a TIMEOUT nobody
+    asked about). Counted in CPU, as the batch case above."""
+    request = pb.EvaluateRequest(
+        graders=specs_to_pb([{"name": "sleepy", "params": {"seconds": 3600, "heavy": False}}]),
+        sample=sample_to_pb({"response": f"unary-deadline-{callers}"}),
+    )
+    batch(server.target, [{"response": "x"}] * 4, [{"name": "sleepy", "params": {"seconds": 0}}], chunk_size=1)
+    workers = worker_pids(server.proc.pid)
+    with grpc.insecure_channel(server.target) as channel:
+        calls = [stub_of(channel).Evaluate.future(request, timeout=0.8) for _ in range(callers)]
+        codes = [refusal(call.result).code() for call in calls]
+    assert codes == [grpc.StatusCode.DEADLINE_EXCEEDED] * callers
+    at_deadline = sum(cpu_seconds(p) for p in workers)
+    after = cpu_when_idle(workers) - at_deadline
+    assert after < 3.0, f"the workers spent {after:.1f} s of CPU after the deadline"
+
+
 # -- 6. a timeout is never a score -----------------------------------------------------------------------
 
 

@@ -16,8 +16,11 @@ same turn), so a quiet server adds no latency; under load the calls that arrive 
 gather for the next one, up to `linger`.
 
 One sample's failure never costs another its result: the engine answers per sample. A call cancelled
-while it waits leaves its sample to be graded with the others (nobody reads it); an error grading the
-whole chunk (the engine raising) is every caller's error, as it would have been for each alone.
+(its deadline passed, its client gone) before its chunk leaves is left out of it; once every call of a
+chunk being graded has gone, the chunk is cancelled, and with it the work in the worker, as a cancelled
+batch's is (graded to its time limit, it would hold a worker for nobody and quarantine the sample as a
+TIMEOUT nobody asked about). An error grading the whole chunk (the engine raising) is every caller's
+error, as it would have been for each alone.
 """
 
 from __future__ import annotations
@@ -128,12 +131,21 @@ class ServerCoalescer:
         batch, plan.waiting = plan.waiting[: self.max_chunk], plan.waiting[self.max_chunk :]
         if plan.waiting:  # more than a chunk waited: the rest goes at once too
             plan.timer = asyncio.get_running_loop().call_soon(self._flush, key, plan)
+        batch = [waiting for waiting in batch if not waiting[2].done()]  # calls gone meanwhile: not graded
         if not batch:
             return
         plan.running += 1
         task = asyncio.get_running_loop().create_task(self._grade(key, plan, batch))
         self._tasks.add(task)  # held until done: the loop keeps only weak references to tasks
         task.add_done_callback(self._tasks.discard)
+        futures = [future for _, _, future in batch]
+
+        def abandoned(_: asyncio.Future[Answer]) -> None:
+            if all(future.cancelled() for future in futures):
+                task.cancel()  # every caller has gone: the engine cancels the chunk's work in the worker
+
+        for future in futures:
+            future.add_done_callback(abandoned)
 
     async def _grade(self, key: Hashable, plan: _Plan, batch: list[tuple[Kwargs, int, asyncio.Future[Answer]]]) -> None:
         self.chunks += 1
