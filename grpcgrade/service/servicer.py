@@ -52,6 +52,13 @@ def _required(jobs: Sequence[Job]) -> dict[str, str]:
     return requirements((job.grader.name, job.inputs) for job in jobs)
 
 
+def _spec_key(spec: pb.GraderSpec) -> bytes:
+    """One spec's part of a call's resolution key: its encoding, length-prefixed so that no two lists of
+    specs join into the same bytes."""
+    data = spec.SerializeToString()
+    return len(data).to_bytes(4, "little") + data
+
+
 def _full(request: Request) -> bool:
     """Evaluate answers RESULT_VIEW_COLUMNS as the scores view: one sample has no columns to pack."""
     return is_full(request.view)
@@ -163,7 +170,10 @@ class GradingServicer(pb_grpc.GradingServiceServicer):
                 f"max_graders_per_request={self.limits.max_graders_per_request}",
             )
         try:
-            jobs = self.engine.resolve([spec_from_pb(s) for s in specs], request.reward, cache_mode(request.cache))
+            key = b"".join(_spec_key(s) for s in specs)  # the specs as they arrived: the same bytes, the same specs
+            jobs = self.engine.resolve_keyed(
+                key, lambda: [spec_from_pb(s) for s in specs], request.reward, cache_mode(request.cache)
+            )
             return jobs, self.engine.timeout(request.grader_timeout_seconds)
         except (UnknownGrader, UnknownReward) as exc:
             await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
