@@ -133,7 +133,7 @@ def chrf(scorer: Any, reference: str, response: str, char_order: int, beta: floa
 
     The reference calls `corpus_score([response], [[reference]])`. For two texts, `sentence_score(response,
     [reference])` extracts the same one pair's statistics and gives them to the same `_aggregate_and_compute`,
-    so the same score, without a corpus's checks: about 1.5% of chrF's time (measured), which a batch on
+    so the same score, without a corpus's checks: 0.5-1.5% of chrF's time (measured), which a batch on
     every core pays against the bare loop. Anything but two texts goes the reference's way, whose checks
     (and their messages) a sentence's differ from."""
     try:
