@@ -6,7 +6,9 @@ run on the same sample and the same grader, the calls per second answered by
 - the plain FastAPI per-sample server (`bench_peer`: uvicorn, one process, the grader inline), over HTTP;
 - grpcgrade's unary `Evaluate` (the scores view), with its server coalescing concurrent calls, and again
   with coalescing off;
-- grpcgrade's HTTP face (`POST /get_reward`, OpenRLHF's body with one query);
+- grpcgrade's HTTP face (`POST /get_reward`, OpenRLHF's body with one query), in its one face process by
+  default (`http`) and with a face process per core (`http_cores`, `--http-processes`): the faces
+  coalesce the crowd into BatchEvaluate calls to the engine's process;
 - the floor of each protocol (`bench_peer`'s bare `grpc.aio` and aiohttp servers in one process): what
   gRPC and aiohttp themselves allow a Python process here, which bounds what grpcgrade's faces can reach;
 
@@ -23,9 +25,9 @@ statuses, not gRPC's trailers: the gRPC calls are counted as answered from the s
 `grpc_server_handled_total{grpc_code="OK"}`.
 
 **Server CPU per call** is reported beside calls/s (`*_server_cpu_us`: user + system CPU of the server
-process and its worker processes, from /proc, over the run, per call): the server's capacity whatever the
-machine's load, and the figure that says where the time goes. Each side runs twice, taking turns, and
-keeps its better run: on a shared machine load changes within seconds.
+process and its child processes (workers, HTTP face processes), from /proc, over the run, per call): the
+server's capacity whatever the machine's load, and the figure that says where the time goes. Each side
+runs twice, taking turns, and keeps its better run: on a shared machine load changes within seconds.
 """
 
 from __future__ import annotations
@@ -212,8 +214,14 @@ def _start(stack: ExitStack, workdir: Path, grader: str, sample: dict[str, Any],
         stack.callback(server.stop)
         url = f"http://{server.target}{EVALUATE_PATH}"
         crowds.append(Crowd(name, url, bodies["grpc"], server.proc.pid, grpc=True, answered=_answered(server)))
-        if name == "grpc":  # the HTTP face of the server as it is configured by default
+        if name == "grpc":  # the HTTP face of the server as it is configured by default (one face process)
             crowds.append(Crowd("http", f"{server.http}/get_reward", bodies["http"], server.proc.pid))
+    cores = os.cpu_count() or 1
+    if cores > 1:  # and with a face process per core (`--http-processes`), sharing them with the engine
+        args = ["--config", str(workdir / "grpc.yaml"), "--log-level", "error", "--http-processes", str(cores)]
+        server = start_server(workdir, *args, *(["--workers", str(workers)] if workers is not None else []), http=True)
+        stack.callback(server.stop)
+        crowds.append(Crowd("http_cores", f"{server.http}/get_reward", bodies["http"], server.proc.pid))
     grpc_port, http_port = free_port(), free_port()
     floor = _spawn(workdir, "floor", grader, "{}", str(grpc_port), str(http_port), ports=[grpc_port, http_port])
     stack.callback(_end, floor)

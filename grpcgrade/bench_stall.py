@@ -1,8 +1,10 @@
 """`grpcgrade bench --http-stall`: how long hostile HTTP clients make gRPC callers wait (issue 33's goal: no
 HTTP request stalls gRPC callers by more than 100 ms).
 
-The gRPC service and the HTTP face share the server's event loop, so anything a request makes the loop do
-at length shows as gRPC latency. One real server (`--http-port`), and a probe process calling it at a
+The HTTP face runs in processes of its own and grades through the server's process over gRPC
+(`service.http.faces`); what reaches the server's event loop is the face's BatchEvaluate calls, in pieces,
+and anything they make the loop do at length shows as gRPC latency, as does a machine whose cores the
+faces keep busy. One real server (`--http-port`), and a probe process calling it at a
 steady rate, open loop (each call is due at a fixed time and its latency counts from then, so a stalled
 loop cannot hide): unary `Evaluate` and a small `BatchEvaluate`. The probe runs alone first (the baseline),
 then while hostile HTTP clients send, shape by shape and then all at once, bodies at the limit

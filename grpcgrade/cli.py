@@ -117,6 +117,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         tls_cert=args.tls_cert,
         http_host=args.http_host,
         http_port=args.http_port,
+        http_processes=args.http_processes,
         ray_address=args.ray,
         tls_key=args.tls_key,
         tls_client_ca=args.tls_client_ca,
@@ -132,6 +133,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     ):
         if path and not os.path.isfile(path):
             raise UsageError(f"{flag} {path}: no such file")
+    if opts.http_processes is not None and opts.http_processes < 1:
+        raise UsageError("--http-processes must be at least 1")
     if bool(opts.tls_cert) != bool(opts.tls_key):
         raise UsageError("--tls-cert and --tls-key go together: the server certificate and its key")
     return asyncio.run(serve(opts))
@@ -630,6 +633,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--http-host", default="127.0.0.1", help="address of the HTTP/JSON face (default 127.0.0.1)")
     p.add_argument(
         "--http-port", type=int, default=None, help="HTTP/JSON face for OpenRLHF's remote reward (default: off)"
+    )
+    p.add_argument(
+        "--http-processes",
+        type=int,
+        default=None,
+        metavar="N",
+        help="processes serving the HTTP face, sharing its port (default: the config's http.processes, 1)",
     )
     p.add_argument(
         "--tokenizer",

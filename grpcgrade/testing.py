@@ -55,29 +55,42 @@ def children(pid: int) -> list[int]:
 
 def worker_pids(server_pid: int) -> list[int]:
     """A server's worker processes: its spawned children, not multiprocessing's resource tracker nor the
-    HTTP face's JSON parsing processes (`parser_pids`)."""
+    HTTP face processes (`face_pids`)."""
+    faces = set(face_pids(server_pid))
     out = []
     for pid in children(server_pid):
         try:
-            if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes() and pid not in parser_pids(server_pid):
+            if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes() and pid not in faces:
                 out.append(pid)
         except OSError:  # ended meanwhile
             continue
     return out
+
+
+def _named(pids: list[int], name: str) -> list[int]:
+    out = []
+    for pid in pids:
+        try:
+            if Path(f"/proc/{pid}/comm").read_text().strip() == name:
+                out.append(pid)
+        except OSError:  # ended meanwhile
+            continue
+    return out
+
+
+def face_pids(server_pid: int) -> list[int]:
+    """The server's HTTP face processes (named `http.process.PROCESS_NAME`)."""
+    from grpcgrade.service.http.process import PROCESS_NAME
+
+    return _named(children(server_pid), PROCESS_NAME)
 
 
 def parser_pids(server_pid: int) -> list[int]:
-    """The HTTP face's JSON parsing processes (named `json_body.PROCESS_NAME`)."""
+    """The HTTP face's JSON parsing processes (named `json_body.PROCESS_NAME`): the face processes'
+    children."""
     from grpcgrade.core.json_body import PROCESS_NAME
 
-    out = []
-    for pid in children(server_pid):
-        try:
-            if Path(f"/proc/{pid}/comm").read_text().strip() == PROCESS_NAME:
-                out.append(pid)
-        except OSError:  # ended meanwhile
-            continue
-    return out
+    return _named([pid for face in face_pids(server_pid) for pid in children(face)], PROCESS_NAME)
 
 
 #: The system calls a process blocked writing to a pipe or socket is in (write, writev), by machine.

@@ -85,7 +85,10 @@ HTTP_DOCS = {
     "idle_timeout_seconds": "seconds a keep-alive connection may sit idle (or take to send its next request head) "
     "before it is closed",
     "max_connections": "HTTP connections open at once; past it, a new connection is closed at once (gRPC's "
-    "are not counted)",
+    "are not counted); per face process",
+    "processes": "HTTP face processes, each translating HTTP into the gRPC contract off the engine's process, "
+    "all on the face's port (SO_REUSEPORT; at most 64); `--http-processes` overrides it (see "
+    "[Operations](operations.md#the-http-face-processes))",
 }
 
 #: What each request limit bounds. A limit missing here fails generation.

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -76,14 +76,14 @@ def face_server(
     tmp_path_factory: pytest.TempPathFactory, plugin_env: dict[str, str]
 ) -> Iterator[Callable[..., ServerProcess]]:
     """Starts servers with the HTTP face for this module (stopped after it): `face_server(config, token=...,
-    workers=...)` writes the configuration (and the token as the auth token file) to a fresh directory and
-    serves it with the test plugins installed; the server's `http` is the face's base URL."""
+    workers=..., more=[serve flags])` writes the configuration (and the token as the auth token file) to a
+    fresh directory and serves it with the test plugins installed; the server's `http` is the face's base URL."""
     started: list[ServerProcess] = []
 
-    def start(config: str, token: str | None = None, workers: int = 0) -> ServerProcess:
+    def start(config: str, token: str | None = None, workers: int = 0, more: Sequence[str] = ()) -> ServerProcess:
         tmp = tmp_path_factory.mktemp("face")
         (tmp / "config.yaml").write_text(config)
-        args = ["--workers", str(workers), "--config", "config.yaml"]
+        args = ["--workers", str(workers), "--config", "config.yaml", *more]
         if token is not None:
             (tmp / "tokens").write_text(token + "\n")
             args += ["--auth-token-file", "tokens"]

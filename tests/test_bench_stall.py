@@ -16,8 +16,10 @@ from grpcgrade.service.loop_watch import ENV
 from grpcgrade.testing import start_server
 
 #: What each hostile body is answered, from the limits: `item` over max_field_chars is 400 on OpenAI's
-#: route; every other body is within every limit, so graded (a trainer's face answers 200).
-EXPECTED = {"huge_string": "400", "escaped_string": "400"}
+#: route, and so is `item` nested to the body's depth limit (100), deeper than a gRPC Sample carries to the
+#: engine's process (`http.forward.MAX_VALUE_LEVELS`); every other body is within every limit, so graded
+#: (a trainer's face answers 200).
+EXPECTED = {"huge_string": "400", "escaped_string": "400", "deep_nesting": "400"}
 
 
 def test_every_hostile_body_is_at_most_the_limit_and_within_the_json_bounds() -> None:

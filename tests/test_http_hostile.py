@@ -21,7 +21,15 @@ import pytest
 from grpcgrade.core.json_body import PARSER_NICENESS
 from grpcgrade.service.http.limits import INLINE_PARSE_BYTES, MAX_JSON_CONTAINERS, PARSE_PROCESSES
 from grpcgrade.service.http.openai_graders import MOUNT_PATH
-from grpcgrade.testing import ServerProcess, cpu_seconds, eventually, parser_pids, start_server, writing
+from grpcgrade.testing import (
+    ServerProcess,
+    cpu_seconds,
+    eventually,
+    face_pids,
+    parser_pids,
+    start_server,
+    writing,
+)
 from grpcgrade.v1 import grading_pb2 as pb
 from grpcgrade.v1 import grading_pb2_grpc as pb_grpc
 
@@ -205,12 +213,13 @@ def large_post(port: int, body: bytes, out: list[bytes]) -> threading.Thread:
 
 
 def test_a_parsing_process_killed_while_it_writes_a_parsed_body_wedges_nothing(hostile_server: ServerProcess) -> None:
-    """A 3 MB body's parsed answer is far more than a pipe holds. With the server stopped, the parsing
+    """A 3 MB body's parsed answer is far more than a pipe holds. With the face process stopped, the parsing
     process blocks writing it back; killed there (the OOM killer's timing), the body is parsed again in a
     new process and answered, and so are later large bodies. Before, the parsing processes shared one result
     pipe (a ProcessPoolExecutor): its reader was left with half a message, and every later large body
     waited forever."""
     server = hostile_server.proc.pid
+    (face,) = face_pids(server)  # the parsing processes' parent, which reads their answers
     eventually(lambda: len(parser_pids(server)) == PARSE_PROCESSES, "the parsing processes up")
     labels = ["b" * 2000 for _ in range(1500)]
     body = json.dumps({"query": ["a"] * len(labels), "labels": labels}).encode()
@@ -222,7 +231,7 @@ def test_a_parsing_process_killed_while_it_writes_a_parsed_body_wedges_nothing(h
         thread = large_post(hostile_server.http_port, body, out)
         at_work = lambda pids=pids, since=since: any(cpu_seconds(p) > since[p] for p in pids)  # noqa: E731
         eventually(at_work, "a parsing process at work", every=0.001)
-        os.kill(server, signal.SIGSTOP)
+        os.kill(face, signal.SIGSTOP)
         try:
             stop = time.monotonic() + 2  # a bound on the poll, not a timing assertion
             while time.monotonic() < stop and not any(writing(p) for p in pids):
@@ -232,7 +241,7 @@ def test_a_parsing_process_killed_while_it_writes_a_parsed_body_wedges_nothing(h
                 os.kill(victim, signal.SIGKILL)
                 eventually(lambda v=victim: not Path(f"/proc/{v}/cmdline").read_bytes(), "the killed process gone")
         finally:
-            os.kill(server, signal.SIGCONT)
+            os.kill(face, signal.SIGCONT)
         thread.join(90)
         assert not thread.is_alive() and out, "the body's request hung"
         assert out[0].startswith(b"HTTP/1.1 200 "), out[0][:300]

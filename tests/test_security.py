@@ -373,7 +373,7 @@ def test_metrics_host_flag_moves_the_endpoint(tmp_path):
 
 
 def test_the_token_file_example_in_the_docs_reads_as_two_tokens(tmp_path):
-    from grpcgrade.service.server import _tokens
+    from grpcgrade.service.options import read_tokens as _tokens
 
     page = (Path(__file__).resolve().parent.parent / "docs" / "security.md").read_text()
     example = page.split("```text\n", 1)[1].split("```", 1)[0]

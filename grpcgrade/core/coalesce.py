@@ -25,11 +25,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from grpcgrade.grader import GraderResult
 
-from .engine import CHEAP_CHUNK, ChunkResult, Engine, Job
+from .engine import CHEAP_CHUNK, Chunk, ChunkResult, Job
 from .errors import SampleProblem
 
 #: How long a call waits for others of its plan while one of its chunks is being graded (seconds).
@@ -64,10 +64,25 @@ def plan_key(jobs: Sequence[Job], timeout: float | None, reward: str) -> Hashabl
     )
 
 
-class ServerCoalescer:
-    """Grades one-sample calls in chunks of calls with the same plan; one per server."""
+class ChunkGrading(Protocol):
+    """What the coalescer grades chunks with: the `Engine`, or an HTTP face process's link to the engine's
+    process (`service.http.forward.EngineLink`), which gathers one-sample posts into one call."""
 
-    def __init__(self, engine: Engine, linger: float = DEFAULT_LINGER_SECONDS, max_chunk: int = CHEAP_CHUNK) -> None:
+    def inline_small(self, jobs: Sequence[Job], nbytes: int) -> bool: ...
+
+    async def grade_chunk(
+        self, jobs: Sequence[Job], chunk: Chunk, timeout: float | None = None, reward: str = "",
+        deadline: float | None = None, nbytes: int = 0,
+    ) -> ChunkResult: ...  # fmt: skip
+
+
+class ServerCoalescer:
+    """Grades one-sample calls in chunks of calls with the same plan; one per server (and one per HTTP face
+    process, in front of its link to the engine)."""
+
+    def __init__(
+        self, engine: ChunkGrading, linger: float = DEFAULT_LINGER_SECONDS, max_chunk: int = CHEAP_CHUNK
+    ) -> None:
         if linger < 0 or max_chunk < 1:
             raise ValueError("linger must be >= 0 and max_chunk >= 1")
         self.engine = engine

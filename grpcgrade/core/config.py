@@ -87,6 +87,9 @@ class HttpConfig:
     header_timeout_seconds: float = 10.0
     idle_timeout_seconds: float = 15.0
     max_connections: int = 4096
+    # The face's serving processes (grpcgrade.service.http.process): each translates HTTP into the gRPC
+    # contract off the engine's process, on the same port (SO_REUSEPORT); `--http-processes` overrides.
+    processes: int = 1
 
 
 @dataclass
@@ -358,6 +361,8 @@ def parse_http(raw: Any, source: str) -> HttpConfig:
     for key, kind in HTTP_BOUNDS.items():
         if key in raw:
             bounds[key] = _number(raw[key], f"{source}: http: {key}", kind, 1 if kind is int else 0.001)
+    if bounds.get("processes", 1) > MAX_HTTP_PROCESSES:
+        raise ConfigError(f"{source}: http: processes must be at most {MAX_HTTP_PROCESSES}")
     return HttpConfig(
         failure_reward=failure,
         strip_suffixes=tuple(suffixes),
@@ -367,6 +372,8 @@ def parse_http(raw: Any, source: str) -> HttpConfig:
     )
 
 
+#: The most HTTP face processes a server starts (each a Python process of its own: ~60 MB).
+MAX_HTTP_PROCESSES = 64
 #: The HTTP face's bounds on hostile clients, each a positive number of this type.
 HTTP_BOUNDS: dict[str, type[int] | type[float]] = {
     "max_body_bytes": int,
@@ -374,6 +381,7 @@ HTTP_BOUNDS: dict[str, type[int] | type[float]] = {
     "header_timeout_seconds": float,
     "idle_timeout_seconds": float,
     "max_connections": int,
+    "processes": int,
 }
 
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 import itertools
 import platform
 import threading
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 import grpc
@@ -39,7 +39,6 @@ from grpcgrade import __version__
 from grpcgrade.core import histograms
 from grpcgrade.core.admission import LIMITS, Admission
 from grpcgrade.core.cached_grading import CachedGrading
-from grpcgrade.core.coalesce import ServerCoalescer
 from grpcgrade.core.errors import ErrorCode
 from grpcgrade.core.grading import Stats
 from grpcgrade.core.plugins import PluginInfo
@@ -211,20 +210,28 @@ class _AdmissionCollector(Collector):
         ]
 
 
+class Coalescing(Protocol):
+    """What gathers one-sample calls and counts it: `core.coalesce.ServerCoalescer`, `http.faces.FaceProcesses`."""
+
+    chunks: int
+    samples: int
+
+
 class _CoalescerCollector(Collector):
     """Server-side coalescing's counts (`core.coalesce`), read when scraped: samples / chunks is its gain."""
 
-    def __init__(self, coalescer: ServerCoalescer) -> None:
-        self.coalescer = coalescer
+    def __init__(self, coalescers: Sequence[Coalescing]) -> None:
+        self.coalescers = coalescers
 
     def collect(self) -> list[Metric]:
-        c = self.coalescer
+        chunks = sum(c.chunks for c in self.coalescers)
+        samples = sum(c.samples for c in self.coalescers)
         return [
             CounterMetricFamily(
-                "grpcgrade_coalesced_chunks", "Chunks graded from concurrent one-sample calls.", value=c.chunks
+                "grpcgrade_coalesced_chunks", "Chunks graded from concurrent one-sample calls.", value=chunks
             ),
             CounterMetricFamily(
-                "grpcgrade_coalesced_samples", "One-sample calls graded in those chunks.", value=c.samples
+                "grpcgrade_coalesced_samples", "One-sample calls graded in those chunks.", value=samples
             ),
         ]
 
@@ -303,6 +310,8 @@ class _JudgeCollector(Collector):
 class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
+        #: Called (in the exposition server's thread) before each scrape: the HTTP face processes' counts.
+        self.before_scrape: list[Callable[[], None]] = []
         r = self.registry
         rpc = ["grpc_type", "grpc_service", "grpc_method"]
         self.started = Counter("grpc_server_started", "RPCs started on the server.", rpc, registry=r)
@@ -429,8 +438,9 @@ class Metrics:
     def watch_admission(self, admission: Admission) -> None:
         self.registry.register(_AdmissionCollector(admission))
 
-    def watch_coalescer(self, coalescer: ServerCoalescer) -> None:
-        self.registry.register(_CoalescerCollector(coalescer))
+    def watch_coalescer(self, *coalescers: Coalescing) -> None:
+        """Coalescing's counts: the server's coalescer's and its HTTP face processes' (`http.faces`)."""
+        self.registry.register(_CoalescerCollector(coalescers))
 
     def watch_cache(self, cached: CachedGrading) -> None:
         self.registry.register(_CacheCollector(cached))
@@ -457,7 +467,14 @@ class Metrics:
     def serve(self, host: str, port: int) -> tuple[WSGIServer, threading.Thread]:
         """prometheus-client's exposition server, except that a connection idle for `IDLE_SECONDS` is
         closed: its server keeps a thread per open connection, and idle ones would pile up forever."""
-        httpd = make_server(host, port, make_wsgi_app(self.registry), ThreadingWSGIServer, handler_class=_Handler)
+        exposition = make_wsgi_app(self.registry)
+
+        def app(environ: dict[str, Any], start_response: Any) -> Any:
+            for hook in self.before_scrape:  # what other processes counted, in before the answer
+                hook()
+            return exposition(environ, start_response)
+
+        httpd = make_server(host, port, app, ThreadingWSGIServer, handler_class=_Handler)
         thread = threading.Thread(target=httpd.serve_forever, name="metrics", daemon=True)
         thread.start()
         return httpd, thread

@@ -7,21 +7,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
-import gc
 import logging
 import math
 import os
-import resource
+import shutil
 import signal
 import socket
-import sys
-import threading
-from dataclasses import dataclass, field
+import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
-from aiohttp import web
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
@@ -30,7 +26,7 @@ from grpcgrade.core.admission import Admission
 from grpcgrade.core.cached_grading import CachedGrading
 from grpcgrade.core.canaries import CanaryResult, run_canaries, watch
 from grpcgrade.core.coalesce import ServerCoalescer
-from grpcgrade.core.config import ServerConfig, load_config
+from grpcgrade.core.config import MAX_HTTP_PROCESSES, ServerConfig
 from grpcgrade.core.engine import Engine
 from grpcgrade.core.errors import ConfigError, InvalidParams, PortUnavailable, UnknownGrader
 from grpcgrade.core.executors import Executor
@@ -44,11 +40,12 @@ from grpcgrade.v1 import grading_pb2 as pb
 from .admin import SERVICE_NAME as ADMIN_SERVICE_NAME
 from .admin import AdminServicer
 from .callers import CallerInterceptor
-from .http import build_http_app
-from .http.limits import ConnectionGuard
+from .http.faces import FaceProcesses
 from .interceptors import AuthInterceptor, DecodeGuardInterceptor, ObservingInterceptor
+from .lifecycle import POOL_PATIENCE_SECONDS, SHUTDOWN_MARGIN_SECONDS, exit_deadline, settle_heap, tune_process
 from .loop_watch import install_from_env as watch_the_loop
 from .metrics import Metrics
+from .options import ServeOptions, read_config, read_tokens
 from .servicer import GradingServicer, add_to_server
 
 log = logging.getLogger("grpcgrade.service.server")
@@ -89,45 +86,6 @@ class DrainingHealthServicer(health.aio.HealthServicer):
         await super().enter_graceful_shutdown()
 
 
-@dataclass
-class ServeOptions:
-    host: str = "127.0.0.1"
-    port: int = 50051
-    metrics_host: str = "127.0.0.1"
-    metrics_port: int = 0  # 0: no metrics endpoint
-    workers: int | None = None  # None: one per core; 0: grade everything in the server process
-    config: str | None = None
-    kolibrify_config: str | None = None
-    grace_seconds: float = 25.0
-    grader_timeout_seconds: float | None = None  # None: the config's value
-    auth_token_file: str | None = None
-    tls_cert: str | None = None
-    tls_key: str | None = None
-    tls_client_ca: str | None = None
-    http_host: str = "127.0.0.1"
-    http_port: int | None = None  # None: no HTTP face; 0: a free port (see Service.http_port)
-    ray_address: str | None = None  # the workers as actors on this Ray cluster (core.executors_ray)
-    tokenizer: str | None = None  # None: the config's `tokenizer:` (core.tokens)
-    extra_options: list[tuple[str, int]] = field(default_factory=list)
-
-
-def read_config(opts: ServeOptions, registry: Registry) -> ServerConfig:
-    config = load_config(opts.config) if opts.config else ServerConfig()
-    if opts.kolibrify_config:
-        from grpcgrade.graders.kolibrify.config import load_kolibrify_config
-
-        config = load_kolibrify_config(opts.kolibrify_config, registry, base=config)
-    if opts.grader_timeout_seconds is not None:
-        config.grader_timeout_seconds = opts.grader_timeout_seconds
-    if opts.tokenizer:
-        config.tokenizer = token_counts.normalize(opts.tokenizer)
-        try:
-            token_counts.load(config.tokenizer)
-        except InvalidParams as exc:
-            raise ConfigError(f"--tokenizer {opts.tokenizer}: {exc.reason}") from None
-    return config
-
-
 def _credentials(opts: ServeOptions) -> grpc.ServerCredentials | None:
     if not (opts.tls_cert and opts.tls_key):
         return None
@@ -137,17 +95,6 @@ def _credentials(opts: ServeOptions) -> grpc.ServerCredentials | None:
         root_certificates=client_ca,
         require_client_auth=client_ca is not None,
     )
-
-
-def _tokens(path: str | None) -> list[str]:
-    """The auth token file: one token a line; blank lines and lines starting with `#` are ignored."""
-    if not path:
-        return []
-    lines = (line.strip() for line in Path(path).read_text().splitlines())
-    tokens = [line for line in lines if line and not line.startswith("#")]
-    if not tokens:
-        raise ValueError(f"{path}: no token in the auth token file")
-    return tokens
 
 
 @dataclass
@@ -165,9 +112,11 @@ class Service:
     metrics: Metrics | None
     pool: Executor | None
     tls: bool
-    http_app: web.Application | None = None
-    http_runner: web.AppRunner | None = None
-    http_guard: ConnectionGuard | None = None
+    #: The HTTP face processes (`http.faces`), and the server they grade through: the same servicer on a
+    #: Unix-domain socket in `engine_dir`, a directory only this user can enter (None without a face).
+    faces: FaceProcesses | None = None
+    engine_server: grpc.aio.Server | None = None
+    engine_dir: str | None = None
     #: The HTTP face's bound port once started (None without one).
     http_port: int | None = None
     #: The periodic canary runs (None without canaries), and whether a canary failed at the last run.
@@ -193,8 +142,11 @@ class Service:
         await self.server.start()
         if self.pool is not None:  # every worker up, plugins loaded, graders warmed (`workers.warm`)
             await self.pool.ready()
-        if self.http_app is not None:
-            await self._start_http(self.http_app)
+        if self.faces is not None:  # listening before SERVING
+            assert self.engine_server is not None
+            await self.engine_server.start()
+            await self.faces.start()
+            self.http_port = self.faces.port
         canaries = self.config.canaries
         if canaries:  # the first run before SERVING: with `fail_health`, a broken reward never takes traffic
             await self._report_canaries(await run_canaries(self.engine, canaries))
@@ -213,8 +165,10 @@ class Service:
             ", TLS" if self.tls else "",
             f", metrics on {self.options.metrics_host}:{self.options.metrics_port}" if self.metrics else "",
         )
-        if self.http_port is not None:
-            log.info("HTTP face on %s:%d", self.options.http_host, self.http_port)
+        if self.faces is not None:
+            log.info(
+                "HTTP face on %s:%d (%d processes)", self.options.http_host, self.faces.port, len(self.faces.faces)
+            )
 
     async def _set_health(self) -> None:
         """SERVING, unless a canary fails and the configuration makes that fail the health check."""
@@ -252,24 +206,6 @@ class Service:
         if changed and self.canary_task is not None:  # at start, `start` sets the health once the run is done
             await self._set_health()
 
-    async def _start_http(self, app: web.Application) -> None:
-        # handler_cancellation: a request whose client went away (OpenRLHF gives up after 180 s, then posts it
-        # again) stops grading, as a cancelled gRPC call does, instead of running to an answer nobody reads.
-        # Its connections are served by http.limits' guard: a cap, a time for the request head, an idle timeout.
-        self.http_guard = ConnectionGuard(self.config.http)
-        self.http_runner = web.AppRunner(
-            app,
-            shutdown_timeout=self.options.grace_seconds,
-            handler_cancellation=True,
-            **self.http_guard.connection_options(),
-        )
-        await self.http_runner.setup()
-        host, port = self.options.http_host, self.options.http_port or 0
-        try:
-            self.http_port = await self.http_guard.start(self.http_runner, host, port)
-        except OSError as exc:
-            raise PortUnavailable("http_port", host, port, exc.strerror or str(exc)) from exc
-
     async def stop(self) -> None:
         """Drain: NOT_SERVING, refuse new calls, finish in-flight ones for up to the grace period, all
         within `grace_seconds + SHUTDOWN_MARGIN_SECONDS` (`exit_deadline` holds the process to it)."""
@@ -292,14 +228,29 @@ class Service:
         log.info("stopped")
 
     async def _stop_http(self, grace: float) -> None:
-        """Stop accepting, let in-flight HTTP requests finish for up to `grace`, then end them. aiohttp
-        spends up to its shutdown_timeout waiting for handlers and as long again for the cancelled ones to
-        end: bounded here to the grace period and half a second more."""
-        if self.http_guard is not None:
-            self.http_guard.close()
-        if self.http_runner is not None:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.http_runner.cleanup(), grace + 0.5)
+        """The face processes drain (each for up to `grace`), then the engine's private server stops: it
+        answers the faces' in-flight requests until they are done."""
+        if self.faces is not None:
+            await self.faces.stop(grace)
+        if self.engine_server is not None:
+            await self.engine_server.stop(0.5)
+        self._remove_engine_dir()
+
+    def _remove_engine_dir(self) -> None:
+        if self.engine_dir is not None:
+            shutil.rmtree(self.engine_dir, ignore_errors=True)
+            self.engine_dir = None
+
+    async def abandon(self) -> None:
+        """A start that failed: everything started so far ended at once."""
+        if self.faces is not None:
+            self.faces.close()
+        if self.engine_server is not None:
+            await self.engine_server.stop(None)
+        self._remove_engine_dir()
+        await self.server.stop(None)
+        if self.pool is not None:
+            self.pool.close(patience=0)
 
 
 def _bindable(option: str, host: str, port: int) -> None:
@@ -367,7 +318,7 @@ def build_server(opts: ServeOptions) -> Service:
         raise
 
     interceptors: list[grpc.aio.ServerInterceptor] = [ObservingInterceptor(metrics)]
-    tokens = _tokens(opts.auth_token_file)
+    tokens = read_tokens(opts.auth_token_file)
     if tokens:
         interceptors.append(AuthInterceptor(tokens))
     interceptors.append(CallerInterceptor())  # who calls: the judges' fair share
@@ -395,9 +346,8 @@ def build_server(opts: ServeOptions) -> Service:
         metrics.watch_admission(admission)
     linger = config.coalesce_linger_seconds
     coalescer = ServerCoalescer(engine, linger) if linger > 0 else None
-    if metrics is not None and coalescer is not None:
-        metrics.watch_coalescer(coalescer)
-    add_to_server(GradingServicer(engine, config.limits, metrics, admission, coalescer), server)
+    servicer = GradingServicer(engine, config.limits, metrics, admission, coalescer)
+    add_to_server(servicer, server)
     admin_pb2_grpc.add_AdminServiceServicer_to_server(AdminServicer(cached, registry), server)
     health_servicer = DrainingHealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -418,108 +368,67 @@ def build_server(opts: ServeOptions) -> Service:
         raise
     service = Service(opts, server, port, health_servicer, engine, registry, config, metrics, pool, creds is not None)
     if opts.http_port is not None:
-        service.http_app = build_http_app(
-            engine,
-            config.limits,
-            config.http,
-            config.default_reward,
-            tokens=tokens,
-            metrics=metrics,
-            admission=admission,
-            coalescer=coalescer,
-        )
+        try:
+            _add_faces(service, servicer, tokens)
+        except Exception:
+            if pool is not None:
+                pool.close(patience=0)
+            raise
+    coalescing = [c for c in (coalescer, service.faces) if c is not None]
+    if metrics is not None and coalescing:
+        metrics.watch_coalescer(*coalescing)
     return service
 
 
-#: How long past `--grace` the process may take to exit: the faces' ends, the workers' stop, the exit
-#: itself. Kubernetes' terminationGracePeriodSeconds (deploy/k8s) leaves room for preStop + grace + this.
-SHUTDOWN_MARGIN_SECONDS = 3.0
-#: Workers' time to finish what they hold at exit, within the margin.
-POOL_PATIENCE_SECONDS = 1.0
+#: The engine's private socket, in a directory of its own (`Service.engine_dir`).
+ENGINE_SOCKET = "engine.sock"
 
 
-def exit_deadline(seconds: float) -> threading.Timer:
-    """A timer that ends the process (status 0) if it is still there `seconds` from now: a grading thread
-    (a synchronous grader in the server process, a sandbox's wait) or a stuck worker's join would otherwise
-    hold the interpreter's exit past the grace period the orchestrator was promised."""
-
-    def force() -> None:
-        still = [t.name for t in threading.enumerate() if t is not threading.current_thread() and not t.daemon]
-        log.warning("exiting %.1f s after the drain began; still running: %s", seconds, ", ".join(still) or "-")
-        logging.shutdown()
-        os._exit(0)
-
-    timer = threading.Timer(seconds, force)
-    timer.daemon = True
-    timer.start()
-    return timer
-
-
-#: glibc's `mallopt` parameter for the size from which an allocation gets its own memory map.
-M_MMAP_THRESHOLD = -3
-LARGE_ALLOCATION_BYTES = 1024 * 1024
-
-
-def return_large_buffers_to_the_os() -> None:
-    """Large answers (a chunk's serialized results, up to the message limit) get their own memory maps, so
-    the memory goes back to the system when they are freed: a call ended for a stalled reader leaves
-    nothing behind. glibc otherwise raises this threshold to the largest buffer freed (up to 32 MiB) and
-    keeps later ones on its heap, where freed memory stays in the process. Not glibc: nothing to do."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None).mallopt(M_MMAP_THRESHOLD, LARGE_ALLOCATION_BYTES)
-
-
-def raise_open_files_limit() -> int:
-    """Raise this process's soft limit on open files to its hard limit, and return it. Every HTTP and gRPC
-    connection, every sandbox's pipes and every worker's take descriptors; the soft limit is often 1,024
-    (systemd, many shells) where the hard one is far higher, and running out fails whatever asks next (a
-    new client, a sandbox). Workers and sandboxes started later inherit it."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard == resource.RLIM_INFINITY or hard > soft:
-        wanted = hard if hard != resource.RLIM_INFINITY else max(soft, OPEN_FILES_WANTED)
-        with contextlib.suppress(ValueError, OSError):  # some platforms refuse RLIM_INFINITY or above nr_open
-            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
-    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-
-
-#: How long a thread holding the GIL keeps it while the event loop waits for it (CPython's default: 5 ms).
-#: A thread parsing a large HTTP body (http.limits) would otherwise delay each of the loop's steps by up
-#: to 5 ms, and a gRPC call takes several: measured, gRPC calls answered during such a parse went from
-#: 57-86/s to 180-220/s with this.
-GIL_SWITCH_SECONDS = 0.0005
-
-#: The garbage collector's thresholds (CPython's: 700, 10, 10). A collection holds the GIL, so the event
-#: loop, throughout, and a full one walks every object not frozen at start-up. At 700 allocations a young
-#: collection, a 100k-sample HTTP batch's objects were promoted fast enough to set off full collections of
-#: 85-170 ms of CPU one after another (800 ms in all for two such requests); at 10,000 the worst was a
-#: 50 ms one (420 ms in all), and the batches were answered twice as fast (`bench --http-stall`).
-GC_THRESHOLDS = (10_000, 10, 10)
-
-#: The soft open-files limit asked for when the hard limit is unlimited.
-OPEN_FILES_WANTED = 1 << 20
+def _add_faces(service: Service, servicer: GradingServicer, tokens: list[str]) -> None:
+    """The HTTP face processes and the private server they grade through: the same servicer (engine,
+    admission, coalescer) behind the same token check, on a Unix-domain socket in a directory only this
+    user can enter; no health, reflection or admin service there, and its calls are not counted as the
+    gRPC face's (each HTTP request is counted by its face)."""
+    opts, config = service.options, service.config
+    count = opts.http_processes or config.http.processes
+    if count > MAX_HTTP_PROCESSES:
+        raise ConfigError(f"--http-processes {count}: at most {MAX_HTTP_PROCESSES}")
+    directory = tempfile.mkdtemp(prefix="grpcgrade-engine-")  # mode 0700
+    interceptors: list[grpc.aio.ServerInterceptor] = [AuthInterceptor(tokens)] if tokens else []
+    interceptors += [CallerInterceptor(), DecodeGuardInterceptor()]
+    max_bytes, pending = config.limits.max_message_bytes, config.limits.max_pending_calls
+    engine_server = grpc.aio.server(
+        interceptors=interceptors,
+        options=[
+            ("grpc.max_receive_message_length", max_bytes),
+            ("grpc.max_send_message_length", max_bytes),
+            ("grpc.server.max_pending_requests", pending),
+            ("grpc.server.max_pending_requests_hard_limit", pending),
+        ],
+    )
+    add_to_server(servicer, engine_server)
+    path = os.path.join(directory, ENGINE_SOCKET)
+    engine_server.add_insecure_port(f"unix:{path}")
+    service.engine_server, service.engine_dir = engine_server, directory
+    try:
+        service.faces = FaceProcesses(opts, f"unix:{path}", count, service.metrics)
+    except Exception:
+        shutil.rmtree(directory, ignore_errors=True)
+        raise
 
 
 async def serve(opts: ServeOptions) -> int:
     """Run until SIGTERM/SIGINT, then drain."""
-    return_large_buffers_to_the_os()
-    open_files = raise_open_files_limit()
-    sys.setswitchinterval(GIL_SWITCH_SECONDS)
+    open_files = tune_process()
     watch_the_loop()  # GRPCGRADE_SLOW_CALLBACK_MS: diagnosis only
     service = build_server(opts)
     try:
         await service.start()
     except BaseException:
-        if service.http_guard is not None:
-            service.http_guard.close()
-        if service.http_runner is not None:
-            await service.http_runner.cleanup()
-        await service.server.stop(None)
-        if service.pool is not None:
-            service.pool.close(patience=0)
+        await service.abandon()
         raise
     log.info("open files limit: %d", open_files)  # once serving: a refused start's message stays alone
-    gc.freeze()  # the start-up's objects (modules, graders, tables) out of every later full collection
-    gc.set_threshold(*GC_THRESHOLDS)
+    settle_heap()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -4,7 +4,12 @@ port and all translating to the same engine call (`common.FaceContext.grade`).
 - `openrlhf`: OpenRLHF's remote reward model, `POST /get_reward` and `/rewards/NAME/get_reward`.
 - `openai_graders`: OpenAI's `POST /v1/fine_tuning/alpha/graders/{run,validate}`.
 - `common`: auth, body reading, the reward guard, the engine call, the `face` metric label.
+- `slime`, `nemo_gym`: slime's remote reward model and NeMo Gym's `/verify`.
 - `app`: the aiohttp application holding them (`build_http_app`).
+- `limits`: what bounds a hostile client (bodies, parsing, connections).
+- `process`: a face process serving the application; `faces`: the server's side, starting, restarting and
+  draining them on one port; `forward`: their way to the engine's process (BatchEvaluate); `counters`: their
+  counts, sent to the server's /metrics.
 """
 
 from .app import build_http_app

@@ -1,7 +1,9 @@
 """The HTTP face's one aiohttp application (`--http-port`): every protocol's routes on one port.
 
-aiohttp.web serves it (well kept, asyncio-native, and the client OpenRLHF itself uses), in the server
-process and on its event loop: the same engine, limits, grader metrics and tokens as the gRPC service.
+aiohttp.web serves it (well kept, asyncio-native, and the client OpenRLHF itself uses). `grpcgrade serve`
+runs it in HTTP face processes of its own (`http.process`), grading through the engine's process over the
+gRPC contract (`forward.EngineLink`): the same engine, limits, grader metrics and tokens as the gRPC
+service, and nothing a client sends on the gRPC server's event loop.
 Each protocol module adds its routes with `add_routes(app, ctx)` (or is a sub-application mounted at its
 prefix); the middleware here counts every request under its face, method and status.
 """
@@ -20,10 +22,11 @@ from grpcgrade.core.engine import Engine
 from grpcgrade.core.samples import Limits
 
 from ..callers import caller_middleware
-from ..metrics import Metrics
 from ..overload import admission_middleware
 from . import nemo_gym, openai_graders, openrlhf, slime
 from .common import FACE_KEY, NO_FACE, FaceContext, Handler
+from .counters import FaceCounters
+from .forward import EngineLink
 from .limits import mark_head_arrived
 
 #: The status a request whose client went away is counted with (nginx's "client closed request").
@@ -37,13 +40,15 @@ def build_http_app(
     default_reward: str = "",
     *,
     tokens: Sequence[str] = (),
-    metrics: Metrics | None = None,
+    metrics: FaceCounters | None = None,
     admission: Admission | None = None,
     coalescer: ServerCoalescer | None = None,
+    link: EngineLink | None = None,
 ) -> web.Application:
     """The HTTP face's application: each trainer's reward routes (OpenRLHF's, slime's, NeMo Gym's) and
     OpenAI's grader endpoints (at `openai_graders.MOUNT_PATH`), all checking the same `tokens` (each
-    answering in its own protocol's error format)."""
+    answering in its own protocol's error format). With `link`, samples are graded by the engine's process
+    through it (`forward`); `engine` then only resolves plans."""
 
     @web.middleware
     async def counted(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -63,15 +68,17 @@ def build_http_app(
             if metrics is not None:
                 face = request.get(FACE_KEY, NO_FACE)
                 metrics.http_requests.labels(face, request.method, str(status)).inc()
+                metrics.flush()  # to the server's process before the answer is written
 
     admission = admission or Admission(limits)
     admitted = admission_middleware(admission)  # inside `counted`: a refusal is counted as a 503
     middlewares = [counted, caller_middleware, admitted]
     app = web.Application(middlewares=middlewares, client_max_size=http.max_body_bytes)
-    ctx = FaceContext(engine, limits, http, default_reward, tokens, metrics, admission, coalescer)
+    ctx = FaceContext(engine, limits, http, default_reward, tokens, metrics, admission, coalescer, link)
     for face in (openrlhf, slime, nemo_gym):
         face.add_routes(app, ctx)
     app.add_subapp(
-        openai_graders.MOUNT_PATH, openai_graders.openai_graders_app(engine, tokens=tokens, limits=limits, http=http)
+        openai_graders.MOUNT_PATH,
+        openai_graders.openai_graders_app(engine, tokens=tokens, limits=limits, http=http, link=link),
     )
     return app

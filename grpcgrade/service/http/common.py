@@ -44,9 +44,10 @@ from grpcgrade.core.samples import (
 from grpcgrade.core.tokens import no_tokenizer_message, uncounted
 from grpcgrade.grader import GraderError, GraderResult
 
-from ..metrics import Metrics
 from ..overload import service_unavailable
 from ..rows import ROWS, encoded
+from .counters import FaceCounters
+from .forward import NESTING, EngineLink, too_deep
 from .limits import MAX_JSON_DEPTH, BodyError, read_json
 
 __all__ = ["MAX_JSON_DEPTH", "BodyError", "read_json"]  # where the faces have found them
@@ -100,6 +101,10 @@ def check_sample(fields: dict[str, Any], limits: Limits) -> None:
         raise SampleProblem(
             f"field 'extra' takes {size} characters, over the limit max_field_chars={limits.max_field_chars}"
         )
+    deep = [k for k, v in extra.items() if isinstance(v, dict | list) and too_deep(v)]
+    deep += [k for k in AGENT_FIELDS if any(too_deep(entry) for entry in fields.get(k) or ())]
+    if deep:
+        raise SampleProblem(f"field {deep[0]!r} nests deeper than a sample carries ({NESTING})")
 
 
 def agent_columns(body: Mapping[str, Any], n: int) -> list[dict[str, list[Any]]]:
@@ -251,10 +256,17 @@ class FaceContext:
     http: HttpConfig
     default_reward: str = ""
     tokens: Sequence[str] = ()
-    metrics: Metrics | None = None
+    metrics: FaceCounters | None = None
     admission: Admission | None = None
     coalescer: ServerCoalescer | None = None  # None: a one-sample request is graded alone
+    #: The engine's process, when this face runs in a process of its own (`http.process`): samples are
+    #: graded there, over the gRPC contract, and `engine` only resolves plans.
+    link: EngineLink | None = None
     secrets: list[bytes] = field(init=False)
+    #: A face process's plans by (reward, cache mode), resolved once each (`resolve`).
+    _plans: dict[tuple[str, Any], Plan] = field(init=False, default_factory=dict)
+    #: The inputs each plan's graders require (`samples.requirements`), made once per plan.
+    _required: dict[int, dict[str, str]] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         self.secrets = [t.encode() for t in self.tokens if t]
@@ -296,12 +308,19 @@ class FaceContext:
         if cache not in set(CacheMode):
             allowed = ", ".join(f'"{mode.value}"' for mode in CacheMode)
             raise web.HTTPBadRequest(text=f"`cache` must be one of {allowed}, got {str(cache)[:40]!r}")
+        key = (reward, cache)
+        plan = self._plans.get(key)
+        if plan is not None:
+            return plan
         try:
-            return self.engine.resolve([], reward, CacheMode(cache))
+            plan = self.engine.resolve([], reward, CacheMode(cache))
         except (UnknownReward, UnknownGrader) as exc:
             raise web.HTTPNotFound(text=str(exc)) from None
         except InvalidParams as exc:
             raise web.HTTPBadRequest(text=str(exc)) from None
+        if self.link is not None:  # a face process's plans never change (its engine learns nothing)
+            self._plans[key] = plan
+        return plan
 
     def require_counts(self, reward: str, jobs: Sequence[Job], path: str) -> None:
         """400 naming `--tokenizer` when the reward gates on a token count that `path` (a trainer's protocol
@@ -351,7 +370,11 @@ class FaceContext:
         (`grpcgrade_http_failed_samples_total`) and logged, one WARNING line per request. `nbytes`: the
         request body's size (0: unknown), for the engine's choice to grade a small request inline."""
         n = len(samples)
-        required = requirements((job.grader.name, job.inputs) for job in jobs)
+        required = self._required.get(id(jobs)) if self._plans else None
+        if required is None:
+            required = requirements((job.grader.name, job.inputs) for job in jobs)
+            if self._plans and any(jobs is plan for plan in self._plans.values()):
+                self._required[id(jobs)] = required
         unusable: list[SampleProblem] = []
 
         def checked(i: int) -> dict[str, Any] | SampleProblem:
@@ -385,6 +408,9 @@ class FaceContext:
             if n == 1 and guards == (None, None) and self.coalescer is not None:  # with concurrent one-sample calls
                 results, value = await self.coalescer.grade(jobs, checked(0), self.engine.timeout(None), reward, nbytes)
                 out.add([0], [[result] for result in results], [value])
+            elif self.link is not None:  # each piece's samples made as it leaves: no step makes them all
+                async for part in self.link.grade_pieces(jobs, n, checked, reward, deadline, failures):
+                    out.add(part.indices, part.columns, part.rewards)
             else:
                 async for graded in self.engine.grade_batch(
                     jobs, batch, self.engine.chunks(jobs, n), reward=reward, deadline=deadline, failures=failures

@@ -1,8 +1,9 @@
 """What bounds the HTTP face against hostile clients: its bodies, how long they take to arrive and to read,
 and its connections (docs/security.md lists every limit with its default).
 
-The HTTP face runs on the gRPC server's event loop, so nothing a client sends may hold that loop
-(`grpcgrade bench --http-stall` measures how long it does):
+The HTTP face runs in processes of its own (`http.process`), so nothing here runs on the gRPC server's
+event loop; still nothing a client sends may hold a face's loop, where every other HTTP client of that
+process waits (`grpcgrade bench --http-stall` measures both):
 
 * A body is refused with 413 before it is read when its Content-Length is over `http.max_body_bytes`
   (aiohttp's `client_max_size` stops a chunked one at the same size), and must arrive within
@@ -223,8 +224,9 @@ class ConnectionGuard:
         self.open.add(connection)  # counted now: asyncio makes a batch of accepted connections at once
         return connection
 
-    async def start(self, runner: web.AppRunner, host: str, port: int) -> int:
-        """Listen on host:port (0: a free one) for `runner`, set up already; returns the port."""
+    async def start(self, runner: web.AppRunner, host: str, port: int, *, reuse_port: bool = False) -> int:
+        """Listen on host:port (0: a free one) for `runner`, set up already; returns the port. `reuse_port`:
+        beside the other face processes on the same port (SO_REUSEPORT: the kernel spreads connections)."""
         self.runner = runner
         loop = asyncio.get_running_loop()
         # A listen backlog as deep as the connection cap (the kernel caps it at net.core.somaxconn): with
@@ -232,8 +234,9 @@ class ConnectionGuard:
         # which the callers resend only after 1, 3, 7... s (4,000 callers: 352 calls/s, the slowest answered
         # after 55 s).
         self._listener = await loop.create_server(
-            self._protocol, host, port, reuse_address=True, backlog=self.http.max_connections
-        )
+            self._protocol, host, port, reuse_address=True, reuse_port=reuse_port or None,
+            backlog=self.http.max_connections,
+        )  # fmt: skip
         parsers.start()
         return int(self._listener.sockets[0].getsockname()[1])
 

@@ -39,6 +39,7 @@ from grpcgrade.graders.openai.schema import GraderConfigError
 
 from ..callers import caller_middleware
 from .common import MAX_JSON_DEPTH, BodyError, authorized, faced, read_json
+from .forward import NESTING, EngineLink, too_deep
 
 __all__ = ["MAX_JSON_DEPTH", "MOUNT_PATH", "openai_graders_app", "openai_graders_root", "run_response"]
 
@@ -89,6 +90,10 @@ async def _body(
     for name, limit, what in bounds:
         if sizes.get(name, 0) > limit:
             raise BadRequest(f"{name}: {sizes[name]} bytes as JSON, over the limit of {limit} ({what})", param=name)
+    tools = body.get("tool_calls")
+    if too_deep(body.get("item")) or (isinstance(tools, list) and any(too_deep(t) for t in tools)):
+        name = "item" if too_deep(body.get("item")) else "tool_calls"
+        raise BadRequest(f"{name}: nested deeper than a sample carries ({NESTING})", param=name)
     for name in required:
         if name not in body:
             raise BadRequest(f"{name}: is required", param=name)
@@ -148,13 +153,20 @@ def flagged_response(grader: Any, exc: GraderConfigError) -> dict[str, Any]:
 
 
 def openai_graders_app(
-    engine: Engine, *, tokens: Sequence[str] = (), limits: Limits | None = None, http: HttpConfig | None = None
+    engine: Engine,
+    *,
+    tokens: Sequence[str] = (),
+    limits: Limits | None = None,
+    http: HttpConfig | None = None,
+    link: EngineLink | None = None,
 ) -> web.Application:
     """The `run` and `validate` endpoints as a sub-application to mount at MOUNT_PATH.
 
     `tokens`: bearer tokens to accept (none: no check here, e.g. when the parent application authenticates).
     `limits`: the server's request limits; `model_sample` is a sample field, bounded by `max_field_chars`.
     `http`: the HTTP face's limits on bodies (`limits.py`; the defaults when None).
+    `link`: the engine's process, when the face runs in its own (`forward`): `engine` then only checks
+    grader configs, and the sample is graded there.
     """
     limits = limits or Limits()
     http = http or HttpConfig()
@@ -193,7 +205,10 @@ def openai_graders_app(
         if tools is not None:
             kwargs["tool_calls"] = tools
         start = time.perf_counter()
-        graded = await engine.grade_chunk(jobs, [(0, kwargs)])
+        if link is not None:
+            graded = await link.grade_chunk(jobs, [(0, kwargs)], full=True)
+        else:
+            graded = await engine.grade_chunk(jobs, [(0, kwargs)])
         result = graded.columns[0][0]
         return web.json_response(run_response(result, body["grader"], time.perf_counter() - start))
 

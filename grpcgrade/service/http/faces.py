@@ -1,0 +1,282 @@
+"""The HTTP face processes, as the server's process runs them: started before the server says SERVING,
+restarted when one dies, drained with the server, their counters served on the server's /metrics.
+
+Why processes of their own: on the gRPC server's event loop, a flood of HTTP bodies (or a crowd of
+one-sample posts) gave that loop more short steps than a core can do, and gRPC callers queued behind them
+(`grpcgrade bench --http-stall`: seconds). A face process translates HTTP into the gRPC contract
+(`forward`), so the engine's process sees one BatchEvaluate per piece or per coalesced crowd, and HTTP
+translation uses the machine's other cores.
+
+- The port: the server binds it first, with SO_REUSEPORT and without listening (so a port in use fails the
+  start at once, and `--http-port 0` has a port to give the faces); every face process listens on it with
+  SO_REUSEPORT, and the kernel spreads new connections over them. The placeholder never accepts.
+- The engine: the face processes call the server's process on a Unix-domain socket in a directory only
+  this user can enter, with the server's token when it has one (`server.Service`).
+- Counters: each face process sends a request's increments before it answers (`counters`); they are
+  added to the server's counters of the same names and labels, as they arrive and before every scrape
+  (`drain`), so /metrics is one view and a client that has its answer sees it counted.
+- A face process that dies is started again after `RESTART_PAUSE_SECONDS` (doubling, up to
+  `MAX_RESTART_PAUSE_SECONDS`, while they keep dying fast); its in-flight requests are lost with it
+  (their clients see the connection end) and nothing else is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import multiprocessing
+import os
+import signal
+import socket
+import threading
+import time
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+
+from grpcgrade import logs
+from grpcgrade.core.errors import ConfigError, PortUnavailable
+from grpcgrade.core.grading import Stats
+
+from ..metrics import Metrics
+from ..options import ServeOptions
+from .counters import COALESCED, COUNTERS, Increment
+from .process import FaceSpec, main
+
+log = logging.getLogger("grpcgrade.service.http")
+
+#: How long a face process may take to start (import the graders, read the configuration, bind).
+START_SECONDS = 120.0
+#: The pause before a dead face process is started again, doubled while they keep dying within
+#: `STABLE_SECONDS` of their start, up to the maximum.
+RESTART_PAUSE_SECONDS = 0.2
+MAX_RESTART_PAUSE_SECONDS = 10.0
+STABLE_SECONDS = 30.0
+
+
+class _Face:
+    """One face process slot: the process in it now, its pipe, its last counters."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.process: BaseProcess | None = None
+        self.conn: Connection | None = None
+        self.started = 0.0
+        self.ready: asyncio.Future[int] | None = None
+        self.pause = RESTART_PAUSE_SECONDS
+
+
+def reserve_port(host: str, port: int) -> socket.socket:
+    """A socket bound to host:port (0: a free port) with SO_REUSEPORT, not listening: the face processes
+    listen beside it. PortUnavailable when the port is taken."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+    except OSError as exc:
+        raise PortUnavailable("http_port", host, port, exc.strerror or str(exc)) from exc
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise PortUnavailable("http_port", host, port, exc.strerror or str(exc)) from exc
+    return sock
+
+
+class FaceProcesses:
+    """The server's HTTP face processes (`count` of them) on host:port, calling the engine at `engine`."""
+
+    def __init__(self, options: ServeOptions, engine: str, count: int, metrics: Metrics | None) -> None:
+        self.options = options
+        self.engine = engine
+        self.metrics = metrics
+        self.placeholder = reserve_port(options.http_host, options.http_port or 0)
+        self.port: int = self.placeholder.getsockname()[1]
+        self.faces = [_Face(i) for i in range(count)]
+        self.stopping = False
+        self.restarts = 0
+        #: What the faces' coalescers gathered (`metrics.watch_coalescer` counts it with the server's).
+        self.chunks = 0
+        self.samples = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._context = multiprocessing.get_context("spawn")
+        self._loop: asyncio.AbstractEventLoop | None = None
+        #: Held while a face's pipe is read: by the event loop, and by a scrape's thread (`drain`).
+        self._reading = threading.Lock()
+        if metrics is not None:
+            metrics.before_scrape.append(self.drain)
+
+    @property
+    def pids(self) -> list[int]:
+        """The face processes' PIDs now."""
+        return [f.process.pid for f in self.faces if f.process is not None and f.process.pid is not None]
+
+    async def start(self) -> None:
+        """Every face process started and listening; PortUnavailable or ConfigError naming the first
+        that could not start."""
+        self._loop = asyncio.get_running_loop()
+        for face in self.faces:
+            self._spawn(face)
+        for face in self.faces:
+            assert face.ready is not None
+            try:
+                await asyncio.wait_for(asyncio.shield(face.ready), START_SECONDS)
+            except TimeoutError:
+                raise ConfigError(f"HTTP face process {face.index} did not start within {START_SECONDS:g} s") from None
+
+    def _spawn(self, face: _Face) -> None:
+        levels, formatter = logs.current()
+        spec = FaceSpec(self.options, self.engine, face.index, self.port, levels, formatter)
+        ours, theirs = self._context.Pipe(duplex=True)
+        process = self._context.Process(
+            target=main, args=(spec, theirs, os.getpid()), name=f"grpcgrade-http-{face.index}", daemon=False
+        )
+        process.start()
+        theirs.close()
+        face.process, face.conn, face.started = process, ours, time.monotonic()
+        face.ready = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        loop.add_reader(ours.fileno(), self._read, face, ours)
+        loop.add_reader(process.sentinel, self._ended, face, process)
+
+    def _read(self, face: _Face, conn: Connection) -> None:
+        """The event loop's reader of a face's pipe: what it sent so far."""
+        for kind, value in self._received(conn):
+            self._handle(face, kind, value)
+
+    def _received(self, conn: Connection) -> list[tuple[str, object]]:
+        """Every message waiting on `conn`, read under the lock; [] once it has ended."""
+        out = []
+        with self._reading:
+            try:
+                while not conn.closed and conn.poll():
+                    out.append(conn.recv())
+            except (EOFError, OSError):
+                pass
+        return out
+
+    def _handle(self, face: _Face, kind: str, value: object) -> None:
+        """A message from a face process: its counts, ready, or why it could not start (on the loop)."""
+        if kind == "count":
+            self._count(*value)  # type: ignore[misc]
+        elif face.ready is not None and not face.ready.done():
+            if kind == "ready":
+                face.ready.set_result(int(value))  # type: ignore[call-overload]
+            else:
+                face.ready.set_exception(_start_error(self.options, self.port, str(value)))
+
+    def drain(self) -> None:
+        """What the face processes have sent, counted now (a scrape's thread calls it before answering)."""
+        for face in self.faces:
+            conn = face.conn
+            if conn is None:
+                continue
+            for kind, value in self._received(conn):
+                if kind == "count":
+                    self._count(*value)  # type: ignore[misc]
+                elif self._loop is not None:
+                    self._loop.call_soon_threadsafe(self._handle, face, kind, value)
+
+    def _count(self, increments: list[Increment], stats: list[Stats]) -> None:
+        """A face's increments into the server's counters of the same names and labels, and its grading
+        stats into the metrics as the engine's own."""
+        if self.metrics is not None:
+            for one in stats:
+                self.metrics.observe_grading(one)
+        for name, values, amount in increments:
+            if name in COALESCED:
+                setattr(self, name, getattr(self, name) + int(amount))
+            elif name in COUNTERS and self.metrics is not None:
+                counter = getattr(self.metrics, name)
+                (counter.labels(*values) if values else counter).inc(amount)
+
+    def _ended(self, face: _Face, process: BaseProcess) -> None:
+        loop = asyncio.get_running_loop()
+        loop.remove_reader(process.sentinel)
+        process.join(0)
+        if face.process is not process:
+            return
+        if face.conn is not None:  # what it said last (its final counts) first
+            self._read(face, face.conn)
+            with contextlib.suppress(OSError, ValueError):
+                loop.remove_reader(face.conn.fileno())
+            with self._reading:
+                face.conn.close()
+                face.conn = None
+        if face.ready is not None and not face.ready.done():
+            face.ready.set_exception(ConfigError(f"HTTP face process {face.index} exited ({process.exitcode})"))
+            return
+        if self.stopping:
+            return
+        quick = time.monotonic() - face.started < STABLE_SECONDS
+        pause = face.pause if quick else RESTART_PAUSE_SECONDS
+        face.pause = min(pause * 2, MAX_RESTART_PAUSE_SECONDS)
+        log.error(
+            "HTTP face process %d (pid %s) exited with %s; starting another in %.1f s",
+            face.index, process.pid, process.exitcode, pause,
+        )  # fmt: skip
+        task = loop.create_task(self._restart(face, pause))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _restart(self, face: _Face, pause: float) -> None:
+        await asyncio.sleep(pause)
+        if self.stopping:
+            return
+        self.restarts += 1
+        self._spawn(face)
+        assert face.ready is not None
+        with contextlib.suppress(Exception):  # a failed start ends the process: `_ended` tries again
+            await face.ready
+
+    async def stop(self, grace: float) -> None:
+        """Each face process drains (SIGTERM: no new connection, in-flight requests finish for up to
+        `grace`), within `grace` and a second more; one still there then is killed."""
+        self.stopping = True
+        for task in self._tasks:
+            task.cancel()
+        alive = [f.process for f in self.faces if f.process is not None and f.process.exitcode is None]
+        for process in alive:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(process.pid, signal.SIGTERM)  # type: ignore[arg-type]
+        end = time.monotonic() + grace + 1.0
+        while any(p.exitcode is None for p in alive) and time.monotonic() < end:
+            await asyncio.sleep(0.05)
+        for process in alive:
+            if process.exitcode is None:
+                log.warning("HTTP face process pid %s did not drain in time: killed", process.pid)
+                process.kill()
+                process.join(1.0)
+        await asyncio.sleep(0)  # their sentinels' callbacks: the last counters read
+        self.close()
+
+    def close(self) -> None:
+        """Everything released at once (a failed start, or after `stop`)."""
+        self.stopping = True
+        loop = asyncio.get_running_loop()
+        for face in self.faces:
+            process = face.process
+            if process is not None:
+                if process.exitcode is None:
+                    process.kill()
+                    process.join(1.0)
+                with contextlib.suppress(ValueError, OSError):
+                    loop.remove_reader(process.sentinel)
+            if face.conn is not None:
+                self._read(face, face.conn)
+                with contextlib.suppress(ValueError, OSError):
+                    loop.remove_reader(face.conn.fileno())
+                with self._reading:
+                    face.conn.close()
+                    face.conn = None
+        self.placeholder.close()
+        if self.metrics is not None and self.drain in self.metrics.before_scrape:
+            self.metrics.before_scrape.remove(self.drain)
+
+
+def _start_error(options: ServeOptions, port: int, message: str) -> Exception:
+    """A face process's failed start as the server's error: the port's, or the configuration's."""
+    if "Errno" in message and ("address" in message.lower() or "bind" in message.lower()):
+        return PortUnavailable("http_port", options.http_host, port, message)
+    return ConfigError(f"HTTP face process: {message}")
