@@ -39,6 +39,54 @@ def eventually(condition: Callable[[], object], what: str, bound: float = 60.0, 
         time.sleep(every)
 
 
+class CpuSince:
+    """The CPU each of `pids` has used since this was made: which of them took up work (a worker spinning
+    on a sample), seen without timing it."""
+
+    def __init__(self, pids: list[int]) -> None:
+        self.pids = list(pids)
+        self.since = {p: cpu_seconds(p) for p in self.pids}
+
+    def busy(self, more_than: float = 0.0) -> list[int]:
+        """The processes that have used more than `more_than` CPU seconds since (one gone is not busy)."""
+        out = []
+        for pid in self.pids:
+            try:
+                if cpu_seconds(pid) > self.since[pid] + more_than:
+                    out.append(pid)
+            except OSError:
+                continue
+        return out
+
+
+def cpu_when_idle(pids: list[int], bound: float = 60.0, every: float = 0.3) -> float:
+    """The CPU seconds `pids` have used in all, read once none of them runs any more (none gained more than
+    two clock ticks between two reads `every` apart; a process gone counts what it had): how much work a
+    server still did after a call ended, counted in CPU instead of timed. The bound only keeps a broken
+    server from hanging the suite."""
+    tick = 2 / os.sysconf("SC_CLK_TCK")
+    last: dict[int, float] = {}
+
+    def read() -> dict[int, float]:
+        now = dict(last)
+        for pid in pids:
+            try:
+                now[pid] = cpu_seconds(pid)
+            except OSError:  # ended: what it used is what it had
+                continue
+        return now
+
+    last = read()
+    deadline = time.monotonic() + bound
+    while True:
+        time.sleep(every)
+        now = read()
+        if all(now[p] - last.get(p, 0.0) <= tick for p in now):
+            return sum(now.values())
+        assert time.monotonic() < deadline, f"not idle within {bound:g} s: {sorted(now)}"
+        last = now
+
+
 def children(pid: int) -> list[int]:
     """The processes whose parent is `pid` (a server's workers and its resource tracker)."""
     out = []

@@ -12,7 +12,7 @@ import pytest
 from grpc_health.v1 import health_pb2
 
 from grpcgrade.client import SERVICE_CONFIG
-from grpcgrade.testing import children, cpu_seconds, eventually, health_status, start_server
+from grpcgrade.testing import CpuSince, cpu_seconds, cpu_when_idle, eventually, health_status, start_server, worker_pids
 from grpcgrade.v1 import grading_pb2 as pb
 from grpcgrade.v1 import grading_pb2_grpc as pb_grpc
 
@@ -88,12 +88,11 @@ def test_a_worker_killed_from_outside_loses_no_sample(fault_server):
     graders = [{"name": "sleepy", "params": {"seconds": 0.01}}]
     results: list = []
     with fault_server.client(timeout=120, chunk_size=400) as c:
+        workers = CpuSince(worker_pids(fault_server.proc.pid))
         worker = threading.Thread(target=lambda: results.extend(c.batch_evaluate([{"response": "x"}] * 400, graders)))
         worker.start()
-        time.sleep(0.8)  # let the batch get going, then take a worker away as the OOM killer would
-        victims = children(fault_server.proc.pid)
-        assert victims
-        os.kill(victims[0], signal.SIGKILL)
+        eventually(workers.busy, "the batch going in a worker")
+        os.kill(workers.busy()[0], signal.SIGKILL)  # as the OOM killer would, with its chunk
         worker.join(120)
     assert len(results) == 400
     assert scores(results) == [1.0] * 400
@@ -107,11 +106,12 @@ def test_a_passed_deadline_stops_the_work(fault_server):
     with grpc.insecure_channel(fault_server.target) as channel, pytest.raises(grpc.RpcError) as err:
         list(pb_grpc.GradingServiceStub(channel).BatchEvaluate(request, timeout=0.5))
     assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-    time.sleep(1.0)  # chunks a worker had already taken may finish (a few x 8 samples x 10 ms)
-    workers = children(fault_server.proc.pid)
-    busy = [cpu_seconds(p) for p in workers]
-    time.sleep(1.0)
-    assert workers and max(cpu_seconds(p) - b for p, b in zip(workers, busy, strict=True)) < 0.1
+    # Counted in CPU, not timed: after the deadline the workers finish the chunks they had taken (a few x 8
+    # samples x 10 ms) and go idle; the 3,000 samples' 30 s of spinning would have gone on past it.
+    workers = worker_pids(fault_server.proc.pid)
+    at_deadline = sum(cpu_seconds(p) for p in workers)
+    after = cpu_when_idle(workers) - at_deadline
+    assert workers and after < 3.0, f"the workers spent {after:.1f} s of CPU after the deadline"
 
 
 @pytest.fixture

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 from concurrent import futures
 
 import aiohttp
 import grpc
 import pytest
+from budgets import BUDGET, doubling
 
 from grpcgrade.client import AsyncGradingClient, FailureBudgetExceeded, GradingClient
 from grpcgrade.core.config import parse_http
@@ -21,7 +23,6 @@ from grpcgrade.v1 import grading_pb2 as pb
 from grpcgrade.v1 import grading_pb2_grpc as pb_grpc
 
 CHEAP = [{"name": "misbehave", "params": {"heavy": False}}]
-BUDGET = 1.5
 OK, HANG, NAN = "ok", "hang", "nan"  # misbehave: 1.0, a loop that never ends, INVALID_RESULT
 
 
@@ -42,33 +43,45 @@ def test_the_budget_is_the_whole_calls_not_each_chunks(server):
     after it, has no time left and comes back BUDGET_EXCEEDED although its samples are quick."""
     samples = responses([OK, OK, OK, HANG, OK, OK])
     with GradingClient(server.target, chunk_size=2, max_in_flight=1, timeout=60) as client:
-        results = client.batch_evaluate(samples, CHEAP, budget_seconds=BUDGET)
-    assert [outcome(r) for r in results] == [1.0, 1.0, 1.0] + ["BUDGET_EXCEEDED"] * 3
+        got = doubling(lambda b: [outcome(r) for r in client.batch_evaluate(samples, CHEAP, budget_seconds=b)], cut(3))
+    assert got == [1.0, 1.0, 1.0] + ["BUDGET_EXCEEDED"] * 3
 
 
 def test_a_budget_longer_than_the_timeout_still_answers_the_graded_samples(server):
     """veRL's reward_kwargs as the docs once gave them (timeout 60, budget 120), scaled down: the call's
     deadline moves past the budget, so the budget cuts the hanging sample and the others keep their scores.
     Before, the deadline ended the call first and every sample raised DEADLINE_EXCEEDED."""
+    samples = responses([OK, HANG])
     with GradingClient(server.target, timeout=0.5) as client:
-        results = client.batch_evaluate(responses([OK, HANG]), CHEAP, budget_seconds=BUDGET)
-        assert [outcome(r) for r in results] == [1.0, "BUDGET_EXCEEDED"]
-        table = client.batch_scores(responses([OK, HANG]), CHEAP, budget_seconds=BUDGET)
+        got = doubling(lambda b: [outcome(r) for r in client.batch_evaluate(samples, CHEAP, budget_seconds=b)], cut(1))
+        assert got == [1.0, "BUDGET_EXCEEDED"]
+        table = doubling(
+            lambda b: client.batch_scores(samples, CHEAP, budget_seconds=b), lambda t: t.rewards[0] is None
+        )
         assert table.rewards == [1.0, None]
-    assert [outcome(r) for r in asyncio.run(_async_batch(server.target, timeout=0.5))] == [1.0, "BUDGET_EXCEEDED"]
+    got = doubling(lambda b: [outcome(r) for r in asyncio.run(_async_batch(server.target, 0.5, b))], cut(1))
+    assert got == [1.0, "BUDGET_EXCEEDED"]
 
 
-async def _async_batch(target: str, timeout: float) -> list[pb.EvaluateResponse]:
+async def _async_batch(target: str, timeout: float, budget: float) -> list[pb.EvaluateResponse]:
     async with AsyncGradingClient(target, timeout=timeout) as client:
-        return await client.batch_evaluate(responses([OK, HANG]), CHEAP, budget_seconds=BUDGET)
+        return await client.batch_evaluate(responses([OK, HANG]), CHEAP, budget_seconds=budget)
+
+
+def cut(quick: int) -> Callable[[list[object]], bool]:
+    """Whether one of the first `quick` outcomes, samples graded before the hanging one, was cut."""
+    return lambda got: "BUDGET_EXCEEDED" in got[:quick]
 
 
 def test_the_async_client_takes_the_budget_too(server):
-    async def go():
+    async def go(budget: float) -> list[object]:
         async with AsyncGradingClient(server.target, chunk_size=2, max_in_flight=3, timeout=60) as client:
-            return await client.batch_evaluate(responses([OK, OK, OK, HANG]), CHEAP, budget_seconds=BUDGET)
+            return [
+                outcome(r)
+                for r in await client.batch_evaluate(responses([OK, OK, OK, HANG]), CHEAP, budget_seconds=budget)
+            ]
 
-    assert [outcome(r) for r in asyncio.run(go())] == [1.0, 1.0, 1.0, "BUDGET_EXCEEDED"]
+    assert doubling(lambda b: asyncio.run(go(b)), cut(3)) == [1.0, 1.0, 1.0, "BUDGET_EXCEEDED"]
 
 
 def test_the_failure_ratio_applies_to_each_chunk(server):
@@ -177,8 +190,8 @@ def trl_call(func, completions: list[str]) -> list:
 
 
 def test_trl_reward_function_takes_the_budget_and_the_failure_ratio(server):
-    func = reward_function(server.target, CHEAP, budget_seconds=BUDGET, timeout=60)
-    assert trl_call(func, [OK, OK, HANG]) == [1.0, 1.0, None]
+    in_budget = lambda b: trl_call(reward_function(server.target, CHEAP, budget_seconds=b, timeout=60), [OK, OK, HANG])  # noqa: E731
+    assert doubling(in_budget, lambda got: None in got[:2]) == [1.0, 1.0, None]
     strict = reward_function(server.target, CHEAP, max_failure_ratio=0.0, timeout=60)
     with pytest.raises(FailureBudgetExceeded, match="misbehave"):
         trl_call(strict, [OK, NAN])
@@ -186,8 +199,11 @@ def test_trl_reward_function_takes_the_budget_and_the_failure_ratio(server):
 
 
 def test_trl_async_reward_function_takes_them_too(server):
-    func = async_reward_function(server.target, CHEAP, budget_seconds=BUDGET, timeout=60)
-    assert asyncio.run(func(prompts=["q", "q"], completions=[OK, HANG])) == [1.0, None]
+    def in_budget(budget: float) -> list:
+        func = async_reward_function(server.target, CHEAP, budget_seconds=budget, timeout=60)
+        return asyncio.run(func(prompts=["q", "q"], completions=[OK, HANG]))
+
+    assert doubling(in_budget, lambda got: got[0] is None) == [1.0, None]
 
 
 def test_trl_options_are_checked_when_the_function_is_made(server):
@@ -218,7 +234,10 @@ def verl_step(kwargs: dict, solutions: list[str]) -> list[dict]:
 
 
 def test_verl_compute_score_takes_the_budget(server):
-    out = verl_step({"target": server.target, "reward": "flaky", "budget_seconds": BUDGET}, [OK, HANG])
+    out = doubling(
+        lambda b: verl_step({"target": server.target, "reward": "flaky", "budget_seconds": b}, [OK, HANG]),
+        lambda out: out[0][FAILED_KEY] == 1.0,
+    )
     assert [o[FAILED_KEY] for o in out] == [0.0, 1.0]
     assert out[1]["score"] == 0.0  # the failure score, flagged: not a grade
 

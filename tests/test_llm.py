@@ -742,3 +742,25 @@ def test_a_stopping_server_closes_the_judge_clients_session(judge, tmp_path, mon
         models.configure({})
     assert result_of(reply).score == 4.0
     assert closed
+
+
+def test_clients_a_new_configuration_replaces_are_closed_at_the_next_drain(judge, configured):
+    """`configure` replaced the models' clients and dropped the old ones with their aiohttp sessions open
+    (a server's `close_clients` after its drain no longer knew them). Now they wait for that call, on the
+    loop that opened them; the new configuration's clients are closed by it too."""
+    grader = grpcgrade.LLMGrader(model="default", template="{response}", min_score=0, max_score=5)
+
+    async def judge_reconfigure_and_drain() -> tuple[bool, bool, bool]:
+        await grader.aevaluate(response=f"CASE:{case('score-4')}")
+        old = models.get_model("default")._client
+        assert old is not None and not old.closed  # the judgment went over it
+        models.configure(models.parse_models(models_section(judge)))
+        replacing = grpcgrade.LLMGrader(model="default", template="{response}", min_score=0, max_score=5)
+        assert (await replacing.aevaluate(response=f"CASE:{case('score-2')}")).score == 2.0
+        new = models.get_model("default")._client
+        assert new is not None and new is not old
+        open_until_the_drain = not old.closed
+        await models.close_clients()
+        return open_until_the_drain, old.closed, new.closed
+
+    assert asyncio.run(judge_reconfigure_and_drain()) == (True, True, True)

@@ -117,11 +117,15 @@ class ChatModel:
             self._loop = loop
         return self._client, self._limiter
 
+    def is_open(self) -> bool:
+        """Whether an HTTP session is open that its loop can still close (a closed loop closes nothing)."""
+        return self._client is not None and not self._client.closed and not (self._loop and self._loop.is_closed())
+
     async def aclose(self) -> None:
-        """Close the HTTP client (its connections); the next call opens a new one."""
+        """Close the HTTP client (its connections) if this loop opened it; the next call opens a new one."""
         if self._client is not None and self._loop is asyncio.get_running_loop():
             await self._client.close()
-        self._client = None
+            self._client = None
 
     async def achat(
         self, messages: Sequence[ChatMessage | Mapping[str, Any]], options: Mapping[str, Any] | None = None

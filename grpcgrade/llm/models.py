@@ -28,17 +28,24 @@ if TYPE_CHECKING:
 _lock = threading.Lock()
 _configs: dict[str, ModelConfig] | None = None
 _clients: dict[str, ChatModel] = {}
+#: Clients a later `configure` replaced, still holding an open HTTP session: closed by `close_clients`.
+_retired: list[ChatModel] = []
 _weights: dict[str, float] = {}
 
 
 def configure(models: Mapping[str, ModelConfig], callers: Mapping[str, float] | None = None) -> None:
     """Set the process's models: these, plus the environment's "default" unless they define one; and the
-    callers' weights in each model's fair share (`callers:`; a caller not named has weight 1)."""
+    callers' weights in each model's fair share (`callers:`; a caller not named has weight 1).
+
+    The clients of the models it replaces are kept, not dropped, until `close_clients` closes them on their
+    loop: a judgment may still be in flight on one (a grader built before holds it), and aiohttp's session
+    can only be closed on the loop that opened it."""
     global _configs, _weights
     with _lock:
         _configs = {**env_models(), **models}
         _weights = dict(callers or {})
         USAGE.configure(_weights)
+        _retired.extend(c for c in _clients.values() if c.is_open())
         _clients.clear()
 
 
@@ -66,10 +73,13 @@ def get_model(name: str) -> ChatModel:
 
 
 async def close_clients() -> None:
-    """Close every model's HTTP client (its pooled connections to the endpoint), on the loop that opened
-    them: a stopping server does so after its drain, when no judgment is in flight any more, instead of
-    leaving open sessions to the garbage collector at exit (aiohttp's "Unclosed client session")."""
+    """Close every model's HTTP client (its pooled connections to the endpoint), those `configure` replaced
+    included, on the loop that opened them: a stopping server does so after its drain, when no judgment is
+    in flight any more, instead of leaving open sessions to the garbage collector at exit (aiohttp's
+    "Unclosed client session"). A replaced client another loop opened waits for that loop's call."""
     with _lock:
-        clients = list(_clients.values())
+        clients = [*_clients.values(), *_retired]
     for client in clients:
         await client.aclose()
+    with _lock:
+        _retired[:] = [c for c in _retired if c.is_open()]

@@ -25,10 +25,8 @@ from typing import Any
 
 from grpcgrade.core.codecs import Codec
 from grpcgrade.core.errors import InvalidParams, SampleProblem
-from grpcgrade.core.result_cache import QUARANTINE_CODES
 from grpcgrade.core.samples import Limits
 from grpcgrade.core.work import Encoded
-from grpcgrade.grader import GraderError
 from grpcgrade.v1 import grading_pb2 as pb
 
 from .convert import (
@@ -287,21 +285,3 @@ class WireSamples:
 def encoded(request: ReceivedBatch, start: int, stop: int, view: int, limits: Limits) -> Encoded:
     """The request's samples `start`..`stop-1` in the wire codec, answered in `view`."""
     return Encoded(WIRE.name, request.samples_bytes(start, stop), (view, limits))
-
-
-def quarantine_failures(payload: bytes) -> list[tuple[int, int, GraderError]]:
-    """(sample index, grader position, error) of each TIMEOUT or WORKER_LOST result in a serialized answer,
-    for tools reading one (the engine learns them from `work.ChunkResult.failures`, made with the answer)."""
-    message = pb.BatchEvaluateResponse.FromString(payload)
-    columns = message.columns
-    return [
-        (item.index, j, GraderError(r.grader, r.error.message, code=r.error.code))
-        for item in message.items
-        for j, r in enumerate(item.result.results)
-        if r.error.code in QUARANTINE_CODES
-    ] + [
-        (columns.indices[row], j, GraderError(col.grader, error.message, code=error.code))
-        for j, col in enumerate(columns.scores)
-        for row, error in zip(col.error_rows, col.errors, strict=True)
-        if error.code in QUARANTINE_CODES
-    ]
