@@ -320,6 +320,25 @@ CHRF_PAIRS = [
 ]
 
 
+def test_chrf_of_one_pair_is_the_references_corpus_score():
+    """`evaluate`'s chrF takes sacrebleu's `sentence_score` for two texts: exactly the reference's
+    `corpus_score` of the one pair, score and details; anything else goes the reference's way (its check's
+    message)."""
+    from sacrebleu.metrics import CHRF
+
+    from grpcgrade.graders.text.similarity_metrics import chrf, make_chrf
+
+    reference, scorer = CHRF(), make_chrf(6, 2.0)
+    pairs = [*CHRF_PAIRS, ("a", ""), ("", ""), ("x" * 1000, "x" * 999 + "y"), ("日本語の文", "日本語の文章")]
+    for response, ref in pairs:
+        expected = reference.corpus_score([response], [[ref]]).score
+        details = {"char_order": 6, "beta": 2.0, "raw_score": expected}
+        assert chrf(scorer, ref, response, 6, 2.0) == (expected / 100.0, details)
+    with pytest.raises(TypeError) as refused:
+        reference.corpus_score([None], [["a"]])  # type: ignore[list-item]
+    assert chrf(scorer, "a", None, 6, 2.0) == (0.0, {"error": str(refused.value)})  # type: ignore[arg-type]
+
+
 def test_chrf_grades_a_chunk_as_a_column_with_sacrebleus_scores(server: ServerProcess):
     from sacrebleu.metrics import CHRF
 

@@ -22,7 +22,7 @@ from grpcgrade.core.cached_grading import CachedGrading
 from grpcgrade.core.engine import Engine, Job
 from grpcgrade.core.grading import inputs_of
 from grpcgrade.core.registry import get_registry
-from grpcgrade.core.result_cache import Quarantine, ResultCache, scope_of
+from grpcgrade.core.result_cache import CacheMode, Quarantine, ResultCache, scope_of
 from grpcgrade.core.rewards import SpecData
 from grpcgrade.grader import GraderError
 from grpcgrade.testing import ServerProcess, children, free_port, start_server
@@ -189,6 +189,27 @@ def test_only_graders_with_quarantined_inputs_leave_whole_chunks():
     assert not engine.whole_chunks([risky]) and not engine.whole_chunks([cheap, risky])
     cached.note_sample(cheap, {"response": "x"}, GraderError("json_validator", "bad", code="GRADER_FAILED"))
     assert engine.whole_chunks([cheap])  # only TIMEOUT and WORKER_LOST are quarantined
+
+
+def test_a_kept_resolution_is_planned_again_each_call():
+    """`Engine.resolve_keyed` keeps a call's graders by key (a trainer names the same graders in every call) but
+    makes the plan again each call: a grader whose inputs were quarantined since is filtered from then on."""
+    registry = get_registry()
+    cached = CachedGrading(ResultCache(1 << 20, 60), Quarantine(1 << 20, 60))
+    engine = Engine(registry, cached=cached)
+    first = engine.resolve_keyed(b"math", lambda: [SpecData(name="math_exact")], cache=CacheMode.OFF)
+    assert first.together is not None and not first.groups[0].filtered
+    sample = {"sample_id": "1", "response": "x", "reference": "y"}
+    cached.note_sample(first[0], sample, GraderError("math_exact", "t", code="TIMEOUT"))
+
+    def resolved_again() -> list[SpecData]:
+        raise AssertionError("the kept resolution was not used")
+
+    again = engine.resolve_keyed(b"math", resolved_again, cache=CacheMode.OFF)
+    assert again[0].grader is first[0].grader
+    assert again.together is None and again.groups[0].filtered
+    other = engine.resolve_keyed(b"json", lambda: [SpecData(name="json_validator")], cache=CacheMode.OFF)
+    assert other[0].grader.name == "json_validator"
 
 
 def test_a_quarantined_input_with_a_lone_surrogate_can_be_listed():

@@ -515,6 +515,24 @@ def test_stalled_readers_are_ended_and_release_what_they_held(stall_srv):
             channel.close()
 
 
+def test_a_stalled_reader_of_a_large_first_message_still_gets_its_status(stall_srv):
+    """A stream's headers go with its first message when that message is small (one batch of gRPC operations
+    less per call), but before a large one: grpc aio never sends the status of a stream whose first write,
+    carrying the headers, was cancelled by the send timeout, so a reader that never read would only ever see
+    its own deadline. Here the first message is 10 MB, which no stream's flow-control window holds."""
+    ok = {"name": "misbehave", "params": {"heavy": False}}
+    request = pb.BatchEvaluateRequest(
+        graders=specs_to_pb([ok]), samples=[pb.Sample(response="long:100000")] * 100, chunk_size=100
+    )
+    options = [("grpc.max_receive_message_length", 4 * STALLED_MESSAGE)]
+    with grpc.insecure_channel(stall_srv.target, options=options) as channel:
+        stream = stub_of(channel).BatchEvaluate(request, timeout=SEND_TIMEOUT + 15)
+        time.sleep(SEND_TIMEOUT + 3)  # the call's one message is not taken within the send timeout
+        error = refusal(lambda: list(stream))
+    assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, error.details()
+    assert "stopped reading" in error.details()
+
+
 def test_calls_wait_for_the_output_budget_and_a_closed_call_frees_it():
     """With the budget spent by a call whose answers are not taken, another call starts no chunk; once the
     first call ends, the second runs to its end and nothing stays charged."""

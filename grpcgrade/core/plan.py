@@ -124,6 +124,7 @@ class Plan(Sequence[Job]):
     guided: bool  # heavy graders: chunks shrink as the server's heavy samples are handed out
     bounded: bool  # one group, in the executor, every grader of bounded cost: small calls may run inline
     share: InlineShare  # the event loop's inline time, which `inline` asks
+    filtered: tuple[bool, ...] = ()  # whether the filter stood in front of each job when the plan was made
 
     @overload
     def __getitem__(self, index: int) -> Job: ...
@@ -188,6 +189,7 @@ def place(jobs: Sequence[Job], filtered: Sequence[bool], executor_size: int | No
         guided=any(job.grader.heavy for job in jobs),
         bounded=whole and all(job.grader.bounded_cost for job in jobs),
         share=share,
+        filtered=tuple(filtered),
     )
 
 
