@@ -22,6 +22,7 @@ The placement policy:
 from __future__ import annotations
 
 import enum
+import functools
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ from typing import overload
 from grpcgrade.grader import BaseGrader, Inputs
 
 from .rewards import SpecData
+from .samples import requirements
 
 #: The most request bytes graded inline, on the event loop, by graders of bounded cost: the longest any such
 #: request can hold the loop is a bounded-cost grader over this much input. json_validator's worst case, a
@@ -141,6 +143,12 @@ class Plan(Sequence[Job]):
     def __iter__(self) -> Iterator[Job]:
         return iter(self.jobs)
 
+    @functools.cached_property
+    def required(self) -> dict[str, str]:
+        """The inputs the graders require (`samples.requirements`), made once per plan: a kept plan
+        (`Engine.resolve_keyed`) serves every call of a crowd."""
+        return requirements((job.grader.name, job.inputs) for job in self.jobs)
+
     @property
     def together(self) -> Group | None:
         """The group of every grader, synchronous, when the call has one and the filter has no say in it: a
@@ -199,3 +207,10 @@ def _place_of(job: Job) -> Place:
     if job.grader.is_sync:
         return Place.INLINE
     return Place.ROWS if per_sample(job.grader) else Place.LOOP
+
+
+def required_inputs(jobs: Sequence[Job]) -> dict[str, str]:
+    """The inputs `jobs`' graders require: a plan's, made once, or made now for a plain list of jobs."""
+    if isinstance(jobs, Plan):
+        return jobs.required
+    return requirements((job.grader.name, job.inputs) for job in jobs)

@@ -22,8 +22,8 @@ from grpcgrade.core.errors import (
     UnknownReward,
 )
 from grpcgrade.core.guard import FailureTally, call_guards
-from grpcgrade.core.plan import Job
-from grpcgrade.core.samples import Limits, requirements
+from grpcgrade.core.plan import Job, required_inputs
+from grpcgrade.core.samples import Limits
 from grpcgrade.grader import GraderMode
 from grpcgrade.v1 import grading_pb2 as pb
 from grpcgrade.v1 import grading_pb2_grpc as pb_grpc
@@ -45,11 +45,6 @@ from .overload import refuse_overloaded
 from .wire import ReceivedBatch, encoded
 
 Request = pb.EvaluateRequest | ReceivedBatch
-
-
-def _required(jobs: Sequence[Job]) -> dict[str, str]:
-    """The inputs a sample of this call must carry, with the grader that requires each."""
-    return requirements((job.grader.name, job.inputs) for job in jobs)
 
 
 def _spec_key(spec: pb.GraderSpec) -> bytes:
@@ -193,7 +188,7 @@ class GradingServicer(pb_grpc.GradingServiceServicer):
         self._in_flight(1)
         try:
             jobs, timeout = await self._resolve(request, context)
-            kwargs = sample_kwargs(request.sample, self.limits, required=_required(jobs))
+            kwargs = sample_kwargs(request.sample, self.limits, required=required_inputs(jobs))
             if self.coalescer is not None:  # graded with the concurrent calls of the same plan
                 results, reward = await self.coalescer.grade(jobs, kwargs, timeout, request.reward, request.ByteSize())
             else:
@@ -243,7 +238,7 @@ class GradingServicer(pb_grpc.GradingServiceServicer):
     ) -> None:
         """BatchEvaluate's work once the call is admitted."""
         jobs, timeout = await self._resolve(request, context)
-        request.rows.required = _required(jobs)
+        request.rows.required = required_inputs(jobs)
         if request.view == pb.RESULT_VIEW_COLUMNS:
             listwise = next((job for job in jobs if job.grader.mode is GraderMode.LISTWISE), None)
             if listwise is not None:
