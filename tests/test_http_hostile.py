@@ -186,8 +186,10 @@ def niceness(pid: int) -> int:
 
 def test_a_parsing_process_killed_is_replaced(hostile_server: ServerProcess) -> None:
     """Bodies past INLINE_PARSE_BYTES are parsed in the face's parsing processes. One killed (SIGKILL, as
-    the OOM killer would) broke their pool for good, every later large body answered 500; now a new pool
-    is started and the body answered."""
+    the OOM killer would) broke their pool for good, every later large body answered 500; now they are
+    replaced and the body answered. Both killed at once, a body that arrives before the pool has noticed is
+    the server's trouble: 503 with a retry hint (it was 400, a client error, before), and its retry is
+    answered."""
     deadline = time.monotonic() + 60  # started with the face; named once they have started (this bounds it)
     while len(pids := parser_pids(hostile_server.proc.pid)) < PARSE_PROCESSES and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -202,9 +204,24 @@ def test_a_parsing_process_killed_is_replaced(hostile_server: ServerProcess) -> 
     assert len(body) > INLINE_PARSE_BYTES
     head = b"POST /get_reward HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" + AUTH
     answer, *_ = post_raw(hostile_server.http_port, head, body)
+    if answer.startswith(b"HTTP/1.1 503 "):  # it met both dead processes: refused for now, with a hint
+        assert b"\r\nRetry-After: " in answer, answer[:300]
+        answer, *_ = post_raw(hostile_server.http_port, head, body)
     assert answer.startswith(b"HTTP/1.1 200 "), answer[:300]
     assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["rewards"] == [0.0] * len(labels)  # "a" is no "b..."
     assert set(parser_pids(hostile_server.proc.pid)).isdisjoint(pids)
+
+
+def test_a_body_its_parsing_processes_could_not_parse_is_503_with_a_retry_hint() -> None:
+    """The answer the test above may meet, every time: a body whose parsing processes died twice or hung
+    (`limits._ParseItem.failed`: status 503) is the server's trouble, answered 503 with Retry-After; it was
+    400, which tells a trainer its body is wrong and not to send it again."""
+    from grpcgrade.core.json_body import BodyError
+    from grpcgrade.service.http.common import http_error
+
+    refused = http_error(BodyError("the request body could not be parsed (WORKER_LOST): ...", status=503))
+    assert refused.status == 503
+    assert int(refused.headers["Retry-After"]) >= 1
 
 
 def large_post(port: int, body: bytes, out: list[bytes]) -> threading.Thread:

@@ -47,7 +47,7 @@ from grpcgrade.grader import GraderError, GraderResult
 from ..overload import service_unavailable
 from ..rows import ROWS, encoded
 from .counters import FaceCounters
-from .forward import NESTING, EngineLink, too_deep
+from .forward import NESTING, UNREACHABLE_RETRY_SECONDS, EngineLink, too_deep
 from .limits import MAX_JSON_DEPTH, BodyError, read_json
 
 __all__ = ["MAX_JSON_DEPTH", "BodyError", "read_json"]  # where the faces have found them
@@ -168,9 +168,12 @@ def token_bytes(request: web.Request, presented: str) -> bytes:
 
 
 def http_error(exc: BodyError) -> web.HTTPException:
-    """A body a face cannot take, as aiohttp's exception of its status (400, 408 or 413), in plain text."""
+    """A body a face cannot take, as aiohttp's exception of its status (400, 408, 413, or 503 with a retry
+    hint: its parsing processes died under it or hung, the server's trouble, not the body's), in plain text."""
     if exc.status == 413:
         return web.HTTPRequestEntityTooLarge(max_size=0, actual_size=0, text=str(exc))
+    if exc.status == 503:
+        return web.HTTPServiceUnavailable(text=str(exc), headers={"Retry-After": str(UNREACHABLE_RETRY_SECONDS)})
     kind = web.HTTPRequestTimeout if exc.status == 408 else web.HTTPBadRequest
     return kind(text=str(exc))
 
