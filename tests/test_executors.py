@@ -10,6 +10,7 @@ the server resumed.
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import signal
 import sys
@@ -178,6 +179,17 @@ def test_worker_death_and_timeout_are_typed_outcomes_and_cost_one_process(pool):
     first, pid, restarts = asyncio.run(main())
     assert first == 1 and isinstance(pid, int) and pid != os.getpid()
     assert restarts == 2
+
+
+def test_a_worker_leaves_its_start_up_objects_out_of_every_later_collection(pool):
+    """A worker's start-up objects (every plugin's modules, the warmed graders' tables) are frozen once it is
+    ready, as the server's are: a full collection of them cost a worker 45-60 ms each, every few chunks."""
+
+    async def main() -> object:
+        await pool.ready()
+        return await pool.submit(_work(gc.get_freeze_count, ()))
+
+    assert asyncio.run(main()) > 1000
 
 
 def test_a_cancelled_item_is_stopped_by_a_message_and_frees_its_worker(pool):
