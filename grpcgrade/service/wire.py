@@ -34,11 +34,11 @@ from .convert import (
     column_count,
     column_rows,
     fill_columns,
-    fill_items,
     is_full,
     join_columns,
     sample_kwargs,
 )
+from .items import items_bytes
 
 SAMPLE_TAG = 0x12  # field 2 (`samples`), wire type 2 (length-delimited)
 
@@ -234,12 +234,11 @@ class WireCodec(Codec):
         options: tuple[int, Limits],
     ) -> bytes:
         view = options[0]
-        out = pb.BatchEvaluateResponse()
         indices = range(start, start + decoded.n)
-        if view == pb.RESULT_VIEW_COLUMNS:
-            fill_columns(out.columns, indices, list(labels), columns, rewards)
-        else:
-            fill_items(out.items, indices, decoded.rows.ids(), list(labels), columns, rewards, is_full(view))
+        if view != pb.RESULT_VIEW_COLUMNS:
+            return items_bytes(indices, decoded.rows.ids(), list(labels), columns, rewards, is_full(view))
+        out = pb.BatchEvaluateResponse()
+        fill_columns(out.columns, indices, list(labels), columns, rewards)
         return out.SerializeToString()
 
     def cut(self, data: bytes, start: int, stop: int) -> bytes:

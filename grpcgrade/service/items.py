@@ -1,0 +1,238 @@
+"""A graded chunk's `items` (BatchEvaluateResponse) written as protobuf bytes directly, for the common results.
+
+Building the response with protobuf's Python API costs a wrapper object, a cache entry and a C call per
+field: ~3 µs a json_validator full-view sample in the worker, more than grading it. Most results have one
+shape, a score or an error with a text reason and flat metadata of texts, numbers, booleans and nulls, and
+that shape's encoding is a handful of records (protobuf's wire format: a tag, a length, the bytes). This
+module writes those records itself, and hands every other result (a rank, nested or exotic metadata, text
+UTF-8 cannot encode, a type of its own) to `convert.fill_items`, sample by sample, whose serialized message
+it joins in: serialized messages concatenate into their merge, and `items` is a repeated field, so the
+bytes are one response either way.
+
+What it writes parses to the message `fill_items` builds (a test compares them, sample shapes and edge
+cases: -0.0, an absent and a zero reward, empty texts, an error without code, large integers), though not
+always to the same bytes: protobuf writes a map's entries in its hash table's order, this in the dict's.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from typing import Any
+
+from grpcgrade.core.rewards import Result
+from grpcgrade.grader import GraderError, GraderScore
+from grpcgrade.v1 import grading_pb2 as pb
+
+from .structs import _double
+
+_pack_double = struct.Struct("<d").pack
+_ZERO = bytes(8)
+_ONE_BYTE = [bytes((n,)) for n in range(128)]
+
+# Tags (field number << 3 | wire type) of the records written here.
+_ITEM = b"\x0a"  # BatchEvaluateResponse.items = 1
+_INDEX = b"\x08"  # BatchItem.index = 1 (varint)
+_RESULT = b"\x12"  # BatchItem.result = 2
+_ID = b"\x0a"  # EvaluateResponse.id = 1
+_RESULTS = b"\x12"  # EvaluateResponse.results = 2
+_REWARD = b"\x19"  # EvaluateResponse.reward = 3 (double)
+_KEY, _GRADER, _SCORE, _REASON, _METADATA = b"\x0a", b"\x12", b"\x19", b"\x22", b"\x2a"
+_ERROR, _CACHED = b"\x3a", b"\x40\x01"  # GraderResult.error = 7, .cached = 8 (true)
+_CODE, _MESSAGE = b"\x0a", b"\x12"  # GraderError.code = 1, .message = 2
+_FIELD = b"\x0a"  # Struct.fields = 1 (map entries: key = 1, value = 2)
+_ENTRY_KEY, _ENTRY_VALUE = b"\x0a", b"\x12"
+_NULL, _TRUE, _FALSE = b"\x08\x00", b"\x20\x01", b"\x20\x00"  # Value.null_value = 1, .bool_value = 4
+_NUMBER, _STRING = b"\x11", b"\x1a"  # Value.number_value = 2 (double), .string_value = 3
+
+#: Map keys' records kept by the key (a grader's metadata uses a few keys over and over), within this many.
+KEYS_KEPT = 1024
+_keys: dict[str, bytes] = {}
+
+
+class _Other(Exception):
+    """A result this module does not write: `fill_items` does."""
+
+
+def _varint(n: int) -> bytes:
+    if n < 128:
+        return _ONE_BYTE[n]
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _record(tag: bytes, data: bytes) -> bytes:
+    """A length-delimited record: the tag, the length as a varint, the bytes."""
+    n = len(data)
+    return tag + (_ONE_BYTE[n] if n < 128 else _varint(n)) + data
+
+
+def _text(tag: bytes, text: Any) -> bytes:
+    """A string field's record, absent when empty (proto3); UnicodeEncodeError for a lone surrogate, _Other
+    for what is not a str. A str subclass (an error code, a StrEnum) is written as its text, as protobuf does."""
+    if not isinstance(text, str):
+        raise _Other
+    return _record(tag, str.encode(text)) if text else b""
+
+
+def _key(key: Any) -> bytes:
+    known = _keys.get(key) if type(key) is str else None
+    if known is None:
+        if type(key) is not str:
+            raise _Other  # `fill_struct` writes its str()
+        known = _record(_ENTRY_KEY, key.encode())
+        if len(_keys) >= KEYS_KEPT:
+            _keys.clear()
+        _keys[key] = known
+    return known
+
+
+def _value(value: Any) -> bytes:
+    """A flat metadata value as a Value message (`structs.set_value`'s cases for them)."""
+    kind = type(value)
+    if kind is str:
+        return _record(_STRING, value.encode())
+    if kind is bool:
+        return _TRUE if value else _FALSE
+    if kind is float:
+        return _NUMBER + _pack_double(value)
+    if kind is int:
+        return _NUMBER + _pack_double(_double(value))
+    if value is None:
+        return _NULL
+    raise _Other
+
+
+def _struct(metadata: Any) -> bytes:
+    if type(metadata) is not dict:
+        raise _Other
+    return b"".join(
+        [_record(_FIELD, _key(key) + _record(_ENTRY_VALUE, _value(value))) for key, value in metadata.items()]
+    )
+
+
+def _grader_result(prefix: bytes, result: Result, full: bool) -> bytes:
+    """One GraderResult (`convert._add_result`'s encoding, for scores and errors); `prefix` is its key and
+    grader's records."""
+    kind = type(result)
+    if kind is GraderScore:
+        score = result.score  # type: ignore[union-attr]
+        if type(score) is not float:
+            raise _Other
+        packed = _pack_double(score)
+        out = prefix + (_SCORE + packed if packed != _ZERO else b"")  # -0.0 is written, as protobuf does
+        if full:
+            out += _text(_REASON, result.reason)  # type: ignore[union-attr]
+            if result.metadata:  # type: ignore[union-attr]
+                out += _record(_METADATA, _struct(result.metadata))  # type: ignore[union-attr]
+        return out + _CACHED if result.cached else out  # type: ignore[union-attr]
+    if kind is GraderError:
+        error = result.error  # type: ignore[union-attr]
+        out = prefix + (_text(_REASON, result.reason or error) if full else b"")  # type: ignore[union-attr]
+        if full and result.metadata:  # type: ignore[union-attr]
+            out += _record(_METADATA, _struct(result.metadata))  # type: ignore[union-attr]
+        return out + _record(_ERROR, _text(_CODE, result.code) + _text(_MESSAGE, error))  # type: ignore[union-attr]
+    raise _Other  # a bare number of the column path, a rank, a subclass
+
+
+def items_bytes(
+    indices: Sequence[int],
+    ids: Sequence[str],
+    labels: list[tuple[str, str]],
+    columns: Sequence[Sequence[Result]],
+    rewards: Sequence[float | None],
+    full: bool,
+) -> bytes:
+    """A serialized BatchEvaluateResponse of a graded chunk's `items`: what `convert.fill_items` builds with the
+    same arguments, serialized (see the module docstring)."""
+    prefixes = [_text(_KEY, key) + _text(_GRADER, name) for key, name in labels]
+    out: list[bytes] = []
+    append = out.append
+    one = len(columns) == 1
+    if one:
+        (prefix,) = prefixes
+        (column,) = columns
+    pack, one_byte, varint = _pack_double, _ONE_BYTE, _varint
+    for k, (index, sample_id, reward) in enumerate(zip(indices, ids, rewards, strict=True)):
+        try:
+            if one:
+                result = column[k]
+                if type(result) is GraderScore and type(result.score) is float and type(result.reason) is str:
+                    body = _score(prefix, result, full)
+                else:
+                    body = _grader_result(prefix, result, full)
+                n = len(body)
+                response = _RESULTS + (one_byte[n] if n < 128 else varint(n)) + body
+            else:
+                response = b"".join(
+                    [_record(_RESULTS, _grader_result(p, c[k], full)) for p, c in zip(prefixes, columns, strict=True)]
+                )
+            if sample_id:
+                response = _record(_ID, sample_id.encode()) + response
+        except (_Other, UnicodeEncodeError):
+            append(_by_protobuf(index, sample_id, labels, [c[k] for c in columns], reward, full))
+            continue
+        if reward is not None:
+            response += _REWARD + pack(reward)
+        n = len(response)
+        item = (
+            (_INDEX + (one_byte[index] if index < 128 else varint(index)) if index else b"")
+            + _RESULT
+            + (one_byte[n] if n < 128 else varint(n))
+            + response
+        )
+        n = len(item)
+        append(_ITEM + (one_byte[n] if n < 128 else varint(n)) + item)
+    return b"".join(out)
+
+
+def _score(prefix: bytes, result: GraderScore, full: bool) -> bytes:
+    """A GraderScore with a float score and a str reason (`_grader_result`, the common case written out)."""
+    packed = _pack_double(result.score)
+    out = prefix + _SCORE + packed if packed != _ZERO else prefix
+    if full:
+        reason = result.reason
+        if reason:
+            data = reason.encode()
+            n = len(data)
+            out += _REASON + (_ONE_BYTE[n] if n < 128 else _varint(n)) + data
+        metadata = result.metadata
+        if metadata:
+            if type(metadata) is not dict:
+                raise _Other
+            fields = []
+            keys = _keys
+            for key, value in metadata.items():
+                known = keys.get(key) if type(key) is str else None
+                if known is None:
+                    known = _key(key)
+                kind = type(value)
+                if kind is bool:
+                    entry = known + (b"\x12\x02\x20\x01" if value else b"\x12\x02\x20\x00")
+                elif kind is int:
+                    entry = known + b"\x12\x09\x11" + _pack_double(_double(value))
+                elif kind is float:
+                    entry = known + b"\x12\x09\x11" + _pack_double(value)
+                else:
+                    entry = known + _record(_ENTRY_VALUE, _value(value))
+                n = len(entry)
+                fields.append(_FIELD + (_ONE_BYTE[n] if n < 128 else _varint(n)) + entry)
+            data = b"".join(fields)
+            n = len(data)
+            out += _METADATA + (_ONE_BYTE[n] if n < 128 else _varint(n)) + data
+    return out + _CACHED if result.cached else out
+
+
+def _by_protobuf(
+    index: int, sample_id: str, labels: list[tuple[str, str]], results: list[Result], reward: float | None, full: bool
+) -> bytes:
+    """One sample's item as `convert.fill_items` builds it, serialized: a result this module does not write."""
+    from .convert import fill_items
+
+    message = pb.BatchEvaluateResponse()
+    fill_items(message.items, [index], [sample_id], labels, [[r] for r in results], [reward], full)
+    return message.SerializeToString()
