@@ -298,6 +298,16 @@ def test_the_time_limit_holds_off_the_main_thread():
     assert codes(on_a_thread(lambda: grade_sync(Spin(), samples, 0.2))) == ["TIMEOUT", 1.0]
 
 
+def test_the_time_limit_holds_on_the_main_thread_after_a_grader_replaced_its_signal_handler():
+    """A grader (or a library it calls) that sets its own SIGALRM handler does not turn the limit off for the
+    chunks after it: each chunk looks at the handler and puts the timer's back."""
+    previous = signal.signal(signal.SIGALRM, lambda signum, frame: None)
+    try:
+        assert codes(grade_sync(Spin(), [{"response": "spin"}, {"response": "x"}], 0.2)) == ["TIMEOUT", 1.0]
+    finally:
+        signal.signal(signal.SIGALRM, previous)
+
+
 def test_a_deadline_and_a_cancellation_hold_off_the_main_thread():
     samples = [{"response": "x"}, {"response": "spin"}, {"response": "x"}]
     # the deadline and the cancellation are set on the thread, not before it starts (a loaded machine)

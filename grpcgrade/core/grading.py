@@ -25,6 +25,11 @@ from contextvars import ContextVar
 from dataclasses import replace
 from typing import Any, NamedTuple, TypeVar
 
+try:  # CPython's own: `signal.getsignal` wraps it in an enum lookup that raises for a function (3.9 µs a chunk)
+    from _signal import getsignal as _handler_of  # type: ignore[import-not-found]
+except ImportError:  # pragma: no cover - another interpreter
+    _handler_of = signal.getsignal
+
 from grpcgrade.grader import (
     BaseGrader,
     GraderError,
@@ -330,7 +335,7 @@ def _alarm(seconds: float | None, deadline: float | None = None) -> Iterator[_Wa
             _ticker.remove(watch)
             watch.end()
         return
-    if signal.getsignal(signal.SIGALRM) is not _on_alarm:  # first chunk, or a grader swapped it out
+    if _handler_of(signal.SIGALRM) is not _on_alarm:  # first chunk, or a grader swapped it out (26 ns a look)
         signal.signal(signal.SIGALRM, _on_alarm)
     outer, _main = _main, watch
     signal.setitimer(signal.ITIMER_REAL, interval, interval)
