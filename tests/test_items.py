@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from grpcgrade.core.errors import ErrorCode
 from grpcgrade.grader import GraderError, GraderRank, GraderScore
+from grpcgrade.service import items
 from grpcgrade.service.convert import fill_items
 from grpcgrade.service.items import items_bytes
 from grpcgrade.v1 import grading_pb2 as pb
@@ -96,9 +97,10 @@ def test_items_written_as_bytes_are_the_message_protobuf_builds(rows, graders, f
 
 
 @pytest.mark.parametrize("full", [True, False])
-def test_a_cheap_graders_common_results_are_written_directly_and_equal(full):
-    """The shapes a batch is made of (json_validator's valid and invalid results), many rows, indices past
-    one varint byte: equal messages."""
+def test_a_cheap_graders_common_results_are_written_directly_and_equal(full, monkeypatch):
+    """The shapes a batch is made of (json_validator's valid and invalid results, the column path's bare
+    scores, errors with their codes), many rows, indices past one varint byte: equal messages, and none of
+    them left to protobuf's API (the scores view's bare scores once were: 7.9 -> 12.7 us a sample)."""
     valid = GraderScore("json_validator", 1.0, "Valid JSON", {"is_valid": True, "response_length": 412})
     invalid = GraderScore(
         "json_validator",
@@ -106,7 +108,14 @@ def test_a_cheap_graders_common_results_are_written_directly_and_equal(full):
         "JSON decode error: Expecting value: line 1 column 1 (char 0)",
         {"is_valid": False, "error_message": "Expecting value", "response_length": 300},
     )
+    error = GraderError("json_validator", "boom", code=ErrorCode.GRADER_FAILED)
     column = [valid if k % 10 else invalid for k in range(300)]
+    bare = [float(k % 2) for k in range(300)]  # `score_column`'s scores
     indices = list(range(100_000, 100_300))
-    args = (indices, [""] * 300, [("json_validator", "json_validator")], [column], [r.score for r in column], full)
-    assert by_bytes(*args) == by_protobuf(*args)
+    rewards = [r.score for r in column]
+    for graded in (column, bare, [*column[:-1], error]):
+        args = (indices, [""] * 300, [("json_validator", "json_validator")], [graded], rewards, full)
+        expected = by_protobuf(*args)
+        with monkeypatch.context() as patched:
+            patched.setattr(items, "_by_protobuf", lambda *a: pytest.fail("a common result left to protobuf"))
+            assert by_bytes(*args) == expected

@@ -136,7 +136,10 @@ def _grader_result(prefix: bytes, result: Result, full: bool) -> bytes:
         if full and result.metadata:  # type: ignore[union-attr]
             out += _record(_METADATA, _struct(result.metadata))  # type: ignore[union-attr]
         return out + _record(_ERROR, _text(_CODE, result.code) + _text(_MESSAGE, error))  # type: ignore[union-attr]
-    raise _Other  # a bare number of the column path, a rank, a subclass
+    if kind is float or kind is int:  # a bare score of the column path (the scores view): no reason
+        packed = _pack_double(float(result))  # type: ignore[arg-type]
+        return prefix + _SCORE + packed if packed != _ZERO else prefix
+    raise _Other  # a rank, a subclass
 
 
 def items_bytes(
@@ -173,7 +176,7 @@ def items_bytes(
                 )
             if sample_id:
                 response = _record(_ID, sample_id.encode()) + response
-        except (_Other, UnicodeEncodeError):
+        except (_Other, UnicodeEncodeError, OverflowError):
             append(_by_protobuf(index, sample_id, labels, [c[k] for c in columns], reward, full))
             continue
         if reward is not None:
