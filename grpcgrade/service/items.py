@@ -1,7 +1,7 @@
 """A graded chunk's `items` (BatchEvaluateResponse) written as protobuf bytes directly, for the common results.
 
 Building the response with protobuf's Python API costs a wrapper object, a cache entry and a C call per
-field: ~3 µs a json_validator full-view sample in the worker, more than grading it. Most results have one
+field: ~3 µs a json_validator full-view sample in the worker, about what grading it costs. Most results have one
 shape, a score or an error with a text reason and flat metadata of texts, numbers, booleans and nulls, and
 that shape's encoding is a handful of records (protobuf's wire format: a tag, a length, the bytes). This
 module writes those records itself, and hands every other result (a rank, nested or exotic metadata, text
@@ -24,7 +24,7 @@ from grpcgrade.core.rewards import Result
 from grpcgrade.grader import GraderError, GraderScore
 from grpcgrade.v1 import grading_pb2 as pb
 
-from .structs import _double
+from .structs import as_double
 
 _pack_double = struct.Struct("<d").pack
 _ZERO = bytes(8)
@@ -42,8 +42,10 @@ _ERROR, _CACHED = b"\x3a", b"\x40\x01"  # GraderResult.error = 7, .cached = 8 (t
 _CODE, _MESSAGE = b"\x0a", b"\x12"  # GraderError.code = 1, .message = 2
 _FIELD = b"\x0a"  # Struct.fields = 1 (map entries: key = 1, value = 2)
 _ENTRY_KEY, _ENTRY_VALUE = b"\x0a", b"\x12"
-_NULL, _TRUE, _FALSE = b"\x08\x00", b"\x20\x01", b"\x20\x00"  # Value.null_value = 1, .bool_value = 4
-_NUMBER, _STRING = b"\x11", b"\x1a"  # Value.number_value = 2 (double), .string_value = 3
+_NULL, _STRING = b"\x08\x00", b"\x1a"  # Value.null_value = 1, .string_value = 3
+#: A map entry's value record (tag, length) and its Value of a boolean (bool_value = 4) or a number
+#: (number_value = 2, a double).
+_TRUE, _FALSE, _NUMBER = b"\x12\x02\x20\x01", b"\x12\x02\x20\x00", b"\x12\x09\x11"
 
 #: Map keys' records kept by the key (a grader's metadata uses a few keys over and over), within this many.
 KEYS_KEPT = 1024
@@ -92,27 +94,34 @@ def _key(key: Any) -> bytes:
 
 
 def _value(value: Any) -> bytes:
-    """A flat metadata value as a Value message (`structs.set_value`'s cases for them)."""
-    kind = type(value)
-    if kind is str:
+    """A flat metadata value other than a number or a boolean (`_struct` writes those) as a Value message."""
+    if type(value) is str:
         return _record(_STRING, value.encode())
-    if kind is bool:
-        return _TRUE if value else _FALSE
-    if kind is float:
-        return _NUMBER + _pack_double(value)
-    if kind is int:
-        return _NUMBER + _pack_double(_double(value))
     if value is None:
         return _NULL
     raise _Other
 
 
 def _struct(metadata: Any) -> bytes:
+    """Flat metadata as a Struct's map entries (`structs.fill_struct`'s cases for them)."""
     if type(metadata) is not dict:
         raise _Other
-    return b"".join(
-        [_record(_FIELD, _key(key) + _record(_ENTRY_VALUE, _value(value))) for key, value in metadata.items()]
-    )
+    fields = []
+    keys = _keys
+    for key, value in metadata.items():
+        known = keys.get(key) if type(key) is str else None
+        if known is None:
+            known = _key(key)
+        kind = type(value)  # the common values' records written out: a call less for each
+        if kind is bool:
+            entry = known + (_TRUE if value else _FALSE)
+        elif kind is float or kind is int:
+            entry = known + _NUMBER + _pack_double(value if kind is float else as_double(value))
+        else:
+            entry = known + _record(_ENTRY_VALUE, _value(value))
+        n = len(entry)
+        fields.append(_FIELD + (_ONE_BYTE[n] if n < 128 else _varint(n)) + entry)
+    return b"".join(fields)
 
 
 def _grader_result(prefix: bytes, result: Result, full: bool) -> bytes:
@@ -120,16 +129,9 @@ def _grader_result(prefix: bytes, result: Result, full: bool) -> bytes:
     grader's records."""
     kind = type(result)
     if kind is GraderScore:
-        score = result.score  # type: ignore[union-attr]
-        if type(score) is not float:
+        if type(result.score) is not float or type(result.reason) is not str:  # type: ignore[union-attr]
             raise _Other
-        packed = _pack_double(score)
-        out = prefix + (_SCORE + packed if packed != _ZERO else b"")  # -0.0 is written, as protobuf does
-        if full:
-            out += _text(_REASON, result.reason)  # type: ignore[union-attr]
-            if result.metadata:  # type: ignore[union-attr]
-                out += _record(_METADATA, _struct(result.metadata))  # type: ignore[union-attr]
-        return out + _CACHED if result.cached else out  # type: ignore[union-attr]
+        return _score(prefix, result, full)  # type: ignore[arg-type]
     if kind is GraderError:
         error = result.error  # type: ignore[union-attr]
         out = prefix + (_text(_REASON, result.reason or error) if full else b"")  # type: ignore[union-attr]
@@ -163,11 +165,7 @@ def items_bytes(
     for k, (index, sample_id, reward) in enumerate(zip(indices, ids, rewards, strict=True)):
         try:
             if one:
-                result = column[k]
-                if type(result) is GraderScore and type(result.score) is float and type(result.reason) is str:
-                    body = _score(prefix, result, full)
-                else:
-                    body = _grader_result(prefix, result, full)
+                body = _grader_result(prefix, column[k], full)
                 n = len(body)
                 response = _RESULTS + (one_byte[n] if n < 128 else varint(n)) + body
             else:
@@ -194,7 +192,7 @@ def items_bytes(
 
 
 def _score(prefix: bytes, result: GraderScore, full: bool) -> bytes:
-    """A GraderScore with a float score and a str reason (`_grader_result`, the common case written out)."""
+    """A GraderScore with a float score and a str reason."""
     packed = _pack_double(result.score)
     out = prefix + _SCORE + packed if packed != _ZERO else prefix
     if full:
@@ -203,28 +201,8 @@ def _score(prefix: bytes, result: GraderScore, full: bool) -> bytes:
             data = reason.encode()
             n = len(data)
             out += _REASON + (_ONE_BYTE[n] if n < 128 else _varint(n)) + data
-        metadata = result.metadata
-        if metadata:
-            if type(metadata) is not dict:
-                raise _Other
-            fields = []
-            keys = _keys
-            for key, value in metadata.items():
-                known = keys.get(key) if type(key) is str else None
-                if known is None:
-                    known = _key(key)
-                kind = type(value)
-                if kind is bool:
-                    entry = known + (b"\x12\x02\x20\x01" if value else b"\x12\x02\x20\x00")
-                elif kind is int:
-                    entry = known + b"\x12\x09\x11" + _pack_double(_double(value))
-                elif kind is float:
-                    entry = known + b"\x12\x09\x11" + _pack_double(value)
-                else:
-                    entry = known + _record(_ENTRY_VALUE, _value(value))
-                n = len(entry)
-                fields.append(_FIELD + (_ONE_BYTE[n] if n < 128 else _varint(n)) + entry)
-            data = b"".join(fields)
+        if result.metadata:
+            data = _struct(result.metadata)
             n = len(data)
             out += _METADATA + (_ONE_BYTE[n] if n < 128 else _varint(n)) + data
     return out + _CACHED if result.cached else out

@@ -80,7 +80,7 @@ def set_value(v: Value, obj: Any, depth: int = 0) -> None:
     elif kind is float:
         v.number_value = obj
     elif kind is int:
-        v.number_value = _double(obj)
+        v.number_value = as_double(obj)
     elif obj is None:
         v.null_value = NULL_VALUE
     elif isinstance(obj, CONTAINER_TYPES) and depth >= MAX_METADATA_DEPTH:
@@ -98,7 +98,7 @@ def set_value(v: Value, obj: Any, depth: int = 0) -> None:
         set_value(v, _plain(obj) if depth < MAX_METADATA_DEPTH else describe(obj), depth + 1)
 
 
-def _double(n: int) -> float:
+def as_double(n: int) -> float:
     try:
         return float(n)
     except OverflowError:  # past a double's range: the nearest double, as IEEE rounding gives
