@@ -138,12 +138,18 @@ def _each(call: Callable[[dict[str, Any]], object], samples: list[dict[str, Any]
     return [call(s) for s in samples]
 
 
-def _alternating(n: int, runs: dict[str, Callable[[], object]], rounds: int) -> dict[str, float]:
-    """Items/s of each run, its best of `rounds`, the runs taking turns round after round."""
+def _alternating(
+    n: int, runs: dict[str, Callable[[], object]], rounds: int, turns: dict[str, list[float]] | None = None
+) -> dict[str, float]:
+    """Items/s of each run, its best of `rounds`, the runs taking turns round after round; every turn's
+    figure goes in `turns` too, when given."""
     best = dict.fromkeys(runs, 0.0)
     for _ in range(rounds):
         for key, run in runs.items():
-            best[key] = max(best[key], _rate(n, run))
+            rate = _rate(n, run)
+            best[key] = max(best[key], rate)
+            if turns is not None:
+                turns.setdefault(key, []).append(rate)
     return best
 
 
@@ -262,7 +268,10 @@ def run_goals(
                             "bare_every_core": functools.partial(_bare_every_core, parallel, h, workers),
                             "batch": functools.partial(client.batch_evaluate, heavy_data[h], hspec),
                         }
-                        best = _alternating(heavy_samples, runs, rounds=HEAVY_ROUNDS)
+                        turns: dict[str, list[float]] = {}
+                        best = _alternating(heavy_samples, runs, rounds=HEAVY_ROUNDS, turns=turns)
+                        # Each turn of the ceiling, beside its best: how steady the machine's cores were.
+                        report.notes[f"{h}_bare_every_core_turns"] = [round(x) for x in turns["bare_every_core"]]
                         report.add(f"{h}_bare_loop", best["bare"], "samples/s")
                         report.add(f"{h}_bare_every_core", best["bare_every_core"], "samples/s")
                         report.add(f"{h}_batch", best["batch"], "samples/s")

@@ -68,6 +68,9 @@ def test_goals_report_every_figure_of_the_goals_beside_its_goal(goals):
     for grader in ("chrf", "math_verify"):
         ratio = figures[f"{grader}_batch"] / figures[f"{grader}_bare_loop"]
         assert figures[f"{grader}_batch_x_bare"] == pytest.approx(ratio, rel=1e-2)
+        # every turn of the ceiling is reported beside it, and the figure is the best of them
+        turns = goals[f"{grader}_bare_every_core_turns"]
+        assert len(turns) == 3 and max(turns) == pytest.approx(figures[f"{grader}_bare_every_core"], abs=1)
     assert figures["cheap_batch_scores_items_x_bare"] > 0  # the scores view one message per sample, beside
     assert figures["cheap_batch_scores_x_bare"] == pytest.approx(
         figures["cheap_batch_scores"] / figures["cheap_bare_loop"], rel=1e-2
