@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -25,7 +26,7 @@ from plain_work import PlainWork
 from grpcgrade.core.errors import GraderCancelled
 from grpcgrade.core.executors import InProcess, WorkerDied, WorkTimedOut
 from grpcgrade.core.grading import cancellable, grade_sync
-from grpcgrade.core.workers import WorkerPool, grader_work
+from grpcgrade.core.workers import WorkerPool, _Worker, grader_work
 from grpcgrade.grader import BaseGrader, GraderError, GraderScore
 from grpcgrade.service.convert import sample_to_pb, specs_to_pb
 from grpcgrade.testing import cpu_seconds, eventually, health_status, start_server, worker_pids, writing
@@ -178,6 +179,53 @@ def test_worker_death_and_timeout_are_typed_outcomes_and_cost_one_process(pool):
     first, pid, restarts = asyncio.run(main())
     assert first == 1 and isinstance(pid, int) and pid != os.getpid()
     assert restarts == 2
+
+
+def test_a_dead_workers_pipe_is_never_a_replacements_pipe():
+    """A dead worker's pipe was closed on the event loop while its writer thread could be about to write its
+    stop message (a task of no bytes) to it; the replacement's new pipe took the same descriptor, got the
+    message and exited 0 (the flake of the death-and-timeout test above, under load). Made deterministic
+    here by profile hooks on the pool's threads, which hold them as a busy machine may: the dead worker's
+    writer just before its write system call until the replacement is up, and the death's report until that
+    writer is there or done. Now the last of a worker's own threads closes its pipe, and a writer whose
+    process has ended sends nothing."""
+    held: dict[str, threading.Event] = {"writing": threading.Event(), "done": threading.Event()}
+    pool: WorkerPool | None = None
+
+    def owner(frame: Any) -> _Worker | None:
+        while frame is not None and not isinstance(frame.f_locals.get("self"), _Worker):
+            frame = frame.f_back
+        return None if frame is None else frame.f_locals["self"]
+
+    def hold(frame: Any, event: str, arg: Any) -> None:
+        if pool is None or not pool._workers:
+            return
+        if event == "c_call" and arg is os.write and (dead := owner(frame)) is not None and dead.exited:
+            held["writing"].set()
+            eventually(lambda: pool._workers[0] is not dead and pool._workers[0].up, "the replacement up", WAIT)
+        elif event == "return" and frame.f_code.co_name == "_write" and (dead := owner(frame)) is not None:
+            held["done"].set()
+        elif event == "call" and frame.f_code.co_name == "_post" and frame.f_locals["fn"] == pool._died:
+            eventually(lambda: held["writing"].is_set() or held["done"].is_set(), "the writer at its end", WAIT)
+
+    threading.setprofile(hold)  # for the threads started from now on: the pool's
+    try:
+        pool = WorkerPool(1, initializer=os.getpid)  # any module-level function: one that warms no grader
+
+        async def main() -> list[int]:
+            await pool.ready()
+            with pytest.raises(WorkerDied):
+                await pool.submit(_work(os._exit, (3,)))
+            while not held["done"].is_set():  # the dead worker's writer has left
+                await asyncio.sleep(0.01)
+            return [await pool.submit(_work(os.getpid, ())) for _ in range(3)]
+
+        pids = asyncio.run(main())
+    finally:
+        threading.setprofile(None)
+        if pool is not None:
+            pool.close(patience=0)
+    assert len(set(pids)) == 1 and pool.restarts == 1
 
 
 def test_a_cancelled_item_is_stopped_by_a_message_and_frees_its_worker(pool):

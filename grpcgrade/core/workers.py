@@ -204,15 +204,28 @@ class _Worker:
         self.seq = -1  # the item it holds (-1: none)
         self.future: asyncio.Future[Any] | None = None
         self.timer: asyncio.TimerHandle | None = None
-        self.outbox: queue.SimpleQueue[tuple[int, Task] | bytes] = queue.SimpleQueue()
+        self.outbox: queue.SimpleQueue[tuple[int, Task] | bytes | None] = queue.SimpleQueue()
+        # Its pipe is closed by the last of its two threads to be done with it, never under one of them: a
+        # descriptor closed while the writer is about to write to it is soon a new worker's pipe, and the
+        # writer's stop message (a task of no bytes) would then stop the new worker.
+        self._holders = 2
+        self._holders_lock = threading.Lock()
         threading.Thread(target=self._write, name=f"grpcgrade-worker-{slot}-tx", daemon=True).start()
         threading.Thread(target=self._read, name=f"grpcgrade-worker-{slot}-rx", daemon=True).start()
 
     def _write(self) -> None:
         """Pickles and sends tasks as they come (here, not on the event loop: a large task takes time, and
         a worker that stops reading blocks this thread only)."""
+        try:
+            self._send_tasks()
+        finally:
+            self._let_go()
+
+    def _send_tasks(self) -> None:
         while True:
             item = self.outbox.get()
+            if item is None:  # the process has ended: nothing more to send
+                return
             if isinstance(item, bytes):
                 data = item
             else:
@@ -246,8 +259,17 @@ class _Worker:
             self.pool._post(self._answered, message)
         self.process.join()
         self.exited = True
-        self.outbox.put(_STOP)  # ends the writer, which may be waiting for work
+        self.outbox.put(None)  # ends the writer, which may be waiting for work
+        self._let_go()
         self.pool._post(self.pool._died, self)
+
+    def _let_go(self) -> None:
+        """One of its threads is done with its pipe: the last one closes it."""
+        with self._holders_lock:
+            self._holders -= 1
+            last = self._holders == 0
+        if last:
+            self.conn.close()
 
     def _answered(self, message: tuple[Any, ...]) -> None:
         """On the event loop: the worker's ready message, or its answer to the item it holds."""
@@ -392,8 +414,7 @@ class WorkerPool(Executor):
                 future.set_exception(WorkerDied(f"worker {worker.pid} ended (exit code {code})"))
         if worker in self._free:
             self._free.remove(worker)
-        for end in (worker.conn, worker.cancel):  # its threads are done with them: no descriptor stays open
-            end.close()
+        worker.cancel.close()  # only this loop writes to it (its pipe is closed by its threads: `_let_go`)
         if self.closing or worker not in self._workers:
             return
         self.restarts += 1
