@@ -79,6 +79,9 @@ def client_options(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "token": token,
         "timeout": args.timeout,
+        # A command waits for a server that is not there (yet) no longer than its deadline, not the library's
+        # 60 s for a training run riding out a restart: `--timeout 2` at a terminal answers within seconds.
+        "unavailable_seconds": args.timeout,
         "credentials": tls_credentials(args.tls_ca, args.tls_cert, args.tls_key) if tls else None,
         "server_name": args.tls_server_name,
     }
@@ -593,7 +596,10 @@ def add_connection(p: argparse.ArgumentParser, target: str | None, timeout: floa
         g.add_argument(flag, default=_env(option), metavar=metavar, help=f"{text} (${CONNECTION_ENV[option]})")
     g.add_argument("--token", help="send this bearer token (visible to other users in `ps`: prefer --auth-token-file)")
     g.add_argument(
-        "--timeout", type=positive_float, default=timeout, help=f"deadline per call in seconds (default {timeout:g})"
+        "--timeout",
+        type=positive_float,
+        default=timeout,
+        help=f"deadline per call in seconds, also for a server that is not up (default {timeout:g})",
     )
 
 
