@@ -21,7 +21,7 @@ from typing import Any
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2
-from plain_work import PlainWork
+from plain_work import PlainWork, announce_then_sleep
 
 from grpcgrade.core.errors import GraderCancelled
 from grpcgrade.core.executors import InProcess, WorkerDied, WorkTimedOut
@@ -226,6 +226,40 @@ def test_a_dead_workers_pipe_is_never_a_replacements_pipe():
         if pool is not None:
             pool.close(patience=0)
     assert len(set(pids)) == 1 and pool.restarts == 1
+
+
+def test_an_item_a_dead_worker_never_read_goes_to_a_replacement(tmp_path):
+    """Every worker killed at once (SIGKILL to each PID), before the pool has noticed: the item one of them
+    was running is answered WorkerDied (its death may be that item's doing: the quarantine's rule), but an
+    item still unread in the other's pipe (that worker stopped first, SIGSTOP, so it cannot have read it)
+    goes to a replacement and is answered. It was WorkerDied too: a result lost to a death not its own."""
+    pool = WorkerPool(2, initializer=os.getpid)  # any module-level function: one that warms no grader
+    marker = tmp_path / "running"
+
+    async def main() -> tuple[int, int, object]:
+        await pool.ready()
+        running = asyncio.ensure_future(pool.submit(_work(announce_then_sleep, (str(marker), 3600))))
+        deadline = time.monotonic() + WAIT
+        while not marker.exists():
+            assert time.monotonic() < deadline, "the first item never started"
+            await asyncio.sleep(0.01)
+        busy = int(marker.read_text())
+        (idle,) = {w.pid for w in pool._workers} - {busy}
+        os.kill(idle, signal.SIGSTOP)
+        until(lambda: Path(f"/proc/{idle}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T", "stopped")
+        unread = asyncio.ensure_future(pool.submit(_work(os.getpid, ())))
+        await asyncio.sleep(0)  # its submit has handed the item to the one free worker: the stopped one
+        for pid in (busy, idle):
+            os.kill(pid, signal.SIGKILL)
+        with pytest.raises(WorkerDied):
+            await running
+        return busy, idle, await asyncio.wait_for(unread, WAIT)
+
+    try:
+        busy, idle, answer = asyncio.run(main())
+    finally:
+        pool.close(patience=0)
+    assert isinstance(answer, int) and answer not in (busy, idle, os.getpid())
 
 
 def test_a_cancelled_item_is_stopped_by_a_message_and_frees_its_worker(pool):

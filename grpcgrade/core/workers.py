@@ -9,7 +9,9 @@ first. No pipe, lock or queue is shared between workers, so:
 
 - a worker that dies (killed, out of memory), even halfway through writing a large answer, takes only its
   own pipe with it: the pipe is dropped whole, half-written message and all, the work it held is
-  answered `WorkerDied`, and a new process takes its place. No other worker or call notices.
+  answered `WorkerDied`, and a new process takes its place. No other worker or call notices. An item the
+  worker had not yet read from its pipe (every worker killed at once, before the supervisor noticed) goes
+  to another worker instead: its death was not that item's doing (`_Worker.taken`).
 - a worker stuck past its work's watchdog (`executors.watchdog`; a grader in C code the time-limit signal
   cannot interrupt, or a process stopped with SIGSTOP) is killed and replaced, alone: `WorkTimedOut`.
 - cancelling a call's work is a message on the worker's cancel pipe naming the work item: the grading
@@ -27,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import io
 import itertools
 import logging
 import multiprocessing
@@ -64,6 +67,10 @@ _READY = "ready"
 _STOP = b""  # a task of no bytes: finish, and exit
 
 
+class _Unread(WorkerDied):
+    """A worker died holding an item it had not read: `submit` gives the item to another worker."""
+
+
 # -- in the worker process -------------------------------------------------------------------------------
 
 
@@ -96,6 +103,7 @@ class _CancelPipe:
 def _worker_main(
     conn: Connection,
     cancel: Connection,
+    taken: Any,
     log_levels: dict[str, int],
     formatter: Any,
     initializer: Callable[[], None] | None = None,
@@ -125,7 +133,9 @@ def _worker_main(
             return  # the server is gone
         if data == _STOP:
             return
-        seq, task = pickle.loads(data)
+        (seq,) = _SEQ.unpack_from(data)
+        taken.value = seq  # read: a death from here on is this item's
+        task = pickle.loads(memoryview(data)[_SEQ.size :])
         cancelled.start(seq)
         try:
             with grading.cancellable(cancelled):
@@ -189,9 +199,12 @@ class _Worker:
         self.pool, self.slot = pool, slot
         self.conn, child = context.Pipe(duplex=True)
         cancel_read, self.cancel = context.Pipe(duplex=False)
+        # The last item the process has read from its pipe, in memory it shares with it (one store per item,
+        # no message): after its death, an item it held but had not read goes to another worker.
+        self.taken = context.RawValue("q", -1)
         self.process = context.Process(
             target=_worker_main,
-            args=(child, cancel_read, *logs.current(), pool.initializer),
+            args=(child, cancel_read, self.taken, *logs.current(), pool.initializer),
             name=f"grpcgrade-{pool.role}-{slot}",
         )
         self.process.start()
@@ -226,11 +239,12 @@ class _Worker:
             item = self.outbox.get()
             if item is None:  # the process has ended: nothing more to send
                 return
+            data: bytes | memoryview
             if isinstance(item, bytes):
                 data = item
             else:
                 try:
-                    data = pickle.dumps(item, protocol=pickle.HIGHEST_PROTOCOL)
+                    data = _framed(*item)
                 except Exception as exc:  # noqa: BLE001 - work that cannot cross is its call's error
                     error = RuntimeError(f"the work could not be sent to a worker: {describe(exc)}")
                     self.pool._post(self._answered, (item[0], "raised", error))
@@ -408,10 +422,11 @@ class WorkerPool(Executor):
         """On the event loop: `worker`'s process ended. The item it held is answered `WorkerDied` (unless its
         watchdog answered first) and a new process takes its place."""
         if worker.seq >= 0:
+            unread = worker.taken.value < worker.seq
             future = worker._finish()
             if future is not None and not future.done():
-                code = worker.process.exitcode
-                future.set_exception(WorkerDied(f"worker {worker.pid} ended (exit code {code})"))
+                died = _Unread if unread else WorkerDied
+                future.set_exception(died(f"worker {worker.pid} ended (exit code {worker.process.exitcode})"))
         if worker in self._free:
             self._free.remove(worker)
         worker.cancel.close()  # only this loop writes to it (its pipe is closed by its threads: `_let_go`)
@@ -448,20 +463,23 @@ class WorkerPool(Executor):
     async def submit(self, work: Item) -> Any:
         """Runs `work` in the next free worker; its watchdog starts as the worker takes it. Cancelled, the
         worker is told to stop the item, and is free again once it has (or its watchdog kills it)."""
-        if self.closing:
-            raise RuntimeError("the worker pool is closed")
         self._bind()
-        worker = await self._take()
-        seq = next(self._seq)
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        future.add_done_callback(_retrieved)
-        worker.assign(seq, work.task(), future, watchdog(work))
-        try:
-            return await asyncio.shield(future)
-        except asyncio.CancelledError:
-            if not future.done():
-                worker.cancel_item(seq)
-            raise
+        while True:
+            if self.closing:
+                raise RuntimeError("the worker pool is closed")
+            worker = await self._take()
+            seq = next(self._seq)
+            future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            future.add_done_callback(_retrieved)
+            worker.assign(seq, work.task(), future, watchdog(work))
+            try:
+                return await asyncio.shield(future)
+            except _Unread:
+                continue  # its worker died before it read the item: the next one takes it
+            except asyncio.CancelledError:
+                if not future.done():
+                    worker.cancel_item(seq)
+                raise
 
     def close(self, patience: float = 3.0) -> None:
         """At exit, after the drain: workers get `patience` seconds to finish what they hold (nobody waits
@@ -479,6 +497,15 @@ class WorkerPool(Executor):
             if w.process.is_alive():
                 w.kill()
                 w.process.join(5)
+
+
+def _framed(seq: int, task: Task) -> memoryview:
+    """A task as its worker reads it: its sequence number first, which the worker stores before it unpickles
+    the task (`_Worker.taken`), then the pickle (written after it, not copied onto it)."""
+    out = io.BytesIO()
+    out.write(_SEQ.pack(seq))
+    pickle.dump(task, out, protocol=pickle.HIGHEST_PROTOCOL)
+    return out.getbuffer()
 
 
 def _retrieved(future: asyncio.Future[Any]) -> None:
