@@ -262,6 +262,25 @@ def test_an_item_a_dead_worker_never_read_goes_to_a_replacement(tmp_path):
     assert isinstance(answer, int) and answer not in (busy, idle, os.getpid())
 
 
+def test_an_item_a_stopped_worker_never_read_is_no_timeout():
+    """A worker stopped (SIGSTOP) before it read its item: the watchdog kills it, and the item, which never
+    ran, goes to the replacement and is answered; it was WorkTimedOut (a TIMEOUT, and a quarantined input,
+    for a sample that had not been graded)."""
+    pool = WorkerPool(1, initializer=os.getpid)  # any module-level function: one that warms no grader
+
+    async def main() -> tuple[int, object]:
+        await pool.ready()
+        (stopped,) = [w.pid for w in pool._workers]
+        os.kill(stopped, signal.SIGSTOP)
+        return stopped, await asyncio.wait_for(pool.submit(_work(os.getpid, (), timeout=0.1)), WAIT)
+
+    try:
+        stopped, answer = asyncio.run(main())
+    finally:
+        pool.close(patience=0)
+    assert isinstance(answer, int) and answer != stopped and pool.restarts == 1
+
+
 def test_a_cancelled_item_is_stopped_by_a_message_and_frees_its_worker(pool):
     """Cancelling the awaiting task stops the grading loop in the worker (1,000 samples of 1 s each would
     hold it for a quarter of an hour), with no process killed."""

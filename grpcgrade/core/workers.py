@@ -319,13 +319,17 @@ class _Worker:
         self.outbox.put((seq, task))
 
     def hung(self, seq: int) -> None:
-        """The watchdog: the item ran past its time; the process is killed (`_read` then replaces it)."""
+        """The watchdog: the item ran past its time; the process is killed (`_read` then replaces it). An
+        item it never read (a process stopped, SIGSTOP, before it did) did not run past anything: it goes to
+        another worker."""
         if seq != self.seq:
             return
         log.warning("worker %d held its work past the watchdog: killed", self.pid)
+        unread = self.taken.value < seq
         future = self._finish()
         if future is not None and not future.done():
-            future.set_exception(WorkTimedOut(f"worker {self.pid} ran past the watchdog"))
+            outcome = _Unread if unread else WorkTimedOut
+            future.set_exception(outcome(f"worker {self.pid} ran past the watchdog"))
         self.kill()
 
     def cancel_item(self, seq: int) -> None:
