@@ -33,7 +33,6 @@ from grpcgrade.service.http.openai_graders import (
     openai_graders_root,
     run_response,
 )
-from grpcgrade.testing import free_port
 
 TOKEN = "test-token-for-graders"
 EXACT = {"type": "string_check", "name": "exact", "input": "{{ sample.output_text }}",
@@ -48,13 +47,14 @@ def serving(app: web.Application) -> Iterator[str]:
     """`app` on a free loopback port, its own event loop in a thread; yields the base URL."""
     loop = asyncio.new_event_loop()
     runner = web.AppRunner(app)
-    port = free_port()
     ready = threading.Event()
+    bound: list[int] = []
 
     def run() -> None:
         asyncio.set_event_loop(loop)
         loop.run_until_complete(runner.setup())
-        loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", port).start())
+        loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", 0).start())  # a port of its own, no race
+        bound.append(runner.addresses[0][1])
         ready.set()
         loop.run_forever()
 
@@ -62,7 +62,7 @@ def serving(app: web.Application) -> Iterator[str]:
     thread.start()
     assert ready.wait(10)
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield f"http://127.0.0.1:{bound[0]}"
     finally:
         asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
         loop.call_soon_threadsafe(loop.stop)
