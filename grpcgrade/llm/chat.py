@@ -147,8 +147,11 @@ class ChatModel:
     async def aclose(self) -> None:
         """Close the HTTP client (its connections) if this loop opened it; the next call opens a new one."""
         if self._client is not None and self._loop is asyncio.get_running_loop():
-            await self._client.close()
+            client, closer = self._client, self._closer
             self._client = self._closer = None
+            await client.close()
+            if closer is not None:  # ended here, not left to the loop's finalizer hook as a task
+                await closer.aclose()
 
     async def achat(
         self, messages: Sequence[ChatMessage | Mapping[str, Any]], options: Mapping[str, Any] | None = None
