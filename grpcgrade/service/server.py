@@ -39,9 +39,8 @@ from grpcgrade.v1 import grading_pb2 as pb
 
 from .admin import SERVICE_NAME as ADMIN_SERVICE_NAME
 from .admin import AdminServicer
-from .callers import CallerInterceptor
 from .http.faces import FaceProcesses
-from .interceptors import AuthInterceptor, DecodeGuardInterceptor, ObservingInterceptor
+from .interceptors import ServiceInterceptor
 from .lifecycle import POOL_PATIENCE_SECONDS, SHUTDOWN_MARGIN_SECONDS, exit_deadline, settle_heap, tune_process
 from .loop_watch import install_from_env as watch_the_loop
 from .metrics import Metrics
@@ -317,12 +316,8 @@ def build_server(opts: ServeOptions) -> Service:
             pool.close(patience=0)
         raise
 
-    interceptors: list[grpc.aio.ServerInterceptor] = [ObservingInterceptor(metrics)]
     tokens = read_tokens(opts.auth_token_file)
-    if tokens:
-        interceptors.append(AuthInterceptor(tokens))
-    interceptors.append(CallerInterceptor())  # who calls: the judges' fair share
-    interceptors.append(DecodeGuardInterceptor())  # innermost: after auth, inside the logging and metrics
+    interceptors = [ServiceInterceptor(metrics, tokens)]
     max_bytes = config.limits.max_message_bytes
     pending = config.limits.max_pending_calls  # past gRPC's own pending limit its core cancels calls (admission)
     server = grpc.aio.server(
@@ -394,8 +389,7 @@ def _add_faces(service: Service, servicer: GradingServicer, tokens: list[str]) -
     if count > MAX_HTTP_PROCESSES:
         raise ConfigError(f"--http-processes {count}: at most {MAX_HTTP_PROCESSES}")
     directory = tempfile.mkdtemp(prefix="grpcgrade-engine-")  # mode 0700
-    interceptors: list[grpc.aio.ServerInterceptor] = [AuthInterceptor(tokens)] if tokens else []
-    interceptors += [CallerInterceptor(), DecodeGuardInterceptor()]
+    interceptors = [ServiceInterceptor(None, tokens, observe=False)]
     max_bytes, pending = config.limits.max_message_bytes, config.limits.max_pending_calls
     engine_server = grpc.aio.server(
         interceptors=interceptors,
