@@ -31,7 +31,7 @@ import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -54,7 +54,7 @@ _KINDS = {
 }
 
 
-def metadata_value(context: grpc.aio.ServicerContext, key: str) -> str:
+def metadata_value(context: grpc.aio.ServicerContext[Any, Any], key: str) -> str:
     """The call's metadata value for `key` as text ("" without one)."""
     for k, v in context.invocation_metadata() or ():
         if k == key:
@@ -89,13 +89,13 @@ MAX_REQUEST_ID_CHARS = 64
 _UNSAFE_IN_ID = re.compile(r"[^A-Za-z0-9._:/@+=-]")
 
 
-def _request_id(context: grpc.aio.ServicerContext) -> str:
+def _request_id(context: grpc.aio.ServicerContext[Any, Any]) -> str:
     """The caller's `x-request-id`, fit for a log line (safe characters only, capped), or a fresh one."""
     given = _UNSAFE_IN_ID.sub("_", metadata_value(context, "x-request-id")[:MAX_REQUEST_ID_CHARS])
     return given or uuid.uuid4().hex[:16]
 
 
-def _code_of(context: grpc.aio.ServicerContext, exc: BaseException | None) -> str:
+def _code_of(context: grpc.aio.ServicerContext[Any, Any], exc: BaseException | None) -> str:
     code = context.code()
     if isinstance(code, grpc.StatusCode):
         return code.name
@@ -118,7 +118,7 @@ class _CountingWrites:
     """A servicer context whose `write` also counts the message sent (a stream written with `context.write`);
     everything else is the context's own."""
 
-    def __init__(self, context: grpc.aio.ServicerContext, sent: Any) -> None:
+    def __init__(self, context: grpc.aio.ServicerContext[Any, Any], sent: Any) -> None:
         self._context = context
         self._sent = sent
 
@@ -170,7 +170,7 @@ class _Observer:
                 self.received.inc()
         return request, time.perf_counter()
 
-    def finish(self, context: grpc.aio.ServicerContext, t0: float, exc: BaseException | None) -> None:
+    def finish(self, context: grpc.aio.ServicerContext[Any, Any], t0: float, exc: BaseException | None) -> None:
         """Counts the call, and logs it; its request id is read only for a line that is written (reading
         the metadata, and a fresh id for a call without one, cost ~3 us of every call)."""
         code = _code_of(context, exc)
@@ -204,11 +204,11 @@ class _Observer:
             )
 
 
-async def _refuse(request: Any, context: grpc.aio.ServicerContext) -> Any:
+async def _refuse(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
     await context.abort(grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED_MESSAGE)
 
 
-async def _refuse_stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+async def _refuse_stream(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
     await context.abort(grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED_MESSAGE)
     yield  # pragma: no cover - abort raises; the yield makes this an async generator
 
@@ -221,7 +221,7 @@ def _wrap(behavior: Callable[..., Any], observer: _Observer | None, guarded: boo
 
     if inspect.isasyncgenfunction(behavior):
 
-        async def stream_behavior(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        async def stream_behavior(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
             t0 = 0.0
             if observer is not None:
                 request, t0 = observer.arrive(request)
@@ -245,7 +245,7 @@ def _wrap(behavior: Callable[..., Any], observer: _Observer | None, guarded: boo
 
         return stream_behavior
 
-    async def unary_behavior(request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def unary_behavior(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         """Also runs a stream written with `context.write`, counting the messages written."""
         t0 = 0.0
         if observer is not None:
@@ -274,6 +274,10 @@ def _wrap(behavior: Callable[..., Any], observer: _Observer | None, guarded: boo
     return unary_behavior
 
 
+if TYPE_CHECKING:  # generic only to the type checker
+    Handler = grpc.RpcMethodHandler[Any, Any]
+
+
 class ServiceInterceptor(grpc.aio.ServerInterceptor):
     """Every call's auth, caller, decode guard and observation (the module's docstring), one wrapper per
     method reused from call to call (wrapping per call cost ~25 µs of a unary call).
@@ -286,8 +290,8 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
         self.metrics = metrics
         self.observe = observe
         self._tokens = [t.encode() for t in tokens or () if t]
-        self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
-        self._refusals: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
+        self._wrapped: dict[str, tuple[grpc.RpcMethodHandler[Any, Any], grpc.RpcMethodHandler[Any, Any]]] = {}
+        self._refusals: dict[str, tuple[grpc.RpcMethodHandler[Any, Any], grpc.RpcMethodHandler[Any, Any]]] = {}
 
     def allowed(self, method: str, metadata: Any) -> bool:
         """Whether a call of `method` with `metadata` may run: open services and servers without tokens
@@ -318,7 +322,9 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
         cache[method] = (handler, wrapped)
         return wrapped
 
-    def wrap(self, handler: grpc.RpcMethodHandler, method: str, *, refused: bool = False) -> grpc.RpcMethodHandler:
+    def wrap(
+        self, handler: grpc.RpcMethodHandler[Any, Any], method: str, *, refused: bool = False
+    ) -> grpc.RpcMethodHandler[Any, Any]:
         """`handler` wrapped (`refused`: a handler of the same kind that answers UNAUTHENTICATED)."""
         service, _, name = method.lstrip("/").rpartition("/")
         for attr, (kind, factory) in _KINDS.items():
