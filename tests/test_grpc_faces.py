@@ -21,6 +21,7 @@ import grpc
 import pytest
 from expected import json_score
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
 from grpcgrade.core.config import ServerConfig
 from grpcgrade.core.engine import Engine
@@ -137,6 +138,13 @@ SAMPLES = [
 ]
 
 
+class _WithToken(grpc.StreamStreamClientInterceptor):
+    """Adds the token to a bidi stream's call (reflection's client takes no metadata of its own)."""
+
+    def intercept_stream_stream(self, continuation, details, requests):  # type: ignore[no-untyped-def]
+        return continuation(details._replace(metadata=AUTH), requests)
+
+
 def _items(messages: list[pb.BatchEvaluateResponse]) -> list[pb.BatchItem]:
     return sorted((item for m in messages for item in m.items), key=lambda item: item.index)
 
@@ -151,8 +159,8 @@ def _columns(messages: list[pb.BatchEvaluateResponse]) -> list[tuple[int, list[f
 
 
 def test_calls_through_the_faces_answer_as_the_engine_itself_does(faces, direct):
-    """Evaluate in both views, BatchEvaluate in both views (a stream, relayed as bytes), ListGraders and the
-    admin service: the same answers from the faces' port as from the engine's own."""
+    """Evaluate in both views, BatchEvaluate in both views (a stream, relayed as bytes), ListGraders, the
+    admin service and reflection: the same answers from the faces' port as from the engine's own."""
     answers = {}
     for name, srv in (("faces", faces), ("direct", direct)):
         with grpc.insecure_channel(srv.target) as channel:
@@ -175,8 +183,11 @@ def test_calls_through_the_faces_answer_as_the_engine_itself_does(faces, direct)
             got["graders"] = grading.ListGraders(pb.ListGradersRequest(), metadata=AUTH, timeout=60)
             admin = admin_pb2_grpc.AdminServiceStub(channel)  # type: ignore[no-untyped-call]
             got["quarantine"] = admin.ListQuarantine(admin_pb2.ListQuarantineRequest(), metadata=AUTH, timeout=60)
+            reflection = ProtoReflectionDescriptorDatabase(grpc.intercept_channel(channel, _WithToken()))
+            got["services"] = sorted(reflection.get_services())
             answers[name] = got
     assert answers["faces"] == answers["direct"]
+    assert "grpcgrade.v1.GradingService" in answers["faces"]["services"]  # type: ignore[operator]
     scores = [item.result.results[0].score for item in answers["faces"]["batch-full"]]  # type: ignore[attr-defined]
     assert scores == [json_score(s["response"]) for s in SAMPLES * 50]
 

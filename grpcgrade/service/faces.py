@@ -145,7 +145,8 @@ class FaceProcesses:
             try:
                 await asyncio.wait_for(asyncio.shield(face.ready), START_SECONDS)
             except TimeoutError:
-                raise ConfigError(f"{self.kind(face)} face process {face.index} did not start within {START_SECONDS:g} s") from None
+                what = f"{self.kind(face)} face process {face.index}"
+                raise ConfigError(f"{what} did not start within {START_SECONDS:g} s") from None
 
     def _spawn(self, face: _Face) -> None:
         levels, formatter = logs.current()
@@ -230,7 +231,8 @@ class FaceProcesses:
                 face.conn.close()
                 face.conn = None
         if face.ready is not None and not face.ready.done():
-            face.ready.set_exception(ConfigError(f"{self.kind(face)} face process {face.index} exited ({process.exitcode})"))
+            what = f"{self.kind(face)} face process {face.index}"
+            face.ready.set_exception(ConfigError(f"{what} exited ({process.exitcode})"))
             return
         if self.stopping:
             return
