@@ -23,8 +23,9 @@ from expected import json_score
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
-from grpcgrade.core.config import ServerConfig
+from grpcgrade.core.config import ServerConfig, parse_config
 from grpcgrade.core.engine import Engine
+from grpcgrade.core.errors import ConfigError
 from grpcgrade.core.registry import get_registry
 from grpcgrade.service.convert import sample_to_pb, specs_to_pb
 from grpcgrade.service.counters import FaceCounters
@@ -326,3 +327,21 @@ def test_a_port_in_use_fails_the_start_naming_it():
     assert out.returncode == 1
     assert f"grpcgrade serve: --port {port}: cannot listen on 127.0.0.1:{port}" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize(
+    ("grpc_section", "message"),
+    [
+        ({"processes": -1}, "grpc: processes must be a whole number from 0 to 64"),
+        ({"processes": 65}, "grpc: processes must be a whole number from 0 to 64"),
+        ({"processes": True}, "grpc: processes must be a whole number from 0 to 64"),
+        ({"procs": 2}, "grpc: unknown key 'procs' (allowed: processes)"),
+        ([2], "grpc must be a mapping"),
+    ],
+)
+def test_the_grpc_section_is_checked(grpc_section, message):
+    with pytest.raises(ConfigError) as refused:
+        parse_config({"grpc": grpc_section}, "c.yaml")
+    assert message in str(refused.value)
+    assert parse_config({"grpc": {"processes": 2}}, "c.yaml").grpc.processes == 2
+    assert parse_config({}, "c.yaml").grpc.processes == 0
