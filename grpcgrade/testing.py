@@ -156,8 +156,8 @@ def _named(pids: list[int], name: str) -> list[int]:
 
 
 def face_pids(server_pid: int) -> list[int]:
-    """The server's HTTP face processes (named `http.process.PROCESS_NAME`)."""
-    from grpcgrade.service.http.process import PROCESS_NAME
+    """The server's face processes (named `face_process.PROCESS_NAME`)."""
+    from grpcgrade.service.face_process import PROCESS_NAME
 
     return _named(children(server_pid), PROCESS_NAME)
 
