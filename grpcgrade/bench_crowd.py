@@ -5,15 +5,19 @@ run on the same sample and the same grader, the calls per second answered by
 
 - the plain FastAPI per-sample server (`bench_peer`: uvicorn, one process, the grader inline), over HTTP;
 - grpcgrade's unary `Evaluate` (the scores view), with its server coalescing concurrent calls, and again
-  with coalescing off;
+  with coalescing off; and with a gRPC face process per core (`grpc_cores`, `--grpc-processes`): the faces
+  own the port and coalesce the crowd into BatchEvaluate calls to the engine's process;
 - grpcgrade's HTTP face (`POST /get_reward`, OpenRLHF's body with one query), in its one face process by
   default (`http`) and with a face process per core (`http_cores`, `--http-processes`): the faces
   coalesce the crowd into BatchEvaluate calls to the engine's process;
 - the floor of each protocol (`bench_peer`'s bare `grpc.aio` and aiohttp servers in one process): what
   gRPC and aiohttp themselves allow a Python process here, which bounds what grpcgrade's faces can reach;
+  and the floor of the gRPC face processes (`floor_grpc_cores`): a bare grpc.aio process per core sharing
+  one port (SO_REUSEPORT), doing no more than the one-process floor;
 
 each with `callers` concurrent callers calling back to back, and reports each as a ratio to the peer (the
-goals: gRPC >= 3x, HTTP >= 2x) with its p50 and p99 latency.
+goals: gRPC >= 3x, HTTP >= 2x, each met by the better of its default and its process-per-core server:
+`goals[...]["by"]`) with its p50 and p99 latency.
 
 **The load generator is `h2load`** (nghttp2's, in C; Debian's `nghttp2-client`, which `make system-deps`
 installs), the same for every server: HTTP/1.1 with one connection per caller for the HTTP servers, and
@@ -72,6 +76,8 @@ class Crowd:
     pid: int
     grpc: bool = False
     answered: Callable[[], float] | None = None
+    #: Other processes whose CPU counts (a second floor process beside `pid`).
+    also: tuple[int, ...] = ()
 
 
 def tree_cpu_seconds(pid: int) -> float:
@@ -113,13 +119,14 @@ def drive(crowd: Crowd, calls: int, callers: int, workdir: Path) -> dict[str, fl
     log = workdir / f"{crowd.name}.h2load"
     log.unlink(missing_ok=True)
     answered = crowd.answered() if crowd.answered is not None else 0.0
-    cpu = tree_cpu_seconds(crowd.pid)
+    pids = (crowd.pid, *crowd.also)
+    cpu = sum(tree_cpu_seconds(pid) for pid in pids)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     done = subprocess.run(
         h2load_command(crowd, calls, callers, log), capture_output=True, text=True, timeout=RUN_TIMEOUT_SECONDS
     )
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = tree_cpu_seconds(crowd.pid) - cpu
+    cpu = sum(tree_cpu_seconds(pid) for pid in pids) - cpu
     if done.returncode != 0:
         raise RuntimeError(f"h2load failed against {crowd.name}: {done.stderr or done.stdout}")
     starts, ends, latencies, failed = [], [], [], 0
@@ -131,7 +138,7 @@ def drive(crowd: Crowd, calls: int, callers: int, workdir: Path) -> dict[str, fl
         failed += not 200 <= status < 300
     failed += calls - len(latencies)  # never answered at all
     if crowd.answered is not None:  # gRPC: HTTP 200 with an error in the trailers is a failure too
-        failed = max(failed, calls - int(crowd.answered() - answered))
+        failed = max(failed, calls - _settled(crowd.answered, answered + calls) + int(answered))
     seconds = (max(ends) - min(starts)) / 1e6 if starts else float("inf")
     q = statistics.quantiles(latencies, n=100) if len(latencies) > 1 else [0.0] * 99
     generator = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
@@ -144,6 +151,17 @@ def drive(crowd: Crowd, calls: int, callers: int, workdir: Path) -> dict[str, fl
         f"{name}_server_cpu_us": round(cpu / calls * 1e6, 1),
         f"{name}_h2load_cpu_us": round(generator / calls * 1e6, 1),
     }
+
+
+def _settled(count: Callable[[], float], expected: float, bound: float = 2.0) -> int:
+    """`count()` once it reaches `expected`, or after `bound` seconds: face processes send their counts to
+    the server's /metrics every `counters.BATCH_SECONDS`, so the last calls' counts arrive a moment late."""
+    end = time.monotonic() + bound
+    now = count()
+    while now < expected and time.monotonic() < end:
+        time.sleep(0.05)
+        now = count()
+    return int(now)
 
 
 def _listening(proc: subprocess.Popen[bytes], ports: list[int], log: Path) -> None:
@@ -162,9 +180,9 @@ def _listening(proc: subprocess.Popen[bytes], ports: list[int], log: Path) -> No
     raise RuntimeError(f"a comparison server did not listen within 60 s: {log.read_text()}")
 
 
-def _spawn(workdir: Path, kind: str, *args: str, ports: list[int]) -> subprocess.Popen[bytes]:
-    """`bench_peer`'s `kind` of server, once it listens on every one of `ports`."""
-    log = workdir / f"{kind}.log"
+def _spawn(workdir: Path, kind: str, *args: str, ports: list[int], name: str = "") -> subprocess.Popen[bytes]:
+    """`bench_peer`'s `kind` of server, once it listens on every one of `ports` (its log: `name` or `kind`)."""
+    log = workdir / f"{name or kind}.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", "grpcgrade.bench_peer", kind, *args], stdout=out, stderr=out)
     _listening(proc, ports, log)
@@ -217,17 +235,39 @@ def _start(stack: ExitStack, workdir: Path, grader: str, sample: dict[str, Any],
         if name == "grpc":  # the HTTP face of the server as it is configured by default (one face process)
             crowds.append(Crowd("http", f"{server.http}/get_reward", bodies["http"], server.proc.pid))
     cores = os.cpu_count() or 1
-    if cores > 1:  # and with a face process per core (`--http-processes`), sharing them with the engine
+    more = ["--workers", str(workers)] if workers is not None else []
+    if cores > 1:  # and with a face process per core, sharing the cores with the engine
         args = ["--config", str(workdir / "grpc.yaml"), "--log-level", "error", "--http-processes", str(cores)]
-        server = start_server(workdir, *args, *(["--workers", str(workers)] if workers is not None else []), http=True)
+        server = start_server(workdir, *args, *more, http=True)  # `--http-processes`
         stack.callback(server.stop)
         crowds.append(Crowd("http_cores", f"{server.http}/get_reward", bodies["http"], server.proc.pid))
+        args = ["--config", str(workdir / "grpc.yaml"), "--log-level", "error", "--grpc-processes", str(cores)]
+        server = start_server(workdir, *args, *more)  # `--grpc-processes`
+        stack.callback(server.stop)
+        url = f"http://{server.target}{EVALUATE_PATH}"
+        answered = _answered(server)
+        crowds.append(Crowd("grpc_cores", url, bodies["grpc"], server.proc.pid, grpc=True, answered=answered))
     grpc_port, http_port = free_port(), free_port()
     floor = _spawn(workdir, "floor", grader, "{}", str(grpc_port), str(http_port), ports=[grpc_port, http_port])
     stack.callback(_end, floor)
     url, counted = f"http://127.0.0.1:{grpc_port}{EVALUATE_PATH}", f"http://127.0.0.1:{http_port}/answered"
     crowds.append(Crowd("floor_grpc", url, bodies["grpc"], floor.pid, grpc=True, answered=lambda: _count(counted)))
     crowds.append(Crowd("floor_http", f"http://127.0.0.1:{http_port}/get_reward", bodies["http"], floor.pid))
+    if cores > 1:  # a bare grpc.aio process per core on one port (grpc.aio binds with SO_REUSEPORT)
+        floors, counters, shared = [], [], free_port()
+        for k in range(cores):
+            port = free_port()
+            one = _spawn(
+                workdir, "floor", grader, "{}", str(shared), str(port), ports=[shared, port], name=f"floor-{k}"
+            )
+            stack.callback(_end, one)
+            floors.append(one)
+            counters.append(f"http://127.0.0.1:{port}/answered")
+        url = f"http://127.0.0.1:{shared}{EVALUATE_PATH}"
+        crowds.append(
+            Crowd("floor_grpc_cores", url, bodies["grpc"], floors[0].pid, grpc=True,
+                  answered=lambda: sum(_count(c) for c in counters), also=tuple(f.pid for f in floors[1:]))
+        )  # fmt: skip
     return crowds
 
 
@@ -277,6 +317,12 @@ def run_per_sample(
         report[f"{name}_x_fastapi"] = round(report[f"{name}_per_second"] / peer_rate, 2)
         # calls a CPU-second answers, as a multiple of the peer's: capacity whatever else ran meanwhile
         report[f"{name}_calls_per_cpu_x_fastapi"] = round(peer_cpu / max(report[f"{name}_server_cpu_us"], 1e-9), 2)
-    report["goals"] = {k: {"goal": f">= {v:g}", "met": report[k] >= v} for k, v in GOALS.items()}
+    report["goals"] = {}
+    for key, goal in GOALS.items():  # met by the protocol's better server: its default, or a face process per core
+        protocol = key.split("_")[0]
+        by = max((n for n in (protocol, f"{protocol}_cores") if f"{n}_x_fastapi" in report),
+                 key=lambda n: report[f"{n}_x_fastapi"])  # fmt: skip
+        value = report[f"{by}_x_fastapi"]
+        report["goals"][key] = {"goal": f">= {goal:g}", "met": value >= goal, "by": by, "value": value}
     report["load_average"]["end"] = [round(x, 2) for x in os.getloadavg()]
     return report

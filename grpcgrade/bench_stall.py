@@ -300,7 +300,7 @@ def run_http_stall(
     from .core.samples import Limits
     from .service.http.limits import MAX_JSON_CONTAINERS, MAX_JSON_DEPTH
     from .service.loop_watch import ENV as WATCH_ENV
-    from .testing import cpu_seconds, free_port, start_server
+    from .testing import cpu_seconds, start_server
 
     http, limits = HttpConfig(), Limits()
     chosen = shapes(
@@ -321,11 +321,12 @@ def run_http_stall(
     statuses: Counter[str] = Counter()
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "config.yaml").write_text(CONFIG)
-        port = free_port()
         server = start_server(
-            Path(tmp), "--workers", str(workers), "--http-port", str(port), "--config", "config.yaml",
-            "--log-level", "warning", env={WATCH_ENV: str(WATCH_MS)}, metrics=False,
+            Path(tmp), "--workers", str(workers), "--config", "config.yaml",
+            "--log-level", "warning", env={WATCH_ENV: str(WATCH_MS)}, metrics=False, http=True,
         )  # fmt: skip
+        port = server.http_port
+        assert port is not None
         settled = _settle(lambda: cpu_seconds(server.proc.pid))
         report["server_settled_seconds"] = round(settled, 1)
         ctx = multiprocessing.get_context("spawn")

@@ -79,6 +79,9 @@ def client_options(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "token": token,
         "timeout": args.timeout,
+        # A command waits for a server that is not there (yet) no longer than its deadline, not the library's
+        # 60 s for a training run riding out a restart: `--timeout 2` at a terminal answers within seconds.
+        "unavailable_seconds": args.timeout,
         "credentials": tls_credentials(args.tls_ca, args.tls_cert, args.tls_key) if tls else None,
         "server_name": args.tls_server_name,
     }
@@ -118,6 +121,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         http_host=args.http_host,
         http_port=args.http_port,
         http_processes=args.http_processes,
+        grpc_processes=args.grpc_processes,
         ray_address=args.ray,
         tls_key=args.tls_key,
         tls_client_ca=args.tls_client_ca,
@@ -135,6 +139,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             raise UsageError(f"{flag} {path}: no such file")
     if opts.http_processes is not None and opts.http_processes < 1:
         raise UsageError("--http-processes must be at least 1")
+    if opts.grpc_processes is not None and opts.grpc_processes < 0:
+        raise UsageError("--grpc-processes must be 0 (the server's process serves gRPC) or more")
     if bool(opts.tls_cert) != bool(opts.tls_key):
         raise UsageError("--tls-cert and --tls-key go together: the server certificate and its key")
     return asyncio.run(serve(opts))
@@ -593,7 +599,10 @@ def add_connection(p: argparse.ArgumentParser, target: str | None, timeout: floa
         g.add_argument(flag, default=_env(option), metavar=metavar, help=f"{text} (${CONNECTION_ENV[option]})")
     g.add_argument("--token", help="send this bearer token (visible to other users in `ps`: prefer --auth-token-file)")
     g.add_argument(
-        "--timeout", type=positive_float, default=timeout, help=f"deadline per call in seconds (default {timeout:g})"
+        "--timeout",
+        type=positive_float,
+        default=timeout,
+        help=f"deadline per call in seconds, also for a server that is not up (default {timeout:g})",
     )
 
 
@@ -640,6 +649,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="N",
         help="processes serving the HTTP face, sharing its port (default: the config's http.processes, 1)",
+    )
+    p.add_argument(
+        "--grpc-processes",
+        type=int,
+        default=None,
+        metavar="N",
+        help="face processes serving the gRPC port, sharing it (0: the server's own process serves it; default: "
+        "the config's grpc.processes, 0)",
     )
     p.add_argument(
         "--tokenizer",

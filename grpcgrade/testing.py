@@ -6,6 +6,7 @@ mocked channel.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import signal
@@ -22,11 +23,39 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from .client import GradingClient
 
+#: How many times `start_server` picks fresh ports when the server could not bind the ones it was given.
+BIND_ATTEMPTS = 5
+#: What the server says when it cannot bind a port it was given (`cli.describe` of a PortUnavailable).
+_PORT_TAKEN = "cannot listen on"
+
 
 def free_port() -> int:
+    """A loopback port free now. Something else may bind it before the caller does: a server started on it
+    must be started again on another when it cannot bind it (`start_server` does)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def listening_ports(pids: list[int]) -> set[int]:
+    """The TCP ports on which `pids` listen: the LISTEN entries of /proc/net/tcp and tcp6 whose socket one of
+    them holds (how a test learns the port a server was given for `--http-port 0`)."""
+    inodes: set[str] = set()
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for fd in Path(f"/proc/{pid}/fd").iterdir():
+                with contextlib.suppress(OSError):
+                    link = os.readlink(fd)
+                    if link.startswith("socket:["):
+                        inodes.add(link[len("socket:[") : -1])
+    ports: set[int] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                fields = line.split()
+                if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
+                    ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
 
 
 def eventually(condition: Callable[[], object], what: str, bound: float = 60.0, every: float = 0.05) -> None:
@@ -127,8 +156,8 @@ def _named(pids: list[int], name: str) -> list[int]:
 
 
 def face_pids(server_pid: int) -> list[int]:
-    """The server's HTTP face processes (named `http.process.PROCESS_NAME`)."""
-    from grpcgrade.service.http.process import PROCESS_NAME
+    """The server's face processes (named `face_process.PROCESS_NAME`)."""
+    from grpcgrade.service.face_process import PROCESS_NAME
 
     return _named(children(server_pid), PROCESS_NAME)
 
@@ -258,14 +287,41 @@ def start_server(
 ) -> ServerProcess:
     """`grpcgrade serve` on free loopback ports; returns once health says `status` (SERVING by default;
     NOT_SERVING returns as soon as the server answers, e.g. for one whose failing canaries keep it there).
-    With `http`, the HTTP face too, on a free port of its own (`ServerProcess.http`).
+    With `http`, the HTTP face too, on a port of its own (`ServerProcess.http`).
+
+    Two suites running at once never share a server's port: a port taken between `free_port` and the
+    server's bind (the gRPC and metrics ports, which the server binds alone) makes the server exit saying
+    so, and it is started again on fresh ports; the HTTP face, whose port its processes share
+    (SO_REUSEPORT: another server's face could share it too, silently), is given port 0 and the port it got
+    is read from its listening sockets.
 
     A server started with `--tls-cert` only answers TLS: pass the `credentials` to check its health with.
     """
+    if http:
+        args = (*args, "--http-port", "0")
+    for _attempt in range(BIND_ATTEMPTS - 1):
+        try:
+            return _start(workdir, args, env, wait, metrics, credentials, status, http)
+        except _PortTaken:
+            continue
+    return _start(workdir, args, env, wait, metrics, credentials, status, http)
+
+
+class _PortTaken(RuntimeError):
+    """The server could not bind a port it was given: another process took it after `free_port`."""
+
+
+def _start(
+    workdir: Path,
+    args: tuple[str, ...],
+    env: dict[str, str] | None,
+    wait: float,
+    metrics: bool,
+    credentials: grpc.ChannelCredentials | None,
+    status: int,
+    http: bool,
+) -> ServerProcess:
     port, metrics_port = free_port(), (free_port() if metrics else 0)
-    http_port = free_port() if http else None
-    if http_port is not None:
-        args = (*args, "--http-port", str(http_port))
     log_path = Path(workdir) / f"server-{port}.log"
     cmd = [
         sys.executable,
@@ -282,12 +338,15 @@ def start_server(
         proc = subprocess.Popen(
             cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, cwd=workdir
         )
-    server = ServerProcess(proc, port, metrics_port, log_path, http_port)
+    server = ServerProcess(proc, port, metrics_port, log_path)
     deadline = time.monotonic() + wait
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}:\n{server.log()}")
+            kind = _PortTaken if _PORT_TAKEN in server.log() else RuntimeError
+            raise kind(f"server exited with {proc.returncode}:\n{server.log()}")
         if health_status(server.target, credentials=credentials) == status:
+            if http:
+                (server.http_port,) = listening_ports(children(proc.pid))  # its face processes' one port
             return server
         time.sleep(0.05)
     server.stop(signal.SIGKILL)

@@ -30,6 +30,7 @@ CONFIG_KEYS = {
     "default_reward": "the reward the HTTP face's `POST /get_reward` grades with "
     "(see [Trainers](trainers.md#openrlhf)); one of `rewards`",
     "http": "the HTTP face (`--http-port`) (below)",
+    "grpc": "who serves the public gRPC port: the engine's process, or gRPC face processes (below)",
     "canary": "how the rewards' canaries run (below; see [Reward guard](reward-guard.md#canaries))",
     "cache": "the result cache (below; see [Reward guard](reward-guard.md#result-cache))",
     "quarantine": "inputs that timed out or killed a worker, answered at once (below; see "
@@ -68,6 +69,12 @@ CANARY_DOCS = {
 }
 
 #: What each setting of the HTTP face means. A setting missing here fails generation.
+GRPC_DOCS = {
+    "processes": "0: the engine's process serves the gRPC port itself. N >= 1: N gRPC face processes own the port "
+    "(SO_REUSEPORT; at most 64): each coalesces unary `Evaluate` calls into `BatchEvaluate` calls to the engine's "
+    "process and relays every other call to it; the engine's process then listens only on its private socket. "
+    "`--grpc-processes` overrides it (see [Operations](operations.md#the-grpc-face-processes))",
+}
 HTTP_DOCS = {
     "failure_reward": "the reward a failed sample gets over HTTP, where the trainer needs a number (OpenRLHF, "
     "slime, NeMo Gym); it is also flagged in the answer (`grpcgrade_failed`), counted and logged "
@@ -198,7 +205,7 @@ def graders_table() -> str:
 
 def config_reference() -> str:
     from grpcgrade.core.canaries import CanarySettings
-    from grpcgrade.core.config import CANARY_KEYS, HttpConfig, ServerConfig
+    from grpcgrade.core.config import CANARY_KEYS, GrpcConfig, HttpConfig, ServerConfig
     from grpcgrade.core.result_cache import CacheConfig, QuarantineConfig
     from grpcgrade.core.samples import Limits
     from grpcgrade.llm.models import ModelConfig
@@ -220,6 +227,12 @@ def config_reference() -> str:
     for n in names:
         default = json.dumps(getattr(http, n), ensure_ascii=False)
         out.append(f"| `{n}` | {_code(default)} | {_cell(HTTP_DOCS[n])} |")
+
+    grpc = GrpcConfig()
+    names = [f.name for f in dataclasses.fields(GrpcConfig)]
+    _check_documented("GrpcConfig", names, GRPC_DOCS)
+    out += ["", "`grpc:`", "", "| setting | default | meaning |", "|---|---|---|"]
+    out += [f"| `{n}` | {_code(json.dumps(getattr(grpc, n)))} | {_cell(GRPC_DOCS[n])} |" for n in names]
 
     limits = Limits()
     names = [f.name for f in dataclasses.fields(Limits)]

@@ -5,6 +5,7 @@ the package."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -40,3 +41,11 @@ class PlainWork:
 
     def join(self, parts: list[Any]) -> Any:
         return parts
+
+
+def announce_then_sleep(path: str, seconds: float) -> None:
+    """Work that says it has started (this process's PID in the file at `path`), then holds its worker."""
+    with open(path + ".tmp", "w") as out:
+        out.write(str(os.getpid()))
+    os.replace(path + ".tmp", path)
+    time.sleep(seconds)

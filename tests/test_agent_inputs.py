@@ -119,32 +119,29 @@ def test_node_client_built_from_the_proto_alone(server, node_modules):
     assert all(r["error"] is None for r in reply["results"])
 
 
-def test_cli_eval_reads_them_from_jsonl(server, tmp_path):
+def cli_eval(server, tmp_path, *lines: object) -> subprocess.CompletedProcess[str]:
+    """`grpcgrade eval` of these JSONL lines with tool_call_valid, written to tmp_path/out.jsonl (the
+    environment's GRPCGRADE_ settings left out)."""
     source = tmp_path / "in.jsonl"
-    source.write_text(json.dumps(SAMPLE) + "\n" + json.dumps({**SAMPLE, "id": "b", "tool_calls": []}) + "\n")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GRPCGRADE_")}
-    out = subprocess.run(
+    source.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return subprocess.run(
         [sys.executable, "-m", "grpcgrade", "eval", str(source), "--grader", "tool_call_valid"]
         + ["--target", server.target, "-o", str(tmp_path / "out.jsonl")],
         capture_output=True,
         text=True,
         timeout=120,
-        env=env,
+        env={k: v for k, v in os.environ.items() if not k.startswith("GRPCGRADE_")},
     )
+
+
+def test_cli_eval_reads_them_from_jsonl(server, tmp_path):
+    out = cli_eval(server, tmp_path, SAMPLE, {**SAMPLE, "id": "b", "tool_calls": []})
     assert out.returncode == 0, out.stderr
     lines = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
     assert [(x["id"], x["results"][0]["score"]) for x in lines] == [("agent-1", 1.0), ("b", 0.0)]
 
 
 def test_cli_eval_names_the_line_of_a_bad_field(server, tmp_path):
-    source = tmp_path / "in.jsonl"
-    source.write_text(json.dumps(SAMPLE) + "\n" + json.dumps({"messages": {"role": "user"}}) + "\n")
-    out = subprocess.run(
-        [sys.executable, "-m", "grpcgrade", "eval", str(source), "--grader", "tool_call_valid"]
-        + ["--target", server.target, "-o", str(tmp_path / "out.jsonl")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    out = cli_eval(server, tmp_path, SAMPLE, {"messages": {"role": "user"}})
     assert out.returncode != 0
     assert "line 2" in out.stderr and "messages" in out.stderr and "Traceback" not in out.stderr

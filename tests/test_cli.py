@@ -165,7 +165,7 @@ def test_debug_brings_the_traceback_back():
         (
             "rewardz: {}",
             "unknown key 'rewardz' (allowed: rewards, limits, grader_timeout_seconds, models, default_reward, http, "
-            "canary, cache, quarantine, callers, tokenizer, coalesce_linger_seconds)",
+            "grpc, canary, cache, quarantine, callers, tokenizer, coalesce_linger_seconds)",
         ),
         ("cache: {max_bytes: 0}", "cache.max_bytes: must be at least 1, got 0"),
         ("cache: {enabled: 'no'}", "cache.enabled: must be true or false, got 'no'"),

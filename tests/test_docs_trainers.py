@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from grpcgrade.testing import free_port, start_server
+from grpcgrade.testing import start_server
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = ROOT / "docs" / "trainers.md"
@@ -102,10 +102,10 @@ def test_openrlhf_command_lines(tmp_path, plugin_env):
     (config,) = blocks("yaml")
     (tmp_path / "rewards.yaml").write_text(config)
     (tmp_path / "tokens").write_text("TOKEN-from-the-test\n")
-    port = free_port()
     args = serve[2:]
-    args[args.index("--http-port") + 1] = str(port)
-    srv = start_server(tmp_path, *args, "--workers", "0", env=plugin_env)
+    del args[args.index("--http-port") : args.index("--http-port") + 2]  # the page's port: the one it is given
+    srv = start_server(tmp_path, *args, "--workers", "0", env=plugin_env, http=True)
+    port = srv.http_port
     try:
         url = train[train.index("--reward.remote_url") + 1]
         url = url.replace("TOKEN", "TOKEN-from-the-test").replace("127.0.0.1:8000", f"127.0.0.1:{port}")
@@ -134,11 +134,12 @@ def http_server(tmp_path: Path, plugin_env, *tokens: str):
     """A server of the page's configuration with its HTTP face; (server, port)."""
     (config,) = blocks("yaml")
     (tmp_path / "rewards.yaml").write_text(config)
-    args = ["--config", "rewards.yaml", "--workers", "0", "--http-port", str(port := free_port())]
+    args = ["--config", "rewards.yaml", "--workers", "0"]
     if tokens:
         (tmp_path / "tokens").write_text("\n".join(tokens) + "\n")
         args += ["--auth-token-file", "tokens"]
-    return start_server(tmp_path, *args, env=plugin_env), port
+    server = start_server(tmp_path, *args, env=plugin_env, http=True)
+    return server, server.http_port
 
 
 def test_slime_command_lines(tmp_path, plugin_env):

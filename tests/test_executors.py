@@ -17,16 +17,17 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2
-from plain_work import PlainWork
+from plain_work import PlainWork, announce_then_sleep
 
 from grpcgrade.core.errors import GraderCancelled
 from grpcgrade.core.executors import InProcess, WorkerDied, WorkTimedOut
 from grpcgrade.core.grading import cancellable, grade_sync
-from grpcgrade.core.workers import WorkerPool, grader_work
+from grpcgrade.core.workers import WorkerPool, _Worker, grader_work
 from grpcgrade.grader import BaseGrader, GraderError, GraderScore
 from grpcgrade.service.convert import sample_to_pb, specs_to_pb
 from grpcgrade.testing import cpu_seconds, eventually, health_status, start_server, worker_pids, writing
@@ -190,6 +191,106 @@ def test_a_worker_leaves_its_start_up_objects_out_of_every_later_collection(pool
         return await pool.submit(_work(gc.get_freeze_count, ()))
 
     assert asyncio.run(main()) > 1000
+
+
+def test_a_dead_workers_pipe_is_never_a_replacements_pipe():
+    """A dead worker's pipe was closed on the event loop while its writer thread could be about to write its
+    stop message (a task of no bytes) to it; the replacement's new pipe took the same descriptor, got the
+    message and exited 0 (the flake of the death-and-timeout test above, under load). Made deterministic
+    here by profile hooks on the pool's threads, which hold them as a busy machine may: the dead worker's
+    writer just before its write system call until the replacement is up, and the death's report until that
+    writer is there or done. Now the last of a worker's own threads closes its pipe, and a writer whose
+    process has ended sends nothing."""
+    held: dict[str, threading.Event] = {"writing": threading.Event(), "done": threading.Event()}
+    pool: WorkerPool | None = None
+
+    def owner(frame: Any) -> _Worker | None:
+        while frame is not None and not isinstance(frame.f_locals.get("self"), _Worker):
+            frame = frame.f_back
+        return None if frame is None else frame.f_locals["self"]
+
+    def hold(frame: Any, event: str, arg: Any) -> None:
+        if pool is None or not pool._workers:
+            return
+        if event == "c_call" and arg is os.write and (dead := owner(frame)) is not None and dead.exited:
+            held["writing"].set()
+            eventually(lambda: pool._workers[0] is not dead and pool._workers[0].up, "the replacement up", WAIT)
+        elif event == "return" and frame.f_code.co_name == "_write" and (dead := owner(frame)) is not None:
+            held["done"].set()
+        elif event == "call" and frame.f_code.co_name == "_post" and frame.f_locals["fn"] == pool._died:
+            eventually(lambda: held["writing"].is_set() or held["done"].is_set(), "the writer at its end", WAIT)
+
+    threading.setprofile(hold)  # for the threads started from now on: the pool's
+    try:
+        pool = WorkerPool(1, initializer=os.getpid)  # any module-level function: one that warms no grader
+
+        async def main() -> list[int]:
+            await pool.ready()
+            with pytest.raises(WorkerDied):
+                await pool.submit(_work(os._exit, (3,)))
+            while not held["done"].is_set():  # the dead worker's writer has left
+                await asyncio.sleep(0.01)
+            return [await pool.submit(_work(os.getpid, ())) for _ in range(3)]
+
+        pids = asyncio.run(main())
+    finally:
+        threading.setprofile(None)
+        if pool is not None:
+            pool.close(patience=0)
+    assert len(set(pids)) == 1 and pool.restarts == 1
+
+
+def test_an_item_a_dead_worker_never_read_goes_to_a_replacement(tmp_path):
+    """Every worker killed at once (SIGKILL to each PID), before the pool has noticed: the item one of them
+    was running is answered WorkerDied (its death may be that item's doing: the quarantine's rule), but an
+    item still unread in the other's pipe (that worker stopped first, SIGSTOP, so it cannot have read it)
+    goes to a replacement and is answered. It was WorkerDied too: a result lost to a death not its own."""
+    pool = WorkerPool(2, initializer=os.getpid)  # any module-level function: one that warms no grader
+    marker = tmp_path / "running"
+
+    async def main() -> tuple[int, int, object]:
+        await pool.ready()
+        running = asyncio.ensure_future(pool.submit(_work(announce_then_sleep, (str(marker), 3600))))
+        deadline = time.monotonic() + WAIT
+        while not marker.exists():
+            assert time.monotonic() < deadline, "the first item never started"
+            await asyncio.sleep(0.01)
+        busy = int(marker.read_text())
+        (idle,) = {w.pid for w in pool._workers} - {busy}
+        os.kill(idle, signal.SIGSTOP)
+        until(lambda: Path(f"/proc/{idle}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T", "stopped")
+        unread = asyncio.ensure_future(pool.submit(_work(os.getpid, ())))
+        await asyncio.sleep(0)  # its submit has handed the item to the one free worker: the stopped one
+        for pid in (busy, idle):
+            os.kill(pid, signal.SIGKILL)
+        with pytest.raises(WorkerDied):
+            await running
+        return busy, idle, await asyncio.wait_for(unread, WAIT)
+
+    try:
+        busy, idle, answer = asyncio.run(main())
+    finally:
+        pool.close(patience=0)
+    assert isinstance(answer, int) and answer not in (busy, idle, os.getpid())
+
+
+def test_an_item_a_stopped_worker_never_read_is_no_timeout():
+    """A worker stopped (SIGSTOP) before it read its item: the watchdog kills it, and the item, which never
+    ran, goes to the replacement and is answered; it was WorkTimedOut (a TIMEOUT, and a quarantined input,
+    for a sample that had not been graded)."""
+    pool = WorkerPool(1, initializer=os.getpid)  # any module-level function: one that warms no grader
+
+    async def main() -> tuple[int, object]:
+        await pool.ready()
+        (stopped,) = [w.pid for w in pool._workers]
+        os.kill(stopped, signal.SIGSTOP)
+        return stopped, await asyncio.wait_for(pool.submit(_work(os.getpid, (), timeout=0.1)), WAIT)
+
+    try:
+        stopped, answer = asyncio.run(main())
+    finally:
+        pool.close(patience=0)
+    assert isinstance(answer, int) and answer != stopped and pool.restarts == 1
 
 
 def test_a_cancelled_item_is_stopped_by_a_message_and_frees_its_worker(pool):

@@ -370,14 +370,11 @@ def test_shutdown_exits_within_the_grace_period_and_its_margin(tmp_path, plugin_
     import urllib.request
 
     from grpcgrade.service.server import SHUTDOWN_MARGIN_SECONDS
-    from grpcgrade.testing import free_port
 
     grace = 10.0
     (tmp_path / "config.yaml").write_text("grader_timeout_seconds: 300\nrewards:\n  nap:\n    graders: [napper]\n")
-    http_port = free_port()
     srv = start_server(
-        tmp_path, "--workers", "2", "--grace", str(grace), "--config", "config.yaml",
-        "--http-port", str(http_port), env=plugin_env,
+        tmp_path, "--workers", "2", "--grace", str(grace), "--config", "config.yaml", env=plugin_env, http=True
     )  # fmt: skip
     fast = 4
     request = pb.BatchEvaluateRequest(
@@ -389,7 +386,7 @@ def test_shutdown_exits_within_the_grace_period_and_its_margin(tmp_path, plugin_
 
     def post() -> None:
         body = json.dumps({"query": ["hang"]}).encode()
-        url = f"http://127.0.0.1:{http_port}/rewards/nap/get_reward"
+        url = f"{srv.http}/rewards/nap/get_reward"
         try:
             urllib.request.urlopen(urllib.request.Request(url, data=body), timeout=120)
             outcome["http"] = "answered"

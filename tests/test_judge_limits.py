@@ -26,7 +26,6 @@ from grpcgrade.v1 import grading_pb2 as pb
 from grpcgrade.v1 import grading_pb2_grpc as pb_grpc
 
 RPM = 600  # 10 a second, a burst of 10
-HTTP_PORT = free_port()
 TPM = 120_000  # 2,000 tokens a second, a burst of 2,000: about 7 judgments of llm_rubric's prompt
 
 
@@ -99,7 +98,7 @@ def server(tmp_path_factory: pytest.TempPathFactory, endpoints: dict[str, Endpoi
         },
     }
     (workdir / "config.yaml").write_text(yaml.safe_dump(config))
-    proc = start_server(workdir, "--config", "config.yaml", "--workers", "1", "--http-port", str(HTTP_PORT))
+    proc = start_server(workdir, "--config", "config.yaml", "--workers", "1", http=True)
     yield proc
     proc.stop()
 
@@ -272,7 +271,7 @@ def test_the_http_face_takes_the_caller_from_its_header(server: ServerProcess) -
     """OpenRLHF's reward route with `X-Grpcgrade-Caller`: its judgments count under that caller."""
     body = {"query": [f"q {time.time_ns()} CALLER-web SCORE-2"], "prompts": ["q"], "labels": [""]}
     request = urllib.request.Request(
-        f"http://127.0.0.1:{HTTP_PORT}/rewards/judged/get_reward",
+        f"{server.http}/rewards/judged/get_reward",
         data=json.dumps(body).encode(),
         headers={"Content-Type": "application/json", "X-Grpcgrade-Caller": "web-trainer"},
     )

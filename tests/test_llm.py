@@ -40,7 +40,7 @@ from grpcgrade.llm.parsing import JudgeOutputError, json_objects, parse_rank, pa
 from grpcgrade.llm.prompt import PromptError
 from grpcgrade.service.server import ServeOptions, build_server
 from grpcgrade.service.structs import struct_to_dict
-from grpcgrade.testing import free_port, start_server
+from grpcgrade.testing import eventually, free_port, start_server
 from grpcgrade.v1 import grading_pb2 as pb
 
 KEY_ENV = "GRPCGRADE_TEST_JUDGE_KEY"
@@ -461,6 +461,45 @@ def test_custom_llm_grader_in_process(judge, configured):
     sample_tries = case("score-2")  # a sample field does not override a param of the grader
     asyncio.run(grader.aevaluate(response="x", marker=sample_tries, aspect="length"))
     assert judge.marked(sample_tries)[0]["body"]["messages"][0]["content"] == "Judge politeness."
+
+
+def test_a_client_is_closed_when_its_event_loop_ends(judge, configured):
+    """A script's `asyncio.run` opened the model's HTTP session and left it open as its loop ended (aiohttp
+    cannot close a session once its loop is closed): its connections stayed until the garbage collector. Now
+    the loop's end closes it, and the next loop gets a session of its own."""
+    grader = grpcgrade.LLMGrader(model="default", template="{response}", min_score=0, max_score=5)
+
+    async def judged() -> Any:
+        assert (await grader.aevaluate(response=f"CASE:{case('score-4')}")).score == 4.0
+        return models.get_model("default")._client
+
+    first = asyncio.run(judged())
+    assert first is not None and first.closed
+    second = asyncio.run(judged())
+    assert second is not first and second.closed
+
+
+def test_a_client_left_on_a_loop_that_goes_on_is_closed_on_that_loop(judge, configured):
+    """The model used on a loop that keeps running (another thread's), then on this one: the session it
+    leaves is closed on its own loop, not dropped open."""
+    grader = grpcgrade.LLMGrader(model="default", template="{response}", min_score=0, max_score=5)
+    other = asyncio.new_event_loop()
+    thread = threading.Thread(target=other.run_forever, daemon=True)
+    thread.start()
+
+    async def judged() -> Any:
+        assert (await grader.aevaluate(response=f"CASE:{case('score-4')}")).score == 4.0
+        return models.get_model("default")._client
+
+    try:
+        left = asyncio.run_coroutine_threadsafe(judged(), other).result(60)
+        assert left is not None and not left.closed
+        asyncio.run(judged())
+        eventually(lambda: left.closed, "the left session closed on its loop", bound=20)
+    finally:
+        other.call_soon_threadsafe(other.stop)
+        thread.join(10)
+        other.close()
 
 
 def test_non_transient_errors_fail_at_once_in_process(judge, configured):

@@ -26,8 +26,13 @@ from grpcgrade.core.samples import Limits
 from grpcgrade.grader import GraderError
 from grpcgrade.graders.openai.outcome import ERROR_FLAGS
 from grpcgrade.llm import models
-from grpcgrade.service.http.openai_graders import MAX_JSON_DEPTH, MOUNT_PATH, openai_graders_root, run_response
-from grpcgrade.testing import free_port
+from grpcgrade.service.http.openai_graders import (
+    MAX_JSON_DEPTH,
+    MOUNT_PATH,
+    BadRequest,
+    openai_graders_root,
+    run_response,
+)
 
 TOKEN = "test-token-for-graders"
 EXACT = {"type": "string_check", "name": "exact", "input": "{{ sample.output_text }}",
@@ -42,13 +47,14 @@ def serving(app: web.Application) -> Iterator[str]:
     """`app` on a free loopback port, its own event loop in a thread; yields the base URL."""
     loop = asyncio.new_event_loop()
     runner = web.AppRunner(app)
-    port = free_port()
     ready = threading.Event()
+    bound: list[int] = []
 
     def run() -> None:
         asyncio.set_event_loop(loop)
         loop.run_until_complete(runner.setup())
-        loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", port).start())
+        loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", 0).start())  # a port of its own, no race
+        bound.append(runner.addresses[0][1])
         ready.set()
         loop.run_forever()
 
@@ -56,7 +62,7 @@ def serving(app: web.Application) -> Iterator[str]:
     thread.start()
     assert ready.wait(10)
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield f"http://127.0.0.1:{bound[0]}"
     finally:
         asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
         loop.call_soon_threadsafe(loop.stop)
@@ -330,3 +336,15 @@ def test_run_takes_tool_calls_as_output_tools(client):
         run(grader=picked, model_sample="", item={}, extra_body={"tool_calls": "weather"})
     with pytest.raises(openai.BadRequestError, match="max_field_chars"):  # this app's limit is 10,000
         run(grader=picked, model_sample="", item={}, extra_body={"tool_calls": [{"x": "y" * 20_000}]})
+
+
+def test_a_body_its_parsing_processes_could_not_parse_is_503_with_a_retry_hint():
+    """The route's answer to a body whose parsing processes died under it twice or hung (`read_json`'s
+    BodyError, status 503): the server's trouble, so a retry hint as every other face sends with a 503; it
+    had none, and the OpenAI SDK then retries on its own backoff instead of the server's word."""
+    from grpcgrade.core.json_body import BodyError
+
+    body_error = BodyError("the request body could not be parsed (WORKER_LOST): died twice", status=503)
+    refused = BadRequest(str(body_error), status=body_error.status).response()
+    assert refused.status == 503 and int(refused.headers["Retry-After"]) >= 1
+    assert BadRequest("model_sample: is required", param="model_sample").response().headers.get("Retry-After") is None

@@ -169,6 +169,7 @@ def test_cli_with_no_server_is_a_message():
     done = cli("quarantine", "clear", "--target", f"127.0.0.1:{free_port()}", "--timeout", "2")
     assert done.returncode == 1
     assert "UNAVAILABLE" in done.stderr and "Traceback" not in done.stderr
+    assert "no server answered for 2 s of retries" in done.stderr  # its --timeout, not the client's 60 s
 
 
 def test_only_graders_with_quarantined_inputs_leave_whole_chunks():

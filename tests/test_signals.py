@@ -27,7 +27,7 @@ from grpcgrade.core.grading import GraderStats, failed_stats, grader_stats, join
 from grpcgrade.core.histograms import EMPTY, SCORE_BUCKETS
 from grpcgrade.core.rewards import RewardStats, reward_stats
 from grpcgrade.grader import GraderScore
-from grpcgrade.testing import ServerProcess, eventually, free_port, health_status, start_server
+from grpcgrade.testing import ServerProcess, eventually, health_status, start_server
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -112,11 +112,10 @@ def test_score_and_reward_histograms_and_errors_per_code(tmp_path: Path, workers
 def test_the_http_face_counts_its_configured_reward(tmp_path: Path) -> None:
     """OpenRLHF's POST /rewards/NAME/get_reward grades with a configured reward: its values are counted."""
     config = write_config(tmp_path, {"limits": {"max_field_chars": MAX_CHARS}, "rewards": {"shape": SHAPE}})
-    port = free_port()
-    server = start_server(tmp_path, "--workers", "1", "--config", config, "--http-port", str(port))
+    server = start_server(tmp_path, "--workers", "1", "--config", config, http=True)
     try:
         body = json.dumps({"query": RESPONSES}).encode()
-        request = urllib.request.Request(f"http://127.0.0.1:{port}/rewards/shape/get_reward", data=body)
+        request = urllib.request.Request(f"{server.http}/rewards/shape/get_reward", data=body)
         with urllib.request.urlopen(request, timeout=30) as answer:
             assert json.load(answer)["extra_logs"]["grpcgrade_failed"] == [float(r in TOO_LONG) for r in RESPONSES]
         rewards = [reward(r) for r in RESPONSES if r not in TOO_LONG]

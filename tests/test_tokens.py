@@ -12,7 +12,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
 
 from grpcgrade.core.errors import InvalidParams
 from grpcgrade.core.tokens import count_tokens, load, normalize
-from grpcgrade.testing import free_port, start_server
+from grpcgrade.testing import start_server
 
 TEXT = "The answer is 72. <|endoftext|> Then 8 * 9 = 72, so the answer is 72."
 
@@ -157,7 +157,7 @@ def test_the_openrlhf_face_refuses_an_uncounted_default_reward_at_start(tmp_path
     config = GATED.replace("tokenizer: tok/tokenizer.json", "") + "default_reward: capped\n"
     (tmp_path / "config.yaml").write_text(config)
     with pytest.raises(RuntimeError, match="--tokenizer") as caught:
-        start_server(tmp_path, "--workers", "0", "--config", "config.yaml", "--http-port", str(free_port()))
+        start_server(tmp_path, "--workers", "0", "--config", "config.yaml", http=True)
     assert "default_reward" in str(caught.value) and "completion_length_cap" in str(caught.value)
 
 

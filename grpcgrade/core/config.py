@@ -93,6 +93,16 @@ class HttpConfig:
 
 
 @dataclass
+class GrpcConfig:
+    """The public gRPC port's serving processes (`grpc:`)."""
+
+    # 0: the engine's process serves the port itself. N >= 1: N face processes (grpcgrade.service.grpc_face)
+    # serve it together (SO_REUSEPORT), coalescing unary calls into BatchEvaluate calls to the engine's
+    # process and relaying every other call; `--grpc-processes` overrides.
+    processes: int = 0
+
+
+@dataclass
 class ServerConfig:
     rewards: dict[str, Reward] = field(default_factory=dict)
     limits: Limits = field(default_factory=Limits)
@@ -106,6 +116,7 @@ class ServerConfig:
     #: The reward of the HTTP face's `POST /get_reward`; "" when there is none.
     default_reward: str = ""
     http: HttpConfig = field(default_factory=HttpConfig)
+    grpc: GrpcConfig = field(default_factory=GrpcConfig)
     #: Every reward's canaries (`rewards.NAME.canaries`), and how they run (`canary:`).
     canaries: list[Canary] = field(default_factory=list)
     canary: CanarySettings = field(default_factory=CanarySettings)
@@ -120,7 +131,7 @@ class ServerConfig:
 
 
 TOP_KEYS = (
-    *("rewards", "limits", "grader_timeout_seconds", "models", "default_reward", "http", "canary"),
+    *("rewards", "limits", "grader_timeout_seconds", "models", "default_reward", "http", "grpc", "canary"),
     *("cache", "quarantine", "callers", "tokenizer", "coalesce_linger_seconds"),
 )
 #: The limits whose 0 means none.
@@ -316,6 +327,7 @@ def parse_config(data: dict[str, Any], source: str = "config", base: Path | None
     return ServerConfig(
         default_reward=default_reward,
         http=parse_http(data.get("http"), source),
+        grpc=parse_grpc(data.get("grpc"), source),
         rewards=rewards,
         limits=limits,
         grader_timeout_seconds=_number(timeout, f"{source}: grader_timeout_seconds", float, 0.001),
@@ -372,8 +384,24 @@ def parse_http(raw: Any, source: str) -> HttpConfig:
     )
 
 
-#: The most HTTP face processes a server starts (each a Python process of its own: ~60 MB).
+#: The most face processes of one face a server starts (each a Python process of its own: ~60 MB).
 MAX_HTTP_PROCESSES = 64
+MAX_GRPC_PROCESSES = MAX_HTTP_PROCESSES
+
+
+def parse_grpc(raw: Any, source: str) -> GrpcConfig:
+    """`grpc: {processes: N}` (0 to MAX_GRPC_PROCESSES)."""
+    if raw is None:
+        return GrpcConfig()
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: grpc must be a mapping")
+    _unknown(raw, ("processes",), f"{source}: grpc")
+    processes = raw.get("processes", 0)
+    if isinstance(processes, bool) or not isinstance(processes, int) or not 0 <= processes <= MAX_GRPC_PROCESSES:
+        raise ConfigError(f"{source}: grpc: processes must be a whole number from 0 to {MAX_GRPC_PROCESSES}")
+    return GrpcConfig(processes=processes)
+
+
 #: The HTTP face's bounds on hostile clients, each a positive number of this type.
 HTTP_BOUNDS: dict[str, type[int] | type[float]] = {
     "max_body_bytes": int,

@@ -9,7 +9,9 @@ first. No pipe, lock or queue is shared between workers, so:
 
 - a worker that dies (killed, out of memory), even halfway through writing a large answer, takes only its
   own pipe with it: the pipe is dropped whole, half-written message and all, the work it held is
-  answered `WorkerDied`, and a new process takes its place. No other worker or call notices.
+  answered `WorkerDied`, and a new process takes its place. No other worker or call notices. An item the
+  worker had not yet read from its pipe (every worker killed at once, before the supervisor noticed) goes
+  to another worker instead: its death was not that item's doing (`_Worker.taken`).
 - a worker stuck past its work's watchdog (`executors.watchdog`; a grader in C code the time-limit signal
   cannot interrupt, or a process stopped with SIGSTOP) is killed and replaced, alone: `WorkTimedOut`.
 - cancelling a call's work is a message on the worker's cancel pipe naming the work item: the grading
@@ -28,6 +30,7 @@ import asyncio
 import atexit
 import contextlib
 import gc
+import io
 import itertools
 import logging
 import multiprocessing
@@ -65,6 +68,10 @@ _READY = "ready"
 _STOP = b""  # a task of no bytes: finish, and exit
 
 
+class _Unread(WorkerDied):
+    """A worker died holding an item it had not read: `submit` gives the item to another worker."""
+
+
 # -- in the worker process -------------------------------------------------------------------------------
 
 
@@ -97,6 +104,7 @@ class _CancelPipe:
 def _worker_main(
     conn: Connection,
     cancel: Connection,
+    taken: Any,
     log_levels: dict[str, int],
     formatter: Any,
     initializer: Callable[[], None] | None = None,
@@ -131,7 +139,9 @@ def _worker_main(
             return  # the server is gone
         if data == _STOP:
             return
-        seq, task = pickle.loads(data)
+        (seq,) = _SEQ.unpack_from(data)
+        taken.value = seq  # read: a death from here on is this item's
+        task = pickle.loads(memoryview(data)[_SEQ.size :])
         cancelled.start(seq)
         try:
             with grading.cancellable(cancelled):
@@ -195,9 +205,12 @@ class _Worker:
         self.pool, self.slot = pool, slot
         self.conn, child = context.Pipe(duplex=True)
         cancel_read, self.cancel = context.Pipe(duplex=False)
+        # The last item the process has read from its pipe, in memory it shares with it (one store per item,
+        # no message): after its death, an item it held but had not read goes to another worker.
+        self.taken = context.RawValue("q", -1)
         self.process = context.Process(
             target=_worker_main,
-            args=(child, cancel_read, *logs.current(), pool.initializer),
+            args=(child, cancel_read, self.taken, *logs.current(), pool.initializer),
             name=f"grpcgrade-{pool.role}-{slot}",
         )
         self.process.start()
@@ -210,20 +223,34 @@ class _Worker:
         self.seq = -1  # the item it holds (-1: none)
         self.future: asyncio.Future[Any] | None = None
         self.timer: asyncio.TimerHandle | None = None
-        self.outbox: queue.SimpleQueue[tuple[int, Task] | bytes] = queue.SimpleQueue()
+        self.outbox: queue.SimpleQueue[tuple[int, Task] | bytes | None] = queue.SimpleQueue()
+        # Its pipe is closed by the last of its two threads to be done with it, never under one of them: a
+        # descriptor closed while the writer is about to write to it is soon a new worker's pipe, and the
+        # writer's stop message (a task of no bytes) would then stop the new worker.
+        self._holders = 2
+        self._holders_lock = threading.Lock()
         threading.Thread(target=self._write, name=f"grpcgrade-worker-{slot}-tx", daemon=True).start()
         threading.Thread(target=self._read, name=f"grpcgrade-worker-{slot}-rx", daemon=True).start()
 
     def _write(self) -> None:
         """Pickles and sends tasks as they come (here, not on the event loop: a large task takes time, and
         a worker that stops reading blocks this thread only)."""
+        try:
+            self._send_tasks()
+        finally:
+            self._let_go()
+
+    def _send_tasks(self) -> None:
         while True:
             item = self.outbox.get()
+            if item is None:  # the process has ended: nothing more to send
+                return
+            data: bytes | memoryview
             if isinstance(item, bytes):
                 data = item
             else:
                 try:
-                    data = pickle.dumps(item, protocol=pickle.HIGHEST_PROTOCOL)
+                    data = _framed(*item)
                 except Exception as exc:  # noqa: BLE001 - work that cannot cross is its call's error
                     error = RuntimeError(f"the work could not be sent to a worker: {describe(exc)}")
                     self.pool._post(self._answered, (item[0], "raised", error))
@@ -252,8 +279,17 @@ class _Worker:
             self.pool._post(self._answered, message)
         self.process.join()
         self.exited = True
-        self.outbox.put(_STOP)  # ends the writer, which may be waiting for work
+        self.outbox.put(None)  # ends the writer, which may be waiting for work
+        self._let_go()
         self.pool._post(self.pool._died, self)
+
+    def _let_go(self) -> None:
+        """One of its threads is done with its pipe: the last one closes it."""
+        with self._holders_lock:
+            self._holders -= 1
+            last = self._holders == 0
+        if last:
+            self.conn.close()
 
     def _answered(self, message: tuple[Any, ...]) -> None:
         """On the event loop: the worker's ready message, or its answer to the item it holds."""
@@ -289,13 +325,17 @@ class _Worker:
         self.outbox.put((seq, task))
 
     def hung(self, seq: int) -> None:
-        """The watchdog: the item ran past its time; the process is killed (`_read` then replaces it)."""
+        """The watchdog: the item ran past its time; the process is killed (`_read` then replaces it). An
+        item it never read (a process stopped, SIGSTOP, before it did) did not run past anything: it goes to
+        another worker."""
         if seq != self.seq:
             return
         log.warning("worker %d held its work past the watchdog: killed", self.pid)
+        unread = self.taken.value < seq
         future = self._finish()
         if future is not None and not future.done():
-            future.set_exception(WorkTimedOut(f"worker {self.pid} ran past the watchdog"))
+            outcome = _Unread if unread else WorkTimedOut
+            future.set_exception(outcome(f"worker {self.pid} ran past the watchdog"))
         self.kill()
 
     def cancel_item(self, seq: int) -> None:
@@ -392,14 +432,14 @@ class WorkerPool(Executor):
         """On the event loop: `worker`'s process ended. The item it held is answered `WorkerDied` (unless its
         watchdog answered first) and a new process takes its place."""
         if worker.seq >= 0:
+            unread = worker.taken.value < worker.seq
             future = worker._finish()
             if future is not None and not future.done():
-                code = worker.process.exitcode
-                future.set_exception(WorkerDied(f"worker {worker.pid} ended (exit code {code})"))
+                died = _Unread if unread else WorkerDied
+                future.set_exception(died(f"worker {worker.pid} ended (exit code {worker.process.exitcode})"))
         if worker in self._free:
             self._free.remove(worker)
-        for end in (worker.conn, worker.cancel):  # its threads are done with them: no descriptor stays open
-            end.close()
+        worker.cancel.close()  # only this loop writes to it (its pipe is closed by its threads: `_let_go`)
         if self.closing or worker not in self._workers:
             return
         self.restarts += 1
@@ -433,20 +473,23 @@ class WorkerPool(Executor):
     async def submit(self, work: Item) -> Any:
         """Runs `work` in the next free worker; its watchdog starts as the worker takes it. Cancelled, the
         worker is told to stop the item, and is free again once it has (or its watchdog kills it)."""
-        if self.closing:
-            raise RuntimeError("the worker pool is closed")
         self._bind()
-        worker = await self._take()
-        seq = next(self._seq)
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        future.add_done_callback(_retrieved)
-        worker.assign(seq, work.task(), future, watchdog(work))
-        try:
-            return await asyncio.shield(future)
-        except asyncio.CancelledError:
-            if not future.done():
-                worker.cancel_item(seq)
-            raise
+        while True:
+            if self.closing:
+                raise RuntimeError("the worker pool is closed")
+            worker = await self._take()
+            seq = next(self._seq)
+            future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            future.add_done_callback(_retrieved)
+            worker.assign(seq, work.task(), future, watchdog(work))
+            try:
+                return await asyncio.shield(future)
+            except _Unread:
+                continue  # its worker died before it read the item: the next one takes it
+            except asyncio.CancelledError:
+                if not future.done():
+                    worker.cancel_item(seq)
+                raise
 
     def close(self, patience: float = 3.0) -> None:
         """At exit, after the drain: workers get `patience` seconds to finish what they hold (nobody waits
@@ -464,6 +507,15 @@ class WorkerPool(Executor):
             if w.process.is_alive():
                 w.kill()
                 w.process.join(5)
+
+
+def _framed(seq: int, task: Task) -> memoryview:
+    """A task as its worker reads it: its sequence number first, which the worker stores before it unpickles
+    the task (`_Worker.taken`), then the pickle (written after it, not copied onto it)."""
+    out = io.BytesIO()
+    out.write(_SEQ.pack(seq))
+    pickle.dump(task, out, protocol=pickle.HIGHEST_PROTOCOL)
+    return out.getbuffer()
 
 
 def _retrieved(future: asyncio.Future[Any]) -> None:

@@ -1,8 +1,24 @@
-"""Server interceptors: bearer-token auth, per-RPC metrics and logs, and a clean answer to unparsable requests.
+"""The server's one interceptor: bearer-token auth, the caller's name, a clean answer to unparsable requests,
+and per-RPC metrics and logs, in one wrapper per method.
 
-Both wrap the method's behaviour with a function of the same kind, the shape of grpc's own
+They were four interceptors, each with its own `intercept_service` coroutine per call and its own layer of
+wrapping around the handler: 30-50 µs of a unary call (measured with `grpcgrade bench --per-sample`). Now a
+call costs one `intercept_service`, one authorization check on its metadata, and one wrapper, built once per
+method (and once more for its refusal) and reused.
+
+A method's behaviour is wrapped with a function of the same kind, the shape of grpc's own
 latency-interceptor example. A response stream is either an async generator or a coroutine that calls
-`context.write` (grpc's own health `Watch`), so the wrapper is whichever the behaviour is.
+`context.write` (grpc's own health `Watch`), so the wrapper is whichever the behaviour is. What the wrapper
+does, in order:
+
+1. counts the call as started and its request message(s) received, and starts its clock (`observe`);
+2. refuses a call without a valid token (UNAUTHENTICATED), before its request is parsed: a refused call's
+   body is dropped unread, so a stranger cannot make the server parse or hold anything;
+3. answers a request protobuf cannot parse (invalid UTF-8, nesting past its depth limit) INVALID_ARGUMENT
+   saying why, where grpc's aio server would answer UNKNOWN and log a traceback for the client's mistake
+   (streamed requests are parsed as the handler reads them, and left as they are);
+4. sets `core.context.CALLER` from `x-grpcgrade-caller` (the judges' fair share), in the call's own task;
+5. runs the behaviour, then counts the status, the messages sent and the latency, and logs a failure.
 """
 
 from __future__ import annotations
@@ -14,12 +30,13 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from google.protobuf.message import DecodeError
 
+from grpcgrade.core.context import CALLER, CALLER_HEADER, caller_name
 from grpcgrade.core.errors import NOT_A_RESULT, OVERLOADED
 
 from .metrics import Metrics
@@ -27,6 +44,7 @@ from .metrics import Metrics
 log = logging.getLogger("grpcgrade.requests")
 
 OPEN_SERVICES = ("grpc.health.v1.Health",)  # probes must work without credentials
+UNAUTHENTICATED_MESSAGE = "missing or invalid bearer token"
 
 _KINDS = {
     "unary_unary": ("unary", grpc.unary_unary_rpc_method_handler),
@@ -35,129 +53,18 @@ _KINDS = {
     "stream_stream": ("bidi_stream", grpc.stream_stream_rpc_method_handler),
 }
 
-Wrap = Callable[[Callable[..., Any], str, str, str], Callable[..., Any]]
-Check = Callable[[Any, grpc.aio.ServicerContext], Awaitable[None]]
 
-
-def _rewrap(
-    handler: grpc.RpcMethodHandler, method: str, wrap: Wrap, deserializer: Callable[[bytes], Any] | None = None
-) -> grpc.RpcMethodHandler:
-    service, _, name = method.lstrip("/").rpartition("/")
-    for attr, (kind, factory) in _KINDS.items():
-        behavior = getattr(handler, attr)
-        if behavior is not None:
-            return factory(
-                wrap(behavior, kind, service, name),
-                request_deserializer=deserializer or handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-    return handler
-
-
-def _checked_first(behavior: Callable[..., Any], kind: str, check: Check) -> Callable[..., Any]:
-    """`behavior`, run only after `check(request, context)` has returned (it aborts the call to refuse it)."""
-    if inspect.isasyncgenfunction(behavior):
-
-        async def checked_stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-            await check(request, context)
-            async for item in behavior(request, context):
-                yield item
-
-        return checked_stream
-
-    async def checked(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        await check(request, context)
-        return await behavior(request, context)
-
-    return checked
-
-
-class _Wrapping(grpc.aio.ServerInterceptor):
-    """Wraps each method's handler once and reuses the wrapper: wrapping per call cost ~25 µs of a unary call."""
-
-    def __init__(self) -> None:
-        self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
-
-    async def intercept_service(self, continuation: Any, details: grpc.HandlerCallDetails) -> Any:
-        handler = await continuation(details)
-        if handler is None:
-            return None
-        cached = self._wrapped.get(details.method)
-        if cached is not None and cached[0] is handler:
-            return cached[1]
-        wrapped = self._intercept(handler, details.method)
-        self._wrapped[details.method] = (handler, wrapped)
-        return wrapped
-
-    def _intercept(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
-        raise NotImplementedError
-
-
-def _metadata(context: grpc.aio.ServicerContext, key: str) -> str:
+def metadata_value(context: grpc.aio.ServicerContext[Any, Any], key: str) -> str:
+    """The call's metadata value for `key` as text ("" without one)."""
     for k, v in context.invocation_metadata() or ():
         if k == key:
-            return v if isinstance(v, str) else v.decode()
+            return v if isinstance(v, str) else v.decode(errors="replace")
     return ""
 
 
 def _refused(request: bytes) -> None:
     """The request deserializer of a refused call: the bytes are dropped unread."""
     return None
-
-
-class AuthInterceptor(grpc.aio.ServerInterceptor):
-    """Calls must carry `authorization: Bearer <token>`; compared in constant time, never logged.
-
-    The token is checked on the call's metadata, before the request message is parsed: a refused call's
-    body is dropped unread (its deserializer ignores it), so a stranger cannot make the server parse, or
-    hold, anything.
-    """
-
-    def __init__(self, tokens: list[str]) -> None:
-        self._tokens = [t.encode() for t in tokens if t]
-        self._refusals: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
-
-    def _allowed(self, metadata: Any) -> bool:
-        header = ""
-        for k, v in metadata or ():
-            if k == "authorization":
-                header = v if isinstance(v, str) else v.decode(errors="replace")
-                break
-        scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer":
-            return False
-        presented = token.strip().encode()
-        return any(hmac.compare_digest(presented, t) for t in self._tokens)
-
-    async def intercept_service(self, continuation: Any, details: grpc.HandlerCallDetails) -> Any:
-        handler = await continuation(details)
-        if handler is None or details.method.lstrip("/").startswith(OPEN_SERVICES):
-            return handler
-        if self._allowed(details.invocation_metadata):
-            return handler
-        cached = self._refusals.get(details.method)
-        if cached is not None and cached[0] is handler:
-            return cached[1]
-        refusal = _rewrap(handler, details.method, lambda behavior, kind, *_: _refuse(behavior), _refused)
-        self._refusals[details.method] = (handler, refusal)
-        return refusal
-
-
-def _refuse(behavior: Callable[..., Any]) -> Callable[..., Any]:
-    """A behavior of the same kind as `behavior` that answers UNAUTHENTICATED and does nothing else."""
-    message = "missing or invalid bearer token"
-    if inspect.isasyncgenfunction(behavior):
-
-        async def refuse_stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
-            yield  # pragma: no cover - abort raises; the yield makes this an async generator
-
-        return refuse_stream
-
-    async def refuse(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
-
-    return refuse
 
 
 class _Unparsable:
@@ -167,29 +74,14 @@ class _Unparsable:
         self.error = error
 
 
-class DecodeGuardInterceptor(_Wrapping):
-    """A request protobuf cannot parse (invalid UTF-8 in a string, nesting past its depth limit) is answered
-    INVALID_ARGUMENT saying why; grpc's aio server would answer UNKNOWN and log a traceback for the client's
-    mistake. Install it innermost: authentication still comes first, and the outer interceptors log and
-    count the call. Streamed requests are parsed as the handler reads them and are left as they are.
-    """
+def _guarded(parse: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+    def guarded_parse(raw: bytes) -> Any:
+        try:
+            return parse(raw)
+        except DecodeError as exc:
+            return _Unparsable(exc)
 
-    def _intercept(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
-        if handler.request_streaming or handler.request_deserializer is None:
-            return handler
-        parse = handler.request_deserializer
-
-        def guarded_parse(raw: bytes) -> Any:
-            try:
-                return parse(raw)
-            except DecodeError as exc:
-                return _Unparsable(exc)
-
-        async def check(request: Any, context: grpc.aio.ServicerContext) -> None:
-            if isinstance(request, _Unparsable):
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"unparsable request: {request.error}")
-
-        return _rewrap(handler, method, lambda behavior, kind, *_: _checked_first(behavior, kind, check), guarded_parse)
+    return guarded_parse
 
 
 DEADLINE_SKEW_SECONDS = 0.02
@@ -197,13 +89,13 @@ MAX_REQUEST_ID_CHARS = 64
 _UNSAFE_IN_ID = re.compile(r"[^A-Za-z0-9._:/@+=-]")
 
 
-def _request_id(context: grpc.aio.ServicerContext) -> str:
+def _request_id(context: grpc.aio.ServicerContext[Any, Any]) -> str:
     """The caller's `x-request-id`, fit for a log line (safe characters only, capped), or a fresh one."""
-    given = _UNSAFE_IN_ID.sub("_", _metadata(context, "x-request-id")[:MAX_REQUEST_ID_CHARS])
+    given = _UNSAFE_IN_ID.sub("_", metadata_value(context, "x-request-id")[:MAX_REQUEST_ID_CHARS])
     return given or uuid.uuid4().hex[:16]
 
 
-def _code_of(context: grpc.aio.ServicerContext, exc: BaseException | None) -> str:
+def _code_of(context: grpc.aio.ServicerContext[Any, Any], exc: BaseException | None) -> str:
     code = context.code()
     if isinstance(code, grpc.StatusCode):
         return code.name
@@ -226,7 +118,7 @@ class _CountingWrites:
     """A servicer context whose `write` also counts the message sent (a stream written with `context.write`);
     everything else is the context's own."""
 
-    def __init__(self, context: grpc.aio.ServicerContext, sent: Any) -> None:
+    def __init__(self, context: grpc.aio.ServicerContext[Any, Any], sent: Any) -> None:
         self._context = context
         self._sent = sent
 
@@ -248,114 +140,208 @@ def _with_status(exc: BaseException) -> BaseException:
     return RuntimeError(f"{type(exc).__name__}: {exc}")
 
 
-class ObservingInterceptor(_Wrapping):
-    """go-grpc-prometheus counters and latency, one debug log line per call, a warning per failure."""
+class _Observer:
+    """One method's go-grpc-prometheus counters and latency, its debug log line per call and warning per
+    failure; its label children bound once (`.labels()` costs more than the increment)."""
 
-    def __init__(self, metrics: Metrics | None) -> None:
-        super().__init__()
-        self.metrics = metrics
+    def __init__(self, metrics: Any, kind: str, service: str, method: str) -> None:
+        self.m = metrics
+        self.service, self.method = service, method
+        self.labels = (kind, service, method)
+        self.streaming_in = kind in ("client_stream", "bidi_stream")
+        self.streaming_out = kind in ("server_stream", "bidi_stream")
+        if metrics is not None:
+            self.started, self.received = metrics.started.labels(*self.labels), metrics.received.labels(*self.labels)
+            self.sent, self.handling = metrics.sent.labels(*self.labels), metrics.handling.labels(*self.labels)
+            self.handled: dict[str, Any] = {}
 
-    def _intercept(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
-        return _rewrap(handler, method, self._wrap)
+    async def _counted(self, requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
+        async for r in requests:
+            self.received.inc()
+            yield r
 
-    def _wrap(self, behavior: Callable[..., Any], kind: str, service: str, method: str) -> Callable[..., Any]:
-        m = self.metrics
-        labels = (kind, service, method)
-        streaming_in = kind in ("client_stream", "bidi_stream")
-        streaming_out = kind in ("server_stream", "bidi_stream")
-        if m is not None:  # bound once per method: `.labels()` costs more than the increment
-            started, received = m.started.labels(*labels), m.received.labels(*labels)
-            sent, handling = m.sent.labels(*labels), m.handling.labels(*labels)
-            handled: dict[str, Any] = {}
-
-        def begin(context: grpc.aio.ServicerContext) -> float:
-            if m is not None:
-                started.inc()
-            return time.perf_counter()
-
-        def finish(context: grpc.aio.ServicerContext, t0: float, exc: BaseException | None) -> None:
-            """Counts the call, and logs it; its request id is read only for a line that is written (reading
-            the metadata, and a fresh id for a call without one, cost ~3 us of every call)."""
-            code = _code_of(context, exc)
-            elapsed = time.perf_counter() - t0
-            if m is not None:
-                if code not in handled:
-                    handled[code] = m.handled.labels(*labels, code)
-                handled[code].inc()
-                handling.observe(elapsed)
-            if code == "OK":
-                if log.isEnabledFor(logging.DEBUG):
-                    rid = _request_id(context)
-                    log.debug("rpc %s/%s request_id=%s code=OK seconds=%.4f", service, method, rid, elapsed)
+    def arrive(self, request: Any) -> tuple[Any, float]:
+        """Count the call and its request message(s); the start time for `finish`."""
+        if self.m is not None:
+            self.started.inc()
+            if self.streaming_in:
+                request = self._counted(request)
             else:
-                details = context.details() if hasattr(context, "details") else ""
-                # A refusal for load is counted (grpcgrade_calls_refused_total), not logged one by one: a crowd
-                # refused by the thousand would spend the event loop on log lines when it has least to spare.
-                refused = code == "RESOURCE_EXHAUSTED" and str(details).startswith(OVERLOADED)
-                level = logging.DEBUG if refused else logging.WARNING
-                if log.isEnabledFor(level):
-                    log.log(
-                        level,
-                        "rpc %s/%s request_id=%s code=%s seconds=%.4f details=%s",
-                        service,
-                        method,
-                        _request_id(context),
-                        code,
-                        elapsed,
-                        details or (repr(exc) if exc else ""),
-                    )
+                self.received.inc()
+        return request, time.perf_counter()
 
-        async def counted(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
-            async for r in requests:
-                if m is not None:
-                    received.inc()
-                yield r
+    def finish(self, context: grpc.aio.ServicerContext[Any, Any], t0: float, exc: BaseException | None) -> None:
+        """Counts the call, and logs it; its request id is read only for a line that is written (reading
+        the metadata, and a fresh id for a call without one, cost ~3 us of every call)."""
+        code = _code_of(context, exc)
+        elapsed = time.perf_counter() - t0
+        if self.m is not None:
+            handled = self.handled.get(code)
+            if handled is None:
+                handled = self.handled[code] = self.m.handled.labels(*self.labels, code)
+            handled.inc()
+            self.handling.observe(elapsed)
+        if code == "OK":
+            if log.isEnabledFor(logging.DEBUG):
+                rid = _request_id(context)
+                log.debug("rpc %s/%s request_id=%s code=OK seconds=%.4f", self.service, self.method, rid, elapsed)
+            return
+        details = context.details() if hasattr(context, "details") else ""
+        # A refusal for load is counted (grpcgrade_calls_refused_total), not logged one by one: a crowd
+        # refused by the thousand would spend the event loop on log lines when it has least to spare.
+        refused = code == "RESOURCE_EXHAUSTED" and str(details).startswith(OVERLOADED)
+        level = logging.DEBUG if refused else logging.WARNING
+        if log.isEnabledFor(level):
+            log.log(
+                level,
+                "rpc %s/%s request_id=%s code=%s seconds=%.4f details=%s",
+                self.service,
+                self.method,
+                _request_id(context),
+                code,
+                elapsed,
+                details or (repr(exc) if exc else ""),
+            )
 
-        def arrive(request: Any, context: grpc.aio.ServicerContext) -> tuple[Any, float]:
-            """Count the call and its request message(s); the start time for `finish`."""
-            t0 = begin(context)
-            if streaming_in:
-                return counted(request), t0
-            if m is not None:
-                received.inc()
-            return request, t0
 
-        if inspect.isasyncgenfunction(behavior):
+async def _refuse(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+    await context.abort(grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED_MESSAGE)
 
-            async def stream_behavior(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-                request, t0 = arrive(request, context)
-                exc: BaseException | None = None
-                try:
-                    async for item in behavior(request, context):
-                        if m is not None:
-                            sent.inc()
-                        yield item
-                except BaseException as e:
-                    exc = _with_status(e)
-                    if exc is e:
-                        raise
-                    raise exc from e
-                finally:
-                    finish(context, t0, exc)
 
-            return stream_behavior
+async def _refuse_stream(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
+    await context.abort(grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED_MESSAGE)
+    yield  # pragma: no cover - abort raises; the yield makes this an async generator
 
-        async def unary_behavior(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            """Also runs a stream written with `context.write`, counting the messages written."""
-            request, t0 = arrive(request, context)
+
+def _wrap(behavior: Callable[..., Any], observer: _Observer | None, guarded: bool) -> Callable[..., Any]:
+    """`behavior` run as the module's docstring says: counted and logged (with an `observer`), its request
+    checked for parsing (`guarded`), with `CALLER` set."""
+    m = observer.m if observer is not None else None
+    streaming_out = observer is not None and observer.streaming_out
+
+    if inspect.isasyncgenfunction(behavior):
+
+        async def stream_behavior(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
+            t0 = 0.0
+            if observer is not None:
+                request, t0 = observer.arrive(request)
             exc: BaseException | None = None
             try:
-                given = _CountingWrites(context, sent) if m is not None and streaming_out else context
-                response = await behavior(request, given)
-                if m is not None and not streaming_out:
-                    sent.inc()
-                return response
+                if guarded and isinstance(request, _Unparsable):
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"unparsable request: {request.error}")
+                CALLER.set(caller_name(metadata_value(context, CALLER_HEADER)))
+                async for item in behavior(request, context):
+                    if m is not None:
+                        observer.sent.inc()  # type: ignore[union-attr]
+                    yield item
             except BaseException as e:
                 exc = _with_status(e)
                 if exc is e:
                     raise
                 raise exc from e
             finally:
-                finish(context, t0, exc)
+                if observer is not None:
+                    observer.finish(context, t0, exc)
 
-        return unary_behavior
+        return stream_behavior
+
+    async def unary_behavior(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        """Also runs a stream written with `context.write`, counting the messages written."""
+        t0 = 0.0
+        if observer is not None:
+            request, t0 = observer.arrive(request)
+        exc: BaseException | None = None
+        try:
+            if guarded and isinstance(request, _Unparsable):
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"unparsable request: {request.error}")
+            CALLER.set(caller_name(metadata_value(context, CALLER_HEADER)))
+            if m is not None and streaming_out:
+                response = await behavior(request, _CountingWrites(context, observer.sent))  # type: ignore[union-attr]
+            else:
+                response = await behavior(request, context)
+                if m is not None:
+                    observer.sent.inc()  # type: ignore[union-attr]
+            return response
+        except BaseException as e:
+            exc = _with_status(e)
+            if exc is e:
+                raise
+            raise exc from e
+        finally:
+            if observer is not None:
+                observer.finish(context, t0, exc)
+
+    return unary_behavior
+
+
+if TYPE_CHECKING:  # generic only to the type checker
+    Handler = grpc.RpcMethodHandler[Any, Any]
+
+
+class ServiceInterceptor(grpc.aio.ServerInterceptor):
+    """Every call's auth, caller, decode guard and observation (the module's docstring), one wrapper per
+    method reused from call to call (wrapping per call cost ~25 µs of a unary call).
+
+    `tokens`: the bearer tokens a call must carry (none: no auth). `observe`: count and log each call (into
+    `metrics` when there are metrics); the engine's private socket, whose calls are the faces' and counted
+    there, does not."""
+
+    def __init__(self, metrics: Metrics | Any | None, tokens: list[str] | None = None, *, observe: bool = True) -> None:
+        self.metrics = metrics
+        self.observe = observe
+        self._tokens = [t.encode() for t in tokens or () if t]
+        self._wrapped: dict[str, tuple[grpc.RpcMethodHandler[Any, Any], grpc.RpcMethodHandler[Any, Any]]] = {}
+        self._refusals: dict[str, tuple[grpc.RpcMethodHandler[Any, Any], grpc.RpcMethodHandler[Any, Any]]] = {}
+
+    def allowed(self, method: str, metadata: Any) -> bool:
+        """Whether a call of `method` with `metadata` may run: open services and servers without tokens
+        always; otherwise `authorization: Bearer <token>`, compared in constant time, never logged."""
+        if not self._tokens or method.lstrip("/").startswith(OPEN_SERVICES):
+            return True
+        header = ""
+        for k, v in metadata or ():
+            if k == "authorization":
+                header = v if isinstance(v, str) else v.decode(errors="replace")
+                break
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer":
+            return False
+        presented = token.strip().encode()
+        return any(hmac.compare_digest(presented, t) for t in self._tokens)
+
+    async def intercept_service(self, continuation: Any, details: grpc.HandlerCallDetails) -> Any:
+        handler = await continuation(details)
+        if handler is None:
+            return None
+        method = details.method
+        cache = self._wrapped if self.allowed(method, details.invocation_metadata) else self._refusals
+        cached = cache.get(method)
+        if cached is not None and cached[0] is handler:
+            return cached[1]
+        wrapped = self.wrap(handler, method, refused=cache is self._refusals)
+        cache[method] = (handler, wrapped)
+        return wrapped
+
+    def wrap(
+        self, handler: grpc.RpcMethodHandler[Any, Any], method: str, *, refused: bool = False
+    ) -> grpc.RpcMethodHandler[Any, Any]:
+        """`handler` wrapped (`refused`: a handler of the same kind that answers UNAUTHENTICATED)."""
+        service, _, name = method.lstrip("/").rpartition("/")
+        for attr, (kind, factory) in _KINDS.items():
+            behavior = getattr(handler, attr)
+            if behavior is None:
+                continue
+            observer = _Observer(self.metrics, kind, service, name) if self.observe else None
+            deserializer = handler.request_deserializer
+            guarded = not handler.request_streaming and deserializer is not None
+            if refused:
+                behavior = _refuse_stream if inspect.isasyncgenfunction(behavior) else _refuse
+                deserializer, guarded = _refused, False
+            elif guarded and deserializer is not None:
+                deserializer = _guarded(deserializer)
+            return factory(
+                _wrap(behavior, observer, guarded),
+                request_deserializer=deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        return handler

@@ -1,11 +1,14 @@
-"""What `grpcgrade serve` is told (`ServeOptions`) and what it reads from that: the configuration and the
-auth tokens. Shared by the server's process and its HTTP face processes (`http.process`), which read the
-same files to resolve the same rewards with the same tokens."""
+"""What `grpcgrade serve` is told (`ServeOptions`) and what it reads from that: the configuration, the
+auth tokens, the TLS credentials and the public gRPC port's settings. Shared by the server's process and
+its face processes (`face_process`), which read the same files to resolve the same rewards with the same
+tokens, and serve the public gRPC port as the server's process does without them."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import grpc
 
 from grpcgrade.core import tokens as token_counts
 from grpcgrade.core.config import ServerConfig, load_config
@@ -31,6 +34,7 @@ class ServeOptions:
     http_host: str = "127.0.0.1"
     http_port: int | None = None  # None: no HTTP face; 0: a free port (see Service.http_port)
     http_processes: int | None = None  # None: the config's `http.processes`
+    grpc_processes: int | None = None  # None: the config's `grpc.processes`; >= 1: gRPC face processes
     ray_address: str | None = None  # the workers as actors on this Ray cluster (core.executors_ray)
     tokenizer: str | None = None  # None: the config's `tokenizer:` (core.tokens)
     extra_options: list[tuple[str, int]] = field(default_factory=list)
@@ -62,3 +66,36 @@ def read_tokens(path: str | None) -> list[str]:
     if not tokens:
         raise ValueError(f"{path}: no token in the auth token file")
     return tokens
+
+
+def server_credentials(opts: ServeOptions) -> grpc.ServerCredentials | None:
+    """The public gRPC port's TLS credentials (None: plaintext)."""
+    if not (opts.tls_cert and opts.tls_key):
+        return None
+    client_ca = Path(opts.tls_client_ca).read_bytes() if opts.tls_client_ca else None
+    return grpc.ssl_server_credentials(
+        [(Path(opts.tls_key).read_bytes(), Path(opts.tls_cert).read_bytes())],
+        root_certificates=client_ca,
+        require_client_auth=client_ca is not None,
+    )
+
+
+def public_server_options(opts: ServeOptions, config: ServerConfig, *, shared: bool) -> list[tuple[str, int]]:
+    """The gRPC server options of whoever serves the public gRPC port: the server's process (`shared`
+    False: a second server on the same port fails instead of sharing it) or its gRPC face processes
+    (`shared`: they listen on it together, SO_REUSEPORT)."""
+    max_bytes = config.limits.max_message_bytes
+    pending = config.limits.max_pending_calls  # past gRPC's own pending limit its core cancels calls (admission)
+    return [
+        ("grpc.so_reuseport", 1 if shared else 0),
+        ("grpc.max_receive_message_length", max_bytes),
+        ("grpc.max_send_message_length", max_bytes),
+        ("grpc.server.max_pending_requests", pending),
+        ("grpc.server.max_pending_requests_hard_limit", pending),
+        ("grpc.keepalive_time_ms", 60_000),
+        ("grpc.keepalive_timeout_ms", 20_000),
+        ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+        ("grpc.max_connection_age_ms", 30 * 60_000),  # lets L4 balancers spread long-lived clients
+        ("grpc.max_connection_age_grace_ms", int(opts.grace_seconds * 1000)),
+        *opts.extra_options,
+    ]

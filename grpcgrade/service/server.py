@@ -15,7 +15,6 @@ import signal
 import socket
 import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -26,7 +25,7 @@ from grpcgrade.core.admission import Admission
 from grpcgrade.core.cached_grading import CachedGrading
 from grpcgrade.core.canaries import CanaryResult, run_canaries, watch
 from grpcgrade.core.coalesce import ServerCoalescer
-from grpcgrade.core.config import MAX_HTTP_PROCESSES, ServerConfig
+from grpcgrade.core.config import MAX_GRPC_PROCESSES, MAX_HTTP_PROCESSES, ServerConfig
 from grpcgrade.core.engine import Engine
 from grpcgrade.core.errors import ConfigError, InvalidParams, PortUnavailable, UnknownGrader
 from grpcgrade.core.executors import Executor
@@ -39,13 +38,12 @@ from grpcgrade.v1 import grading_pb2 as pb
 
 from .admin import SERVICE_NAME as ADMIN_SERVICE_NAME
 from .admin import AdminServicer
-from .callers import CallerInterceptor
-from .http.faces import FaceProcesses
-from .interceptors import AuthInterceptor, DecodeGuardInterceptor, ObservingInterceptor
+from .faces import FaceProcesses
+from .interceptors import ServiceInterceptor
 from .lifecycle import POOL_PATIENCE_SECONDS, SHUTDOWN_MARGIN_SECONDS, exit_deadline, settle_heap, tune_process
 from .loop_watch import install_from_env as watch_the_loop
 from .metrics import Metrics
-from .options import ServeOptions, read_config, read_tokens
+from .options import ServeOptions, public_server_options, read_config, read_tokens, server_credentials
 from .servicer import GradingServicer, add_to_server
 
 log = logging.getLogger("grpcgrade.service.server")
@@ -86,17 +84,6 @@ class DrainingHealthServicer(health.aio.HealthServicer):
         await super().enter_graceful_shutdown()
 
 
-def _credentials(opts: ServeOptions) -> grpc.ServerCredentials | None:
-    if not (opts.tls_cert and opts.tls_key):
-        return None
-    client_ca = Path(opts.tls_client_ca).read_bytes() if opts.tls_client_ca else None
-    return grpc.ssl_server_credentials(
-        [(Path(opts.tls_key).read_bytes(), Path(opts.tls_cert).read_bytes())],
-        root_certificates=client_ca,
-        require_client_auth=client_ca is not None,
-    )
-
-
 @dataclass
 class Service:
     """A built, not yet started, server and what it grades with; `serve` runs one until a signal, tests
@@ -112,8 +99,9 @@ class Service:
     metrics: Metrics | None
     pool: Executor | None
     tls: bool
-    #: The HTTP face processes (`http.faces`), and the server they grade through: the same servicer on a
-    #: Unix-domain socket in `engine_dir`, a directory only this user can enter (None without a face).
+    #: The face processes (`faces`), and the server they grade through: the same servicer on a Unix-domain
+    #: socket in `engine_dir`, a directory only this user can enter (None without a face). With gRPC face
+    #: processes, `server` itself is that private server: the faces own the public port.
     faces: FaceProcesses | None = None
     engine_server: grpc.aio.Server | None = None
     engine_dir: str | None = None
@@ -143,8 +131,8 @@ class Service:
         if self.pool is not None:  # every worker up, plugins loaded, graders warmed (`workers.warm`)
             await self.pool.ready()
         if self.faces is not None:  # listening before SERVING
-            assert self.engine_server is not None
-            await self.engine_server.start()
+            if self.engine_server is not None:
+                await self.engine_server.start()
             await self.faces.start()
             self.http_port = self.faces.port
         canaries = self.config.canaries
@@ -165,10 +153,10 @@ class Service:
             ", TLS" if self.tls else "",
             f", metrics on {self.options.metrics_host}:{self.options.metrics_port}" if self.metrics else "",
         )
-        if self.faces is not None:
-            log.info(
-                "HTTP face on %s:%d (%d processes)", self.options.http_host, self.faces.port, len(self.faces.faces)
-            )
+        if self.faces is not None and self.faces.grpc:
+            log.info("gRPC face processes: %d on %s:%d", self.faces.grpc, self.options.host, self.port)
+        if self.faces is not None and self.faces.port is not None:
+            log.info("HTTP face on %s:%d (%d processes)", self.options.http_host, self.faces.port, self.faces.http)
 
     async def _set_health(self) -> None:
         """SERVING, unless a canary fails and the configuration makes that fail the health check."""
@@ -220,8 +208,13 @@ class Service:
             with contextlib.suppress(asyncio.CancelledError):
                 await self.canary_task
         await self.health.enter_graceful_shutdown()
-        # The two faces drain at once, each for the grace period: one after the other took twice as long.
-        await asyncio.gather(self._stop_http(grace), self.server.stop(grace))
+        if self.faces is not None and self.faces.grpc:
+            # The gRPC face processes own the public port: they drain first, through `server`, which then stops.
+            await self._stop_http(grace)
+            await self.server.stop(0.5)
+        else:
+            # The two faces drain at once, each for the grace period: one after the other took twice as long.
+            await asyncio.gather(self._stop_http(grace), self.server.stop(grace))
         await close_judge_clients()  # nothing is judged any more: the judge endpoints' connections close
         if self.pool is not None:  # what workers still hold after the grace, nobody waits for any more
             self.pool.close(patience=max(0.0, min(POOL_PATIENCE_SECONDS, end - loop.time() - 1.5)))
@@ -313,34 +306,23 @@ def build_server(opts: ServeOptions) -> Service:
                 message = token_counts.no_tokenizer_message(name, gates, "the HTTP face (OpenRLHF)")
                 raise ConfigError(f"{source}: default_reward: {message}")
     except Exception:
-        if pool is not None:
-            pool.close(patience=0)
+        pool_close(pool)
         raise
 
-    interceptors: list[grpc.aio.ServerInterceptor] = [ObservingInterceptor(metrics)]
     tokens = read_tokens(opts.auth_token_file)
-    if tokens:
-        interceptors.append(AuthInterceptor(tokens))
-    interceptors.append(CallerInterceptor())  # who calls: the judges' fair share
-    interceptors.append(DecodeGuardInterceptor())  # innermost: after auth, inside the logging and metrics
-    max_bytes = config.limits.max_message_bytes
-    pending = config.limits.max_pending_calls  # past gRPC's own pending limit its core cancels calls (admission)
-    server = grpc.aio.server(
-        interceptors=interceptors,
-        options=[
-            ("grpc.so_reuseport", 0),  # a second server on the same port fails instead of sharing it
-            ("grpc.max_receive_message_length", max_bytes),
-            ("grpc.max_send_message_length", max_bytes),
-            ("grpc.server.max_pending_requests", pending),
-            ("grpc.server.max_pending_requests_hard_limit", pending),
-            ("grpc.keepalive_time_ms", 60_000),
-            ("grpc.keepalive_timeout_ms", 20_000),
-            ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
-            ("grpc.max_connection_age_ms", 30 * 60_000),  # lets L4 balancers spread long-lived clients
-            ("grpc.max_connection_age_grace_ms", int(opts.grace_seconds * 1000)),
-            *opts.extra_options,
-        ],
-    )
+    grpc_faces = config.grpc.processes if opts.grpc_processes is None else opts.grpc_processes
+    if grpc_faces > MAX_GRPC_PROCESSES:
+        pool_close(pool)
+        raise ConfigError(f"--grpc-processes {grpc_faces}: at most {MAX_GRPC_PROCESSES}")
+    if grpc_faces:  # the faces own the public port and count its calls: this server is the private one
+        server = grpc.aio.server(
+            interceptors=[ServiceInterceptor(None, tokens, observe=False)], options=_private_options(config)
+        )
+    else:
+        server = grpc.aio.server(
+            interceptors=[ServiceInterceptor(metrics, tokens)],
+            options=public_server_options(opts, config, shared=False),
+        )
     admission = Admission(config.limits)
     if metrics is not None:
         metrics.watch_admission(admission)
@@ -354,25 +336,26 @@ def build_server(opts: ServeOptions) -> Service:
     services = (SERVICE_NAME, ADMIN_SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME)
     reflection.enable_server_reflection(services, server)
 
-    address = f"{opts.host}:{opts.port}"
-    try:
-        creds = _credentials(opts)
-        port = server.add_secure_port(address, creds) if creds else server.add_insecure_port(address)
-    except RuntimeError as exc:  # grpc's "Failed to bind": in use, or not an address of this machine
-        if pool is not None:
-            pool.close(patience=0)
-        raise PortUnavailable("port", opts.host, opts.port, "the address is in use or not this machine's") from exc
-    except Exception:
-        if pool is not None:
-            pool.close(patience=0)
-        raise
-    service = Service(opts, server, port, health_servicer, engine, registry, config, metrics, pool, creds is not None)
-    if opts.http_port is not None:
+    if grpc_faces:
+        service = _with_grpc_faces(opts, server, health_servicer, engine, registry, config, metrics, pool)
+    else:
+        address = f"{opts.host}:{opts.port}"
         try:
-            _add_faces(service, servicer, tokens)
+            creds = server_credentials(opts)
+            port = server.add_secure_port(address, creds) if creds else server.add_insecure_port(address)
+        except RuntimeError as exc:  # grpc's "Failed to bind": in use, or not an address of this machine
+            pool_close(pool)
+            raise PortUnavailable("port", opts.host, opts.port, "the address is in use or not this machine's") from exc
         except Exception:
-            if pool is not None:
-                pool.close(patience=0)
+            pool_close(pool)
+            raise
+        tls = creds is not None
+        service = Service(opts, server, port, health_servicer, engine, registry, config, metrics, pool, tls)
+    if grpc_faces or opts.http_port is not None:
+        try:
+            _add_faces(service, servicer, tokens, grpc_faces)
+        except Exception:
+            pool_close(pool)
             raise
     coalescing = [c for c in (coalescer, service.faces) if c is not None]
     if metrics is not None and coalescing:
@@ -384,37 +367,69 @@ def build_server(opts: ServeOptions) -> Service:
 ENGINE_SOCKET = "engine.sock"
 
 
-def _add_faces(service: Service, servicer: GradingServicer, tokens: list[str]) -> None:
-    """The HTTP face processes and the private server they grade through: the same servicer (engine,
-    admission, coalescer) behind the same token check, on a Unix-domain socket in a directory only this
-    user can enter; no health, reflection or admin service there, and its calls are not counted as the
-    gRPC face's (each HTTP request is counted by its face)."""
-    opts, config = service.options, service.config
-    count = opts.http_processes or config.http.processes
-    if count > MAX_HTTP_PROCESSES:
-        raise ConfigError(f"--http-processes {count}: at most {MAX_HTTP_PROCESSES}")
-    directory = tempfile.mkdtemp(prefix="grpcgrade-engine-")  # mode 0700
-    interceptors: list[grpc.aio.ServerInterceptor] = [AuthInterceptor(tokens)] if tokens else []
-    interceptors += [CallerInterceptor(), DecodeGuardInterceptor()]
+def pool_close(pool: Executor | None) -> None:
+    if pool is not None:
+        pool.close(patience=0)
+
+
+def _private_options(config: ServerConfig) -> list[tuple[str, int]]:
+    """The engine's private server's options: the message and pending-call limits of the public port."""
     max_bytes, pending = config.limits.max_message_bytes, config.limits.max_pending_calls
-    engine_server = grpc.aio.server(
-        interceptors=interceptors,
-        options=[
-            ("grpc.max_receive_message_length", max_bytes),
-            ("grpc.max_send_message_length", max_bytes),
-            ("grpc.server.max_pending_requests", pending),
-            ("grpc.server.max_pending_requests_hard_limit", pending),
-        ],
-    )
-    add_to_server(servicer, engine_server)
-    path = os.path.join(directory, ENGINE_SOCKET)
-    engine_server.add_insecure_port(f"unix:{path}")
-    service.engine_server, service.engine_dir = engine_server, directory
+    return [
+        ("grpc.max_receive_message_length", max_bytes),
+        ("grpc.max_send_message_length", max_bytes),
+        ("grpc.server.max_pending_requests", pending),
+        ("grpc.server.max_pending_requests_hard_limit", pending),
+    ]
+
+
+def _with_grpc_faces(
+    opts: ServeOptions,
+    server: grpc.aio.Server,
+    health_servicer: DrainingHealthServicer,
+    engine: Engine,
+    registry: Registry,
+    config: ServerConfig,
+    metrics: Metrics | None,
+    pool: Executor | None,
+) -> Service:
+    """The Service whose `server` listens only on the engine's private socket (its directory made here)."""
+    directory = tempfile.mkdtemp(prefix="grpcgrade-engine-")  # mode 0700
+    server.add_insecure_port(f"unix:{os.path.join(directory, ENGINE_SOCKET)}")
+    tls = bool(opts.tls_cert and opts.tls_key)
+    service = Service(opts, server, opts.port, health_servicer, engine, registry, config, metrics, pool, tls)
+    service.engine_dir = directory
+    return service
+
+
+def _add_faces(service: Service, servicer: GradingServicer, tokens: list[str], grpc_faces: int) -> None:
+    """The face processes (`grpc_faces` serving the public gRPC port, and the HTTP face's when it is on)
+    and the private server they grade through: the same servicer (engine, admission, coalescer) behind the
+    same token check, on a Unix-domain socket in a directory only this user can enter. Without gRPC faces
+    that is a server of its own, with GradingService only, whose calls are not counted as the gRPC port's
+    (each HTTP request is counted by its face); with them, `service.server` is already that server."""
+    opts, config = service.options, service.config
+    http_faces = 0
+    if opts.http_port is not None:
+        http_faces = opts.http_processes or config.http.processes
+        if http_faces > MAX_HTTP_PROCESSES:
+            raise ConfigError(f"--http-processes {http_faces}: at most {MAX_HTTP_PROCESSES}")
+    if service.engine_dir is None:
+        directory = tempfile.mkdtemp(prefix="grpcgrade-engine-")  # mode 0700
+        engine_server = grpc.aio.server(
+            interceptors=[ServiceInterceptor(None, tokens, observe=False)], options=_private_options(config)
+        )
+        add_to_server(servicer, engine_server)
+        engine_server.add_insecure_port(f"unix:{os.path.join(directory, ENGINE_SOCKET)}")
+        service.engine_server, service.engine_dir = engine_server, directory
+    path = os.path.join(service.engine_dir, ENGINE_SOCKET)
     try:
-        service.faces = FaceProcesses(opts, f"unix:{path}", count, service.metrics)
+        service.faces = FaceProcesses(opts, f"unix:{path}", http_faces, grpc_faces, service.metrics)
     except Exception:
-        shutil.rmtree(directory, ignore_errors=True)
+        shutil.rmtree(service.engine_dir, ignore_errors=True)
         raise
+    if service.faces.grpc_port is not None:
+        service.port = service.faces.grpc_port
 
 
 async def serve(opts: ServeOptions) -> int:

@@ -180,6 +180,10 @@ class GradingServicer(pb_grpc.GradingServiceServicer):
     def _labels(jobs: Sequence[Job]) -> list[tuple[str, str]]:
         return [(job.spec.label, job.grader.name) for job in jobs]
 
+    def coalescer_for(self, request: pb.EvaluateRequest) -> ServerCoalescer | None:
+        """The coalescer a unary call's sample joins (a gRPC face process keeps one per view, `grpc_face`)."""
+        return self.coalescer
+
     async def Evaluate(self, request: pb.EvaluateRequest, context: grpc.aio.ServicerContext) -> pb.EvaluateResponse:
         try:
             self.admission.enter(1)
@@ -189,8 +193,9 @@ class GradingServicer(pb_grpc.GradingServiceServicer):
         try:
             jobs, timeout = await self._resolve(request, context)
             kwargs = sample_kwargs(request.sample, self.limits, required=required_inputs(jobs))
-            if self.coalescer is not None:  # graded with the concurrent calls of the same plan
-                results, reward = await self.coalescer.grade(jobs, kwargs, timeout, request.reward, request.ByteSize())
+            coalescer = self.coalescer_for(request)
+            if coalescer is not None:  # graded with the concurrent calls of the same plan
+                results, reward = await coalescer.grade(jobs, kwargs, timeout, request.reward, request.ByteSize())
             else:
                 graded = await self.engine.grade_chunk(
                     jobs, [(0, kwargs)], timeout, request.reward, nbytes=request.ByteSize()

@@ -7,9 +7,9 @@ port and all translating to the same engine call (`common.FaceContext.grade`).
 - `slime`, `nemo_gym`: slime's remote reward model and NeMo Gym's `/verify`.
 - `app`: the aiohttp application holding them (`build_http_app`).
 - `limits`: what bounds a hostile client (bodies, parsing, connections).
-- `process`: a face process serving the application; `faces`: the server's side, starting, restarting and
-  draining them on one port; `forward`: their way to the engine's process (BatchEvaluate); `counters`: their
-  counts, sent to the server's /metrics.
+- `forward`: the face processes' way to the engine's process (`service.link.EngineLink`, failures in HTTP's
+  words). The face processes themselves (`service.face_process`), their supervisor (`service.faces`) and
+  their counters (`service.counters`) serve the gRPC face too, and live in `service/`.
 """
 
 from .app import build_http_app

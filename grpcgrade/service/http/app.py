@@ -22,10 +22,10 @@ from grpcgrade.core.engine import Engine
 from grpcgrade.core.samples import Limits
 
 from ..callers import caller_middleware
+from ..counters import FaceCounters
 from ..overload import admission_middleware
 from . import nemo_gym, openai_graders, openrlhf, slime
 from .common import FACE_KEY, NO_FACE, FaceContext, Handler
-from .counters import FaceCounters
 from .forward import EngineLink
 from .limits import mark_head_arrived
 

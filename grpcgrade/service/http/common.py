@@ -44,9 +44,9 @@ from grpcgrade.core.samples import (
 from grpcgrade.core.tokens import no_tokenizer_message, uncounted
 from grpcgrade.grader import GraderError, GraderResult
 
+from ..counters import FaceCounters
 from ..overload import service_unavailable
 from ..rows import ROWS, encoded
-from .counters import FaceCounters
 from .forward import NESTING, UNREACHABLE_RETRY_SECONDS, EngineLink, too_deep
 from .limits import MAX_JSON_DEPTH, BodyError, read_json
 

@@ -1,53 +1,23 @@
-"""The HTTP face's one way to the engine: the service's own gRPC contract, `BatchEvaluate`, on the engine
-process's private socket (`EngineLink`).
-
-A face process (`http.process`) only translates: it reads, bounds and checks what a client sends, and the
-grading is a BatchEvaluate call to the engine's process, exactly as any gRPC client's, with the server's
-token when it has one. So one engine, one cache and quarantine, one worker pool serve every face, and
-nothing an HTTP client sends runs on the gRPC server's event loop.
-
-- A large request goes in pieces of `FORWARD_PIECE` samples, `FORWARD_WINDOW` of them in flight: one
-  message of 100k samples is one long parse on the engine's loop (gRPC callers would queue behind it),
-  a piece a short one.
-- The reward guard keeps its meaning across pieces: each piece carries the time left of the request's
-  `budget_seconds`, and the failures are tallied here over the whole request (`core.guard.FailureTally`),
-  so a request past its `max_failure_ratio` ends (its pieces still in flight cancelled) as it did in one
-  call.
-- Concurrent one-sample requests are gathered by the server's coalescer (`core.coalesce`), with this
-  link in the engine's place: a crowd costs the engine's process a call per chunk, not per sample.
-- The engine's process refusing (RESOURCE_EXHAUSTED, its retry hint) or unreachable (restarting,
-  draining): 503 with Retry-After, never a made-up reward.
+"""The HTTP faces' link to the engine: `link.EngineLink`, whose failed engine calls are HTTP answers
+(`unavailable`: the engine's process refusing (RESOURCE_EXHAUSTED, its retry hint) or unreachable
+(restarting, draining) is 503 with Retry-After, anything else 502, never a made-up reward), and the bound
+on how deep a sample's values may nest to travel in the contract (`too_deep`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import math
-import time
-from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import grpc
 from aiohttp import web
 
-from grpcgrade.core.context import CALLER, CALLER_HEADER, DEFAULT_CALLER
-from grpcgrade.core.engine import Chunk, ChunkResult, Job
-from grpcgrade.core.errors import ErrorCode, SampleProblem
-from grpcgrade.core.grading import Stats, problem_stats
-from grpcgrade.core.guard import FailureTally
-from grpcgrade.core.rewards import reward_stats
-from grpcgrade.core.samples import AGENT_FIELDS, TEXT_FIELDS
-from grpcgrade.grader import GraderError, GraderMode, GraderRank, GraderResult, GraderScore
-from grpcgrade.v1 import grading_pb2 as pb
-from grpcgrade.v1 import grading_pb2_grpc
-
+from .. import link
+from ..link import FORWARD_PIECE, Metadata
 from ..overload import PUSHBACK_KEY
-from ..structs import struct_to_dict
 
-#: Samples per forwarded BatchEvaluate: the engine's loop parses one piece per step (a few ms).
-FORWARD_PIECE = 4096
-#: Pieces of one request in flight at once.
-FORWARD_WINDOW = 2
+__all__ = ["FORWARD_PIECE", "MAX_VALUE_LEVELS", "NESTING", "UNREACHABLE_RETRY_SECONDS", "EngineLink", "too_deep"]
+
 #: How deep a value in a sample's `extra` (or one entry of an agent input) may nest, in protobuf messages:
 #: what a BatchEvaluateRequest carries under protobuf's parsing depth of 100 (measured), a JSON list being
 #: two messages (Value, ListValue) and an object three (Value, Struct, its map entry): 48 lists, or 32
@@ -61,32 +31,6 @@ UNREACHABLE_RETRY_SECONDS = 1
 
 #: gRPC statuses that mean "not now" (the engine's process refused, restarts or drains): 503.
 _UNAVAILABLE = frozenset((grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE))
-#: The keys of a sample's keyword arguments that are a Sample's own fields; every other one is `extra`.
-_OWN_KEYS = frozenset(("sample_id", "responses", *TEXT_FIELDS, *AGENT_FIELDS))
-
-Kwargs = dict[str, Any] | SampleProblem
-
-
-def sample_message(kwargs: dict[str, Any]) -> pb.Sample:
-    """A face's sample (the graders' keyword arguments) as the contract's Sample: texts, agent inputs, and
-    every other key in `extra` (the engine joins it back, `convert.sample_kwargs`)."""
-    out = pb.Sample()
-    for name in TEXT_FIELDS:
-        value = kwargs.get(name)
-        if value is not None:
-            setattr(out, name, value)
-    if kwargs.get("responses"):
-        out.responses.extend(kwargs["responses"])
-    for name in AGENT_FIELDS:
-        value = kwargs.get(name)
-        if value is not None:
-            given = getattr(out, name)
-            given.SetInParent()  # an empty list is an input too
-            given.extend(value)
-    extra = {k: v for k, v in kwargs.items() if k not in _OWN_KEYS}
-    if extra:
-        out.extra.update(extra)
-    return out
 
 
 def too_deep(value: Any) -> bool:
@@ -108,240 +52,23 @@ def too_deep(value: Any) -> bool:
     return False
 
 
-def cache_of(jobs: Sequence[Job]) -> pb.CacheMode:
-    """The cache mode that makes the engine decide each grader's cache use as the face's plan did: the
-    face resolves with the same configuration, so all, none or the per-grader default."""
-    uses = {job.use_cache for job in jobs}
-    if uses == {True}:
-        return pb.CACHE_MODE_ON
-    if uses == {False}:
-        return pb.CACHE_MODE_OFF
-    return pb.CACHE_MODE_UNSPECIFIED
-
-
-def pointwise(jobs: Sequence[Job]) -> bool:
-    """Whether every grader is pointwise (the columns view holds no ranks)."""
-    return all(job.grader.mode is GraderMode.POINTWISE for job in jobs)
-
-
-def _specs(jobs: Sequence[Job]) -> list[pb.GraderSpec]:
-    out = []
-    for job in jobs:
-        spec = pb.GraderSpec(name=job.spec.name, key=job.spec.label, gate=job.spec.gate)
-        if job.spec.params:
-            spec.params.update(dict(job.spec.params))
-        if job.spec.weight is not None:
-            spec.weight = job.spec.weight
-        out.append(spec)
-    return out
-
-
-def _result(message: pb.GraderResult) -> GraderResult:
-    metadata = struct_to_dict(message.metadata) if message.HasField("metadata") else {}
-    if message.HasField("error"):
-        error = message.error
-        return GraderError(message.grader, error.message, message.reason, code=error.code, metadata=metadata)
-    if message.rank:
-        return GraderRank(message.grader, list(message.rank), message.reason, metadata, cached=message.cached)
-    return GraderScore(message.grader, message.score, message.reason, metadata, cached=message.cached)
-
-
-def _from_items(items: Sequence[pb.BatchItem], offset: int, width: int) -> ChunkResult:
-    indices = [offset + item.index for item in items]
-    columns: list[list[GraderResult]] = [[] for _ in range(width)]
-    rewards: list[float | None] = []
-    for item in items:
-        for j, result in enumerate(item.result.results):
-            columns[j].append(_result(result))
-        rewards.append(item.result.reward if item.result.HasField("reward") else None)
-    return ChunkResult(indices, columns, rewards)
-
-
-def _from_columns(message: pb.ResultColumns, offset: int) -> ChunkResult:
-    absent = set(message.reward_absent_rows)
-    rewards = [None if r in absent else value for r, value in enumerate(message.rewards)]
-    columns: list[list[GraderResult]] = []
-    for column in message.scores:
-        errors = dict(zip(column.error_rows, column.errors, strict=True))
-        cached = set(column.cached_rows)
-        name = column.grader
-        columns.append([
-            GraderError(name, errors[r].message, code=errors[r].code) if r in errors
-            else GraderScore(name, score, cached=r in cached)
-            for r, score in enumerate(column.scores)
-        ])  # fmt: skip
-    return ChunkResult([offset + i for i in message.indices], columns, rewards)
-
-
-def unusable_result(jobs: Sequence[Job], indices: Sequence[int], problems: Sequence[SampleProblem]) -> ChunkResult:
-    """Samples the face could not make (each its problem): INVALID_SAMPLE from every grader, no reward,
-    as the engine answers them; they never travel."""
-    columns: list[list[GraderResult]] = [
-        [GraderError(job.grader.name, str(p), code=ErrorCode.INVALID_SAMPLE) for p in problems] for job in jobs
-    ]
-    return ChunkResult(list(indices), columns, [None] * len(problems))
-
-
-def unavailable(exc: grpc.aio.AioRpcError) -> web.HTTPException:
+def unavailable(code: grpc.StatusCode, details: str, trailing: Metadata = ()) -> web.HTTPException:
     """An engine call that failed, in HTTP words: its refusal or absence 503 with a retry hint (the
     engine's own when it gave one), anything else 502 naming the status; never a reward."""
-    code = exc.code()
     if code in _UNAVAILABLE:
         hint = UNREACHABLE_RETRY_SECONDS
-        for key, value in exc.trailing_metadata() or ():
+        for key, value in trailing:
             if key == PUSHBACK_KEY and str(value).isdigit():
                 hint = max(1, math.ceil(int(value) / 1000))
-        text = exc.details() or "the grading engine is not reachable"
+        text = details or "the grading engine is not reachable"
         if code is grpc.StatusCode.UNAVAILABLE:
             text = f"the grading engine is not reachable now ({text}); retry"
         return web.HTTPServiceUnavailable(text=text, headers={"Retry-After": str(hint)})
-    return web.HTTPBadGateway(text=f"the grading engine answered {code.name}: {exc.details()}")
+    return web.HTTPBadGateway(text=f"the grading engine answered {code.name}: {details}")
 
 
-class EngineLink:
-    """A face process's gRPC channel to the engine's process, and the two ways a face grades through it:
-    `grade_chunk` (one call, the coalescer's) and `grade_pieces` (a request's samples in pieces)."""
+class EngineLink(link.EngineLink):
+    """The link as the HTTP faces use it: an engine call that failed is an HTTP answer (`unavailable`)."""
 
-    def __init__(self, target: str, token: str | None, max_message_bytes: int) -> None:
-        options = [
-            ("grpc.max_receive_message_length", max_message_bytes),
-            ("grpc.max_send_message_length", max_message_bytes),
-        ]
-        self.channel = grpc.aio.insecure_channel(target, options=options)
-        self.stub = grading_pb2_grpc.GradingServiceStub(self.channel)  # type: ignore[no-untyped-call]
-        self.metadata: tuple[tuple[str, str], ...] = (("authorization", f"Bearer {token}"),) if token else ()
-        #: Told what the engine's metrics would have counted for samples answered here (the unusable ones:
-        #: INVALID_SAMPLE for each grader, and no reward), so /metrics counts them as before.
-        self.observer: Callable[[list[Stats]], None] | None = None
-
-    async def close(self) -> None:
-        await self.channel.close()
-
-    # The coalescer's engine: every call is gathered (the engine's process decides what runs inline).
-    def inline_small(self, jobs: Sequence[Job], nbytes: int) -> bool:
-        return False
-
-    async def grade_chunk(
-        self, jobs: Sequence[Job], chunk: Chunk, timeout: float | None = None, reward: str = "",
-        deadline: float | None = None, nbytes: int = 0, *, full: bool = False,
-    ) -> ChunkResult:  # fmt: skip
-        """One chunk graded by one BatchEvaluate (its unusable samples answered here); `full`: with each
-        result's reason and metadata (the scores view otherwise)."""
-        parts = [part async for part in self._call(jobs, chunk, reward, timeout, deadline, full=full)]
-        return _joined(parts, [index for index, _ in chunk], len(jobs))
-
-    async def grade_pieces(
-        self,
-        jobs: Sequence[Job],
-        n: int,
-        sample: Callable[[int], Kwargs],
-        reward: str,
-        deadline: float | None,
-        failures: FailureTally | None,
-        *,
-        full: bool = False,
-    ) -> AsyncIterator[ChunkResult]:
-        """Samples 0..n-1 (`sample(i)` makes each, a piece at a time) graded piece by piece
-        (`FORWARD_WINDOW` pieces in flight), each piece's results as they come; TooManyFailures once the
-        request's failures are past its ratio."""
-        starts = list(range(0, n, FORWARD_PIECE))
-        names = [job.grader.name for job in jobs]
-        queue: asyncio.Queue[ChunkResult | BaseException | None] = asyncio.Queue()
-        window = asyncio.Semaphore(FORWARD_WINDOW)
-
-        async def piece(a: int) -> None:
-            async with window:
-                chunk = [(i, sample(i)) for i in range(a, min(a + FORWARD_PIECE, n))]
-                try:
-                    async for part in self._call(jobs, chunk, reward, None, deadline, full=full):
-                        await queue.put(part)
-                except BaseException as exc:
-                    await queue.put(exc)
-                    raise
-                await queue.put(None)  # this piece is done
-
-        tasks = [asyncio.ensure_future(piece(a)) for a in starts]
-        done = ended = 0
-        try:
-            while ended < len(tasks):
-                part = await queue.get()
-                if isinstance(part, BaseException):
-                    raise part
-                if part is None:
-                    ended += 1
-                    continue
-                done += len(part.indices)
-                if failures is not None:
-                    failures.add_columns(names, part.columns, part.rewards)
-                    failures.check()
-                yield part
-            if done != n:  # never expected: the engine answers every sample it takes
-                raise web.HTTPBadGateway(text=f"the grading engine answered {done} of {n} samples")
-        finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-
-    async def _call(
-        self,
-        jobs: Sequence[Job],
-        chunk: Sequence[tuple[int, Kwargs]],
-        reward: str,
-        timeout: float | None,
-        deadline: float | None,
-        *,
-        full: bool = False,
-    ) -> AsyncIterator[ChunkResult]:
-        """One BatchEvaluate of `chunk`'s usable samples; yields its answer's messages (and the unusable
-        samples' answer) with the face's indices."""
-        good = [(i, kw) for i, kw in chunk if not isinstance(kw, SampleProblem)]
-        bad = [(i, kw) for i, kw in chunk if isinstance(kw, SampleProblem)]
-        if bad:
-            if self.observer is not None:
-                stats: list[Stats] = [problem_stats(job.grader.name, len(bad)) for job in jobs]
-                self.observer([*stats, reward_stats(reward, [None] * len(bad))] if reward else stats)
-            yield unusable_result(jobs, [i for i, _ in bad], [p for _, p in bad])
-        if not good:
-            return
-        request = pb.BatchEvaluateRequest(
-            samples=[sample_message(kw) for _, kw in good],
-            view=pb.RESULT_VIEW_FULL if full or not pointwise(jobs) else pb.RESULT_VIEW_COLUMNS,
-            cache=cache_of(jobs),
-        )
-        if reward:
-            request.reward = reward
-        else:
-            request.graders.extend(_specs(jobs))
-        if timeout:
-            request.grader_timeout_seconds = timeout
-        if deadline is not None:
-            request.budget_seconds = max(deadline - time.monotonic(), 0.001)
-        caller = CALLER.get()  # the HTTP request's (`callers.caller_middleware`): the judges' fair share
-        metadata = self.metadata + (((CALLER_HEADER, caller),) if caller != DEFAULT_CALLER else ())
-        positions = [i for i, _ in good]
-        try:
-            async for message in self.stub.BatchEvaluate(request, metadata=metadata):
-                part = (
-                    _from_columns(message.columns, 0)
-                    if message.HasField("columns")
-                    else _from_items(message.items, 0, len(jobs))
-                )
-                yield ChunkResult([positions[k] for k in part.indices], part.columns, part.rewards)
-        except grpc.aio.AioRpcError as exc:
-            raise unavailable(exc) from None
-
-
-def _joined(parts: Sequence[ChunkResult], order: Sequence[int], width: int) -> ChunkResult:
-    """Parts of one chunk's answer as one, in `order` (the chunk's indices)."""
-    where: dict[int, tuple[ChunkResult, int]] = {}
-    for part in parts:
-        for k, index in enumerate(part.indices):
-            where[index] = (part, k)
-    columns: list[list[GraderResult]] = [[] for _ in range(width)]
-    rewards: list[float | None] = []
-    for index in order:
-        part, k = where[index]
-        for j in range(width):
-            columns[j].append(part.columns[j][k])
-        rewards.append(part.rewards[k])
-    return ChunkResult(list(order), columns, rewards)
+    def failed(self, code: grpc.StatusCode, details: str, trailing: Metadata = ()) -> BaseException:
+        return unavailable(code, details, trailing)

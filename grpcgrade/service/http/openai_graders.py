@@ -39,7 +39,7 @@ from grpcgrade.graders.openai.schema import GraderConfigError
 
 from ..callers import caller_middleware
 from .common import MAX_JSON_DEPTH, BodyError, authorized, faced, read_json
-from .forward import NESTING, EngineLink, too_deep
+from .forward import NESTING, UNREACHABLE_RETRY_SECONDS, EngineLink, too_deep
 
 __all__ = ["MAX_JSON_DEPTH", "MOUNT_PATH", "openai_graders_app", "openai_graders_root", "run_response"]
 
@@ -69,8 +69,11 @@ class BadRequest(Exception):
         self.code = code
 
     def response(self) -> web.Response:
+        """The error in OpenAI's shape; a 503 (the body's parsing processes died under it or hung: the server's
+        trouble) with the retry hint every face sends with one."""
         error = {"message": str(self), "type": "invalid_request_error", "param": self.param, "code": self.code}
-        return web.json_response({"error": error}, status=self.status)
+        headers = {"Retry-After": str(UNREACHABLE_RETRY_SECONDS)} if self.status == 503 else None
+        return web.json_response({"error": error}, status=self.status, headers=headers)
 
 
 async def _body(

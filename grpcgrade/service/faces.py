@@ -1,20 +1,22 @@
-"""The HTTP face processes, as the server's process runs them: started before the server says SERVING,
+"""The face processes, as the server's process runs them: started before the server says SERVING,
 restarted when one dies, drained with the server, their counters served on the server's /metrics.
 
-Why processes of their own: on the gRPC server's event loop, a flood of HTTP bodies (or a crowd of
-one-sample posts) gave that loop more short steps than a core can do, and gRPC callers queued behind them
-(`grpcgrade bench --http-stall`: seconds). A face process translates HTTP into the gRPC contract
-(`forward`), so the engine's process sees one BatchEvaluate per piece or per coalesced crowd, and HTTP
-translation uses the machine's other cores.
+Why processes of their own: on the engine's event loop, a flood of HTTP bodies (or a crowd of one-sample
+posts or unary calls) gave that loop more short steps than a core can do, and every caller queued behind
+them (`grpcgrade bench --http-stall`: seconds); and one process answers gRPC calls only as fast as
+grpc.aio's own per-call work on one core allows (`bench --per-sample`). A face process translates its
+protocol into the gRPC contract (`link`), so the engine's process sees one BatchEvaluate per piece or per
+coalesced crowd, and the faces' work uses the machine's other cores. One kind of face process serves
+the HTTP face, the gRPC face or both (`face_process`).
 
-- The port: the server binds it first, with SO_REUSEPORT and without listening (so a port in use fails the
-  start at once, and `--http-port 0` has a port to give the faces); every face process listens on it with
-  SO_REUSEPORT, and the kernel spreads new connections over them. The placeholder never accepts.
+- The ports: the server binds each face's port first, with SO_REUSEPORT and without listening (so a port
+  in use fails the start at once, and port 0 has a port to give the faces); every face process listens on
+  it with SO_REUSEPORT, and the kernel spreads new connections over them. The placeholder never accepts.
 - The engine: the face processes call the server's process on a Unix-domain socket in a directory only
-  this user can enter, with the server's token when it has one (`server.Service`).
-- Counters: each face process sends a request's increments before it answers (`counters`); they are
-  added to the server's counters of the same names and labels, as they arrive and before every scrape
-  (`drain`), so /metrics is one view and a client that has its answer sees it counted.
+  this user can enter, with the server's token when it has one (`server.Service`); a gRPC face relays a
+  client's other calls there with the client's own token.
+- Counters: each face process sends its increments (`counters`); they are added to the server's counters
+  of the same names and labels, as they arrive and before every scrape (`drain`), so /metrics is one view.
 - A face process that dies is started again after `RESTART_PAUSE_SECONDS` (doubling, up to
   `MAX_RESTART_PAUSE_SECONDS`, while they keep dying fast); its in-flight requests are lost with it
   (their clients see the connection end) and nothing else is.
@@ -38,12 +40,12 @@ from grpcgrade import logs
 from grpcgrade.core.errors import ConfigError, PortUnavailable
 from grpcgrade.core.grading import Stats
 
-from ..metrics import Metrics
-from ..options import ServeOptions
-from .counters import COALESCED, COUNTERS, Increment
-from .process import FaceSpec, main
+from .counters import COALESCED, COUNTERS, HISTOGRAMS, Increment
+from .face_process import FaceSpec, main
+from .metrics import Metrics
+from .options import ServeOptions
 
-log = logging.getLogger("grpcgrade.service.http")
+log = logging.getLogger("grpcgrade.service.faces")
 
 #: How long a face process may take to start (import the graders, read the configuration, bind).
 START_SECONDS = 120.0
@@ -66,34 +68,49 @@ class _Face:
         self.pause = RESTART_PAUSE_SECONDS
 
 
-def reserve_port(host: str, port: int) -> socket.socket:
+def reserve_port(host: str, port: int, option: str = "http_port") -> socket.socket:
     """A socket bound to host:port (0: a free port) with SO_REUSEPORT, not listening: the face processes
-    listen beside it. PortUnavailable when the port is taken."""
+    listen beside it. PortUnavailable (naming `option`) when the port is taken."""
     try:
         family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
         sock = socket.socket(family, socket.SOCK_STREAM)
     except OSError as exc:
-        raise PortUnavailable("http_port", host, port, exc.strerror or str(exc)) from exc
+        raise PortUnavailable(option, host, port, exc.strerror or str(exc)) from exc
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.bind((host, port))
     except OSError as exc:
         sock.close()
-        raise PortUnavailable("http_port", host, port, exc.strerror or str(exc)) from exc
+        raise PortUnavailable(option, host, port, exc.strerror or str(exc)) from exc
     return sock
 
 
 class FaceProcesses:
-    """The server's HTTP face processes (`count` of them) on host:port, calling the engine at `engine`."""
+    """The server's face processes, calling the engine at `engine`: `http` of them serve the HTTP face (on
+    `options.http_host:http_port`), `grpc` the public gRPC port (`options.host:port`); max(http, grpc)
+    processes, face i serving HTTP when i < http and gRPC when i < grpc."""
 
-    def __init__(self, options: ServeOptions, engine: str, count: int, metrics: Metrics | None) -> None:
+    def __init__(self, options: ServeOptions, engine: str, http: int, grpc: int, metrics: Metrics | None) -> None:
         self.options = options
         self.engine = engine
         self.metrics = metrics
-        self.placeholder = reserve_port(options.http_host, options.http_port or 0)
-        self.port: int = self.placeholder.getsockname()[1]
-        self.faces = [_Face(i) for i in range(count)]
+        self.http, self.grpc = http, grpc
+        self.placeholders: list[socket.socket] = []
+        #: The HTTP face's port and the public gRPC port, bound (None: no such face).
+        self.port: int | None = None
+        self.grpc_port: int | None = None
+        if http:
+            self.placeholders.append(reserve_port(options.http_host, options.http_port or 0))
+            self.port = self.placeholders[-1].getsockname()[1]
+        if grpc:
+            try:
+                self.placeholders.append(reserve_port(options.host, options.port, "port"))
+            except BaseException:
+                self.close_placeholders()
+                raise
+            self.grpc_port = self.placeholders[-1].getsockname()[1]
+        self.faces = [_Face(i) for i in range(max(http, grpc))]
         self.stopping = False
         self.restarts = 0
         #: What the faces' coalescers gathered (`metrics.watch_coalescer` counts it with the server's).
@@ -106,6 +123,11 @@ class FaceProcesses:
         self._reading = threading.Lock()
         if metrics is not None:
             metrics.before_scrape.append(self.drain)
+
+    def kind(self, face: _Face) -> str:
+        """What `face` serves, for log lines: HTTP, gRPC, or both."""
+        served = [name for name, count in (("HTTP", self.http), ("gRPC", self.grpc)) if face.index < count]
+        return " and ".join(served)
 
     @property
     def pids(self) -> list[int]:
@@ -123,14 +145,17 @@ class FaceProcesses:
             try:
                 await asyncio.wait_for(asyncio.shield(face.ready), START_SECONDS)
             except TimeoutError:
-                raise ConfigError(f"HTTP face process {face.index} did not start within {START_SECONDS:g} s") from None
+                what = f"{self.kind(face)} face process {face.index}"
+                raise ConfigError(f"{what} did not start within {START_SECONDS:g} s") from None
 
     def _spawn(self, face: _Face) -> None:
         levels, formatter = logs.current()
-        spec = FaceSpec(self.options, self.engine, face.index, self.port, levels, formatter)
+        http = self.port if face.index < self.http else None
+        grpc = self.grpc_port if face.index < self.grpc else None
+        spec = FaceSpec(self.options, self.engine, face.index, http, grpc, levels, formatter)
         ours, theirs = self._context.Pipe(duplex=True)
         process = self._context.Process(
-            target=main, args=(spec, theirs, os.getpid()), name=f"grpcgrade-http-{face.index}", daemon=False
+            target=main, args=(spec, theirs, os.getpid()), name=f"grpcgrade-face-{face.index}", daemon=False
         )
         process.start()
         theirs.close()
@@ -164,7 +189,7 @@ class FaceProcesses:
             if kind == "ready":
                 face.ready.set_result(int(value))  # type: ignore[call-overload]
             else:
-                face.ready.set_exception(_start_error(self.options, self.port, str(value)))
+                face.ready.set_exception(_start_error(self.options, str(value)))
 
     def drain(self) -> None:
         """What the face processes have sent, counted now (a scrape's thread calls it before answering)."""
@@ -187,9 +212,10 @@ class FaceProcesses:
         for name, values, amount in increments:
             if name in COALESCED:
                 setattr(self, name, getattr(self, name) + int(amount))
-            elif name in COUNTERS and self.metrics is not None:
-                counter = getattr(self.metrics, name)
-                (counter.labels(*values) if values else counter).inc(amount)
+            elif self.metrics is not None and (name in COUNTERS or name in HISTOGRAMS):
+                metric = getattr(self.metrics, name)
+                child = metric.labels(*values) if values else metric
+                (child.observe if name in HISTOGRAMS else child.inc)(amount)
 
     def _ended(self, face: _Face, process: BaseProcess) -> None:
         loop = asyncio.get_running_loop()
@@ -205,7 +231,8 @@ class FaceProcesses:
                 face.conn.close()
                 face.conn = None
         if face.ready is not None and not face.ready.done():
-            face.ready.set_exception(ConfigError(f"HTTP face process {face.index} exited ({process.exitcode})"))
+            what = f"{self.kind(face)} face process {face.index}"
+            face.ready.set_exception(ConfigError(f"{what} exited ({process.exitcode})"))
             return
         if self.stopping:
             return
@@ -213,8 +240,8 @@ class FaceProcesses:
         pause = face.pause if quick else RESTART_PAUSE_SECONDS
         face.pause = min(pause * 2, MAX_RESTART_PAUSE_SECONDS)
         log.error(
-            "HTTP face process %d (pid %s) exited with %s; starting another in %.1f s",
-            face.index, process.pid, process.exitcode, pause,
+            "%s face process %d (pid %s) exited with %s; starting another in %.1f s",
+            self.kind(face), face.index, process.pid, process.exitcode, pause,
         )  # fmt: skip
         task = loop.create_task(self._restart(face, pause))
         self._tasks.add(task)
@@ -245,11 +272,15 @@ class FaceProcesses:
             await asyncio.sleep(0.05)
         for process in alive:
             if process.exitcode is None:
-                log.warning("HTTP face process pid %s did not drain in time: killed", process.pid)
+                log.warning("face process pid %s did not drain in time: killed", process.pid)
                 process.kill()
                 process.join(1.0)
         await asyncio.sleep(0)  # their sentinels' callbacks: the last counters read
         self.close()
+
+    def close_placeholders(self) -> None:
+        for placeholder in self.placeholders:
+            placeholder.close()
 
     def close(self) -> None:
         """Everything released at once (a failed start, or after `stop`)."""
@@ -270,13 +301,15 @@ class FaceProcesses:
                 with self._reading:
                     face.conn.close()
                     face.conn = None
-        self.placeholder.close()
+        self.close_placeholders()
         if self.metrics is not None and self.drain in self.metrics.before_scrape:
             self.metrics.before_scrape.remove(self.drain)
 
 
-def _start_error(options: ServeOptions, port: int, message: str) -> Exception:
-    """A face process's failed start as the server's error: the port's, or the configuration's."""
+def _start_error(options: ServeOptions, message: str) -> Exception:
+    """A face process's failed start as the server's error: a port's, or the configuration's."""
     if "Errno" in message and ("address" in message.lower() or "bind" in message.lower()):
-        return PortUnavailable("http_port", options.http_host, port, message)
-    return ConfigError(f"HTTP face process: {message}")
+        if "gRPC port" in message:
+            return PortUnavailable("port", options.host, options.port, message)
+        return PortUnavailable("http_port", options.http_host, options.http_port or 0, message)
+    return ConfigError(f"face process: {message}")

@@ -1,0 +1,347 @@
+"""The public gRPC port served by face processes (`grpc.processes`, `service/grpc_face.py`): they listen on
+it side by side and the engine's process does not; a crowd of unary calls is coalesced into BatchEvaluate
+calls to the engine and every call gets its own sample's score; every other method is relayed to the
+engine as it is (the same answers as the engine's own port); a killed face is replaced; a bad token is
+refused at the face; an engine that is away is UNAVAILABLE, never a score; deadlines and cancellation
+reach the engine's workers. Expected scores come from `json.loads` (`expected.json_score`) and from a
+server without gRPC face processes answering the same requests."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+from collections import Counter
+
+import grpc
+import pytest
+from expected import json_score
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
+
+from grpcgrade.core.config import ServerConfig, parse_config
+from grpcgrade.core.engine import Engine
+from grpcgrade.core.errors import ConfigError
+from grpcgrade.core.registry import get_registry
+from grpcgrade.service.convert import sample_to_pb, specs_to_pb
+from grpcgrade.service.counters import FaceCounters
+from grpcgrade.service.grpc_face import build_grpc_face
+from grpcgrade.service.link import EngineLink
+from grpcgrade.testing import (
+    ServerProcess,
+    cpu_seconds,
+    cpu_when_idle,
+    eventually,
+    face_pids,
+    free_port,
+    health_status,
+    worker_pids,
+)
+from grpcgrade.v1 import admin_pb2, admin_pb2_grpc
+from grpcgrade.v1 import grading_pb2 as pb
+from grpcgrade.v1 import grading_pb2_grpc as pb_grpc
+
+CONFIG = """
+default_reward: valid_json
+cache: {enabled: false}
+rewards:
+  valid_json:
+    - {name: json_validator}
+    - {name: sleepy, params: {seconds: 0.001, heavy: false}, gate: true}
+"""
+TOKEN = "grpc-face-token"
+AUTH = (("authorization", f"Bearer {TOKEN}"),)
+CROWD = 3000
+
+
+def responses(n: int) -> list[str]:
+    """Distinct responses, about a third of them not JSON."""
+    return [f'{{"n": {i}}}' if i % 3 else f"{{n: {i}" for i in range(n)]
+
+
+@pytest.fixture(scope="module")
+def faces(face_server) -> ServerProcess:
+    return face_server(CONFIG, token=TOKEN, workers=2, more=["--grpc-processes", "2"])
+
+
+@pytest.fixture(scope="module")
+def direct(face_server) -> ServerProcess:
+    """The same configuration served by the engine's process itself (no gRPC face process)."""
+    return face_server(CONFIG, token=TOKEN, workers=2)
+
+
+def listeners(port: int) -> set[int]:
+    """The PIDs listening on `port`, IPv4 or IPv6 (grpc listens on 127.0.0.1 with an IPv6 socket), per `ss`."""
+    listing = subprocess.run(["ss", "-Hltnp", f"sport = :{port}"], capture_output=True, text=True, check=True).stdout
+    return {int(pid) for pid in re.findall(r"pid=(\d+)", listing)}
+
+
+def stub(channel: grpc.Channel) -> pb_grpc.GradingServiceStub:
+    return pb_grpc.GradingServiceStub(channel)  # type: ignore[no-untyped-call]
+
+
+def test_the_faces_listen_on_the_grpc_port_and_the_engine_process_does_not(faces):
+    pids = face_pids(faces.proc.pid)
+    assert len(pids) == 2
+    assert listeners(faces.port) == set(pids)  # the server only holds the port (SO_REUSEPORT)
+    assert health_status(faces.target) == health_pb2.HealthCheckResponse.SERVING  # the engine's, relayed
+
+
+def test_a_crowd_of_unary_calls_through_the_faces_is_answered_every_call(faces):
+    texts = responses(CROWD)
+    outcomes: Counter[str] = Counter()
+    samples_before = faces.metric("grpcgrade_coalesced_samples_total")
+    chunks_before = faces.metric("grpcgrade_coalesced_chunks_total")
+    ok_before = faces.metric("grpc_server_handled_total", grpc_method="Evaluate", grpc_code="OK")
+
+    async def crowd() -> list[tuple[float, float, float]]:
+        async with grpc.aio.insecure_channel(faces.target) as channel:
+            evaluate = stub(channel).Evaluate
+            graders = specs_to_pb(["json_validator"])
+
+            async def one(text: str) -> tuple[float, float, float]:
+                request = pb.EvaluateRequest(reward="valid_json", sample=sample_to_pb({"response": text}))
+                if len(text) % 2:  # half of them name the grader instead of the reward: two plans at once
+                    request = pb.EvaluateRequest(graders=graders, sample=sample_to_pb({"response": text}))
+                try:
+                    response = await evaluate(request, metadata=AUTH, timeout=300)
+                except grpc.aio.AioRpcError as exc:
+                    outcomes[exc.code().name] += 1
+                    return (-1.0, -1.0, -1.0)
+                outcomes["OK"] += 1
+                gate = response.results[1].score if len(response.results) > 1 else 1.0
+                return response.results[0].score, gate, response.reward
+
+            return await asyncio.gather(*(one(t) for t in texts))
+
+    answers = asyncio.run(crowd())
+    assert outcomes == {"OK": CROWD}
+    assert answers == [(json_score(t), 1.0, json_score(t)) for t in texts]
+    samples = faces.metric("grpcgrade_coalesced_samples_total") - samples_before
+    chunks = faces.metric("grpcgrade_coalesced_chunks_total") - chunks_before
+    assert samples == CROWD  # every call went to the engine in a face's chunk ...
+    assert chunks < samples  # ... with others of its plan
+    # each call counted once, by the face that answered it, in the server's /metrics
+    eventually(
+        lambda: faces.metric("grpc_server_handled_total", grpc_method="Evaluate", grpc_code="OK") - ok_before == CROWD,
+        "the faces' counts in the server's metrics",
+    )
+
+
+SAMPLES = [
+    {"id": "a", "response": '{"ok": 1}'},
+    {"id": "b", "response": "{nope"},
+    {"id": "c", "response": "[1, 2]", "reference": "x"},
+]
+
+
+class _WithToken(grpc.StreamStreamClientInterceptor):
+    """Adds the token to a bidi stream's call (reflection's client takes no metadata of its own)."""
+
+    def intercept_stream_stream(self, continuation, details, requests):  # type: ignore[no-untyped-def]
+        return continuation(details._replace(metadata=AUTH), requests)
+
+
+def _items(messages: list[pb.BatchEvaluateResponse]) -> list[pb.BatchItem]:
+    return sorted((item for m in messages for item in m.items), key=lambda item: item.index)
+
+
+def _columns(messages: list[pb.BatchEvaluateResponse]) -> list[tuple[int, list[float], float]]:
+    rows = []
+    for m in messages:
+        c = m.columns
+        for r, index in enumerate(c.indices):
+            rows.append((index, [column.scores[r] for column in c.scores], c.rewards[r]))
+    return sorted(rows)
+
+
+def test_calls_through_the_faces_answer_as_the_engine_itself_does(faces, direct):
+    """Evaluate in both views, BatchEvaluate in both views (a stream, relayed as bytes), ListGraders, the
+    admin service and reflection: the same answers from the faces' port as from the engine's own."""
+    answers = {}
+    for name, srv in (("faces", faces), ("direct", direct)):
+        with grpc.insecure_channel(srv.target) as channel:
+            grading = stub(channel)
+            got: dict[str, object] = {}
+            for view in (pb.RESULT_VIEW_FULL, pb.RESULT_VIEW_SCORES):
+                got[f"evaluate-{view}"] = [
+                    grading.Evaluate(
+                        pb.EvaluateRequest(reward="valid_json", sample=sample_to_pb(s), view=view),
+                        metadata=AUTH,
+                        timeout=60,
+                    )
+                    for s in SAMPLES
+                ]
+            batch = pb.BatchEvaluateRequest(reward="valid_json", samples=[sample_to_pb(s) for s in SAMPLES * 50])
+            got["batch-full"] = _items(list(grading.BatchEvaluate(batch, metadata=AUTH, timeout=60)))
+            batch.view = pb.RESULT_VIEW_COLUMNS
+            batch.chunk_size = 16
+            got["batch-columns"] = _columns(list(grading.BatchEvaluate(batch, metadata=AUTH, timeout=60)))
+            got["graders"] = grading.ListGraders(pb.ListGradersRequest(), metadata=AUTH, timeout=60)
+            admin = admin_pb2_grpc.AdminServiceStub(channel)  # type: ignore[no-untyped-call]
+            got["quarantine"] = admin.ListQuarantine(admin_pb2.ListQuarantineRequest(), metadata=AUTH, timeout=60)
+            reflection = ProtoReflectionDescriptorDatabase(grpc.intercept_channel(channel, _WithToken()))
+            got["services"] = sorted(reflection.get_services())
+            answers[name] = got
+    assert answers["faces"] == answers["direct"]
+    assert "grpcgrade.v1.GradingService" in answers["faces"]["services"]  # type: ignore[operator]
+    scores = [item.result.results[0].score for item in answers["faces"]["batch-full"]]  # type: ignore[attr-defined]
+    assert scores == [json_score(s["response"]) for s in SAMPLES * 50]
+
+
+def test_a_bad_token_is_refused_at_the_face(faces):
+    with grpc.insecure_channel(faces.target) as channel:
+        grading = stub(channel)
+        request = pb.EvaluateRequest(reward="valid_json", sample=sample_to_pb({"response": "1"}))
+        for call in (
+            lambda md: grading.Evaluate(request, metadata=md, timeout=30),
+            lambda md: list(
+                grading.BatchEvaluate(pb.BatchEvaluateRequest(reward="valid_json"), metadata=md, timeout=30)
+            ),
+        ):
+            for metadata in ((("authorization", "Bearer wrong"),), ()):
+                with pytest.raises(grpc.RpcError) as refused:
+                    call(metadata)
+                assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    eventually(
+        lambda: faces.metric("grpc_server_handled_total", grpc_method="Evaluate", grpc_code="UNAUTHENTICATED") >= 2,
+        "refusals counted as the faces' calls",
+    )
+
+
+def test_a_killed_grpc_face_is_started_again_and_answers(face_server):
+    srv = face_server(CONFIG, token=TOKEN, more=["--grpc-processes", "2"])
+    victim = face_pids(srv.proc.pid)[-1]
+    os.kill(victim, signal.SIGKILL)
+    eventually(lambda: len(face_pids(srv.proc.pid)) == 2 and victim not in face_pids(srv.proc.pid), "a new face")
+
+    def answers() -> bool:
+        with grpc.insecure_channel(srv.target) as channel:  # a new channel: new connections, spread anew
+            request = pb.EvaluateRequest(reward="valid_json", sample=sample_to_pb({"response": "[1]"}))
+            try:
+                return all(stub(channel).Evaluate(request, metadata=AUTH, timeout=30).reward == 1.0 for _ in range(8))
+            except grpc.RpcError:  # still starting, or a connection the killed face held
+                return False
+
+    eventually(answers, "the faces answer")
+    assert f"face process 1 (pid {victim}) exited" in srv.log() or f"face process 0 (pid {victim}) exited" in srv.log()
+    assert health_status(srv.target) == health_pb2.HealthCheckResponse.SERVING
+
+
+@pytest.mark.parametrize("method", ["Evaluate", "BatchEvaluate"])
+def test_deadlines_and_cancellation_reach_the_engine(faces, method):
+    """A call through a face whose deadline passes (or whose client cancels) ends the engine's work for it:
+    the workers stop, as they do for a call to the engine's own port (test_reliability). Counted in CPU."""
+    slow = specs_to_pb([{"name": "sleepy", "params": {"seconds": 3600, "heavy": False}}])
+    workers = worker_pids(faces.proc.pid)
+    with grpc.insecure_channel(faces.target) as channel:
+        grading = stub(channel)
+        sample = sample_to_pb({"response": f"deadline-{method}"})
+        if method == "Evaluate":
+            calls = [
+                grading.Evaluate.future(pb.EvaluateRequest(graders=slow, sample=sample), metadata=AUTH, timeout=0.8)
+                for _ in range(3)
+            ]
+            codes = [call.exception().code() for call in calls]  # type: ignore[union-attr]
+            assert codes == [grpc.StatusCode.DEADLINE_EXCEEDED] * 3
+        else:
+            stream = grading.BatchEvaluate(
+                pb.BatchEvaluateRequest(graders=slow, samples=[sample] * 2), metadata=AUTH, timeout=30
+            )
+            eventually(lambda: sum(cpu_seconds(p) for p in workers) > 0.3, "the workers at work")
+            stream.cancel()  # the client goes away
+            with pytest.raises(grpc.RpcError) as ended:
+                list(stream)
+            assert ended.value.code() == grpc.StatusCode.CANCELLED
+    at_end = sum(cpu_seconds(p) for p in workers)
+    after = cpu_when_idle(workers) - at_end
+    assert after < 3.0, f"the workers spent {after:.1f} s of CPU after the call ended"
+
+
+def test_an_engine_that_is_away_is_unavailable_never_a_score(tmp_path):
+    """A face whose engine's socket answers nobody (restarting, gone): every call ends UNAVAILABLE saying
+    so, health included (never SERVING); a bad token is refused at the face before that."""
+    config = ServerConfig()
+    engine = Engine(get_registry(), None, grader_timeout=5.0)
+    port = free_port()
+
+    async def run() -> dict[str, tuple[grpc.StatusCode, str]]:
+        link = EngineLink(f"unix:{tmp_path / 'no-engine.sock'}", None, config.limits.max_message_bytes)
+        server = build_grpc_face(engine, config.limits, link, 0.002, [TOKEN], FaceCounters(), [])
+        server.add_insecure_port(f"127.0.0.1:{port}")
+        await server.start()
+        out = {}
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                grading = stub(channel)
+                evaluate = pb.EvaluateRequest(graders=specs_to_pb(["json_validator"]), sample=pb.Sample(response="1"))
+                calls = {
+                    "evaluate": lambda md: grading.Evaluate(evaluate, metadata=md, timeout=30),
+                    "batch": lambda md: grading.BatchEvaluate(
+                        pb.BatchEvaluateRequest(reward="r", samples=[pb.Sample(response="1")]), metadata=md, timeout=30
+                    ),
+                    "health": lambda md: health_pb2_grpc.HealthStub(channel).Check(  # type: ignore[no-untyped-call]
+                        health_pb2.HealthCheckRequest(), timeout=30
+                    ),
+                }
+                for name, call in calls.items():
+                    for who, metadata in (("", AUTH), ("-bad-token", (("authorization", "Bearer no"),))):
+                        try:
+                            answer = call(metadata)
+                            if name == "batch":
+                                async for _ in answer:
+                                    pass
+                            else:
+                                await answer
+                            out[name + who] = (grpc.StatusCode.OK, "")
+                        except grpc.aio.AioRpcError as exc:
+                            out[name + who] = (exc.code(), exc.details() or "")
+        finally:
+            await server.stop(None)
+            await link.close()
+        return out
+
+    outcomes = asyncio.run(run())
+    for name in ("evaluate", "batch", "health", "health-bad-token"):  # health needs no token
+        code, details = outcomes[name]
+        assert code == grpc.StatusCode.UNAVAILABLE, (name, code, details)
+        assert "the grading engine is not reachable now" in details
+    for name in ("evaluate-bad-token", "batch-bad-token"):
+        assert outcomes[name][0] == grpc.StatusCode.UNAUTHENTICATED
+
+
+def test_a_port_in_use_fails_the_start_naming_it():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        out = subprocess.run(
+            [sys.executable, "-m", "grpcgrade.cli", "serve", "--workers", "0", "--port", str(port),
+             "--metrics-port", "0", "--grpc-processes", "2"],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    assert out.returncode == 1
+    assert f"grpcgrade serve: --port {port}: cannot listen on 127.0.0.1:{port}" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize(
+    ("grpc_section", "message"),
+    [
+        ({"processes": -1}, "grpc: processes must be a whole number from 0 to 64"),
+        ({"processes": 65}, "grpc: processes must be a whole number from 0 to 64"),
+        ({"processes": True}, "grpc: processes must be a whole number from 0 to 64"),
+        ({"procs": 2}, "grpc: unknown key 'procs' (allowed: processes)"),
+        ([2], "grpc must be a mapping"),
+    ],
+)
+def test_the_grpc_section_is_checked(grpc_section, message):
+    with pytest.raises(ConfigError) as refused:
+        parse_config({"grpc": grpc_section}, "c.yaml")
+    assert message in str(refused.value)
+    assert parse_config({"grpc": {"processes": 2}}, "c.yaml").grpc.processes == 2
+    assert parse_config({}, "c.yaml").grpc.processes == 0
