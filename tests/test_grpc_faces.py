@@ -334,6 +334,26 @@ def test_a_port_in_use_fails_the_start_naming_it():
     assert "Traceback" not in out.stderr
 
 
+@pytest.mark.parametrize("option", ["--port", "--http-port"])
+def test_a_port_another_servers_faces_share_fails_the_start_naming_it(option):
+    """Face processes listen with SO_REUSEPORT, which the kernel lets every socket of the same user share:
+    a second server given the port of a running server's faces must fail, not split its callers."""
+    with socket.socket() as taken:
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)  # as a running server's face holds it
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        ports = {"--port": "0", "--http-port": "0", option: str(port)}
+        out = subprocess.run(
+            [sys.executable, "-m", "grpcgrade.cli", "serve", "--workers", "0", "--metrics-port", "0",
+             "--grpc-processes", "1", *(x for item in ports.items() for x in item)],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    assert out.returncode == 1, out.stderr
+    assert f"grpcgrade serve: {option} {port}: cannot listen on 127.0.0.1:{port}" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
 @pytest.mark.parametrize(
     ("grpc_section", "message"),
     [
