@@ -36,6 +36,7 @@ runs twice, taking turns, and keeps its better run: on a shared machine load cha
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import resource
@@ -89,6 +90,16 @@ def tree_cpu_seconds(pid: int) -> float:
         except OSError:  # ended meanwhile
             continue
     return total
+
+
+def peer_runtime() -> dict[str, str]:
+    """The event loop and HTTP parser uvicorn gives the FastAPI peer in this environment (its `auto`
+    choices: uvloop and httptools when installed, else asyncio's loop and h11)."""
+    found = {name: importlib.util.find_spec(name) is not None for name in ("uvloop", "httptools")}
+    return {
+        "loop": "uvloop" if found["uvloop"] else "asyncio",
+        "http": "httptools" if found["httptools"] else "h11",
+    }
 
 
 def grpc_frame(message: bytes) -> bytes:
@@ -285,8 +296,8 @@ def run_per_sample(
         import uvicorn  # noqa: F401
     except ImportError as exc:
         raise RuntimeError(
-            "grpcgrade bench --per-sample needs FastAPI and uvicorn for its peer: pip install fastapi uvicorn "
-            "(make bench installs them)"
+            "grpcgrade bench --per-sample needs FastAPI and uvicorn for its peer: "
+            "pip install fastapi 'uvicorn[standard]' (make bench installs them)"
         ) from exc
     report: dict[str, Any] = {
         "grader": grader,
@@ -294,6 +305,7 @@ def run_per_sample(
         "callers": callers,
         "cores": os.cpu_count() or 1,
         "load_generator": "h2load",
+        "peer": peer_runtime(),
         "load_average": {"start": [round(x, 2) for x in os.getloadavg()]},
     }
     figures: dict[str, dict[str, float]] = {}

@@ -346,7 +346,8 @@ def _start(
             raise kind(f"server exited with {proc.returncode}:\n{server.log()}")
         if health_status(server.target, credentials=credentials) == status:
             if http:
-                (server.http_port,) = listening_ports(children(proc.pid))  # its face processes' one port
+                # its face processes' one HTTP port (they hold the gRPC port too with --grpc-processes)
+                (server.http_port,) = listening_ports(children(proc.pid)) - {port}
             return server
         time.sleep(0.05)
     server.stop(signal.SIGKILL)

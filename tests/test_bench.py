@@ -137,6 +137,8 @@ def test_per_sample_drives_every_server_with_h2load_and_counts_their_cpu(tmp_pat
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
     assert (report["calls"], report["callers"], report["load_generator"]) == (300, 60, "h2load")
+    # the peer at its best, as a trainer's environment runs it (the bench group installs uvicorn[standard])
+    assert report["peer"] == {"loop": "uvloop", "http": "httptools"}
     for name in ("fastapi", "grpc", "grpc_uncoalesced", "http", "floor_grpc", "floor_http"):
         assert report[f"{name}_failed"] == 0
         assert report[f"{name}_per_second"] > 0

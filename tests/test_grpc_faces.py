@@ -121,9 +121,14 @@ def test_a_crowd_of_unary_calls_through_the_faces_is_answered_every_call(faces):
     answers = asyncio.run(crowd())
     assert outcomes == {"OK": CROWD}
     assert answers == [(json_score(t), 1.0, json_score(t)) for t in texts]
+    # every call went to the engine in a face's chunk (the faces send their counts every 50 ms) ...
+    eventually(
+        lambda: faces.metric("grpcgrade_coalesced_samples_total") - samples_before == CROWD,
+        "the faces' coalesced samples in the server's metrics",
+    )
     samples = faces.metric("grpcgrade_coalesced_samples_total") - samples_before
     chunks = faces.metric("grpcgrade_coalesced_chunks_total") - chunks_before
-    assert samples == CROWD  # every call went to the engine in a face's chunk ...
+    assert samples == CROWD
     assert chunks < samples  # ... with others of its plan
     # each call counted once, by the face that answered it, in the server's /metrics
     eventually(
@@ -326,6 +331,26 @@ def test_a_port_in_use_fails_the_start_naming_it():
         )  # fmt: skip
     assert out.returncode == 1
     assert f"grpcgrade serve: --port {port}: cannot listen on 127.0.0.1:{port}" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize("option", ["--port", "--http-port"])
+def test_a_port_another_servers_faces_share_fails_the_start_naming_it(option):
+    """Face processes listen with SO_REUSEPORT, which the kernel lets every socket of the same user share:
+    a second server given the port of a running server's faces must fail, not split its callers."""
+    with socket.socket() as taken:
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)  # as a running server's face holds it
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        ports = {"--port": "0", "--http-port": "0", option: str(port)}
+        out = subprocess.run(
+            [sys.executable, "-m", "grpcgrade.cli", "serve", "--workers", "0", "--metrics-port", "0",
+             "--grpc-processes", "1", *(x for item in ports.items() for x in item)],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    assert out.returncode == 1, out.stderr
+    assert f"grpcgrade serve: {option} {port}: cannot listen on 127.0.0.1:{port}" in out.stderr
     assert "Traceback" not in out.stderr
 
 

@@ -44,6 +44,7 @@ from .counters import COALESCED, COUNTERS, HISTOGRAMS, Increment
 from .face_process import FaceSpec, main
 from .metrics import Metrics
 from .options import ServeOptions
+from .ports import reserve_port
 
 log = logging.getLogger("grpcgrade.service.faces")
 
@@ -66,24 +67,6 @@ class _Face:
         self.started = 0.0
         self.ready: asyncio.Future[int] | None = None
         self.pause = RESTART_PAUSE_SECONDS
-
-
-def reserve_port(host: str, port: int, option: str = "http_port") -> socket.socket:
-    """A socket bound to host:port (0: a free port) with SO_REUSEPORT, not listening: the face processes
-    listen beside it. PortUnavailable (naming `option`) when the port is taken."""
-    try:
-        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
-        sock = socket.socket(family, socket.SOCK_STREAM)
-    except OSError as exc:
-        raise PortUnavailable(option, host, port, exc.strerror or str(exc)) from exc
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        raise PortUnavailable(option, host, port, exc.strerror or str(exc)) from exc
-    return sock
 
 
 class FaceProcesses:

@@ -12,7 +12,6 @@ import math
 import os
 import shutil
 import signal
-import socket
 import tempfile
 from dataclasses import dataclass
 
@@ -44,6 +43,7 @@ from .lifecycle import POOL_PATIENCE_SECONDS, SHUTDOWN_MARGIN_SECONDS, exit_dead
 from .loop_watch import install_from_env as watch_the_loop
 from .metrics import Metrics
 from .options import ServeOptions, public_server_options, read_config, read_tokens, server_credentials
+from .ports import check_free
 from .servicer import GradingServicer, add_to_server
 
 log = logging.getLogger("grpcgrade.service.server")
@@ -246,28 +246,10 @@ class Service:
             self.pool.close(patience=0)
 
 
-def _bindable(option: str, host: str, port: int) -> None:
-    """PortUnavailable now when `host:port` cannot be bound (in use, not this machine's address), with the
-    operating system's reason: grpc would say so only after its C core had logged lines of its own."""
-    if not port:
-        return
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    except OSError as exc:
-        raise PortUnavailable(option, host, port, exc.strerror or str(exc)) from exc
-    family, kind, proto, _, address = infos[0]
-    with socket.socket(family, kind, proto) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as grpc binds: TIME_WAIT is no obstacle
-        try:
-            probe.bind(address)
-        except OSError as exc:
-            raise PortUnavailable(option, host, port, exc.strerror or str(exc)) from exc
-
-
 def build_server(opts: ServeOptions) -> Service:
     """Everything `serve` runs, assembled: configuration read, rewards resolved (a broken one fails here,
     not on the first call), workers started, the port bound. Raises for a bad configuration."""
-    _bindable("port", opts.host, opts.port)  # before grpc tries: its C core logs its own lines first
+    check_free("port", opts.host, opts.port)  # before grpc tries: its C core logs its own lines first
     registry = get_registry()
     config = read_config(opts, registry)
     configure_models(config.models, config.callers)  # before the rewards are resolved: their LLM graders look models up
