@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from grpcgrade.bench_goals import GOALS
+from grpcgrade.bench_goals import GOALS, GoalsReport
 
 
 @pytest.fixture(scope="module")
@@ -86,6 +86,15 @@ def test_goals_report_every_figure_of_the_goals_beside_its_goal(goals):
     assert goals["judge_endpoint"]["judge_endpoint_limit_per_second"] == 100  # bench_judges' 6000 a minute
     # the code sandbox's start-up over a bare subprocess is reported beside the goals (bwrap is on CI)
     assert goals["sandbox_startup_overhead_ms"] == pytest.approx(goals["sandboxed_ms"] - goals["bare_ms"], abs=0.02)
+
+
+def test_a_goal_is_judged_on_its_figure_as_reported() -> None:
+    """The report shows 3 decimals; a step of 1.0004 ms read "1.0" beside "NOT met" (and failed the test
+    above, which compares the two)."""
+    report = GoalsReport(cores=1, workers=1, samples={})
+    report.add("step_8_median_ms", 1.0004, "ms")
+    assert report.as_dict()["figures"]["step_8_median_ms"] == 1.0
+    assert report.goals()["step_8_median_ms"]["met"] is GOALS["step_8_median_ms"].met(1.0, 1) is True
 
 
 def test_judge_throughput_is_a_share_of_what_the_endpoint_allows(tmp_path) -> None:
