@@ -200,19 +200,24 @@ class FaceProcesses:
                 child = metric.labels(*values) if values else metric
                 (child.observe if name in HISTOGRAMS else child.inc)(amount)
 
+    def _hang_up(self, face: _Face, loop: asyncio.AbstractEventLoop) -> None:
+        """Close a face process's pipe, after reading what it said last (its final counts)."""
+        if face.conn is None:
+            return
+        self._read(face, face.conn)
+        with contextlib.suppress(OSError, ValueError):
+            loop.remove_reader(face.conn.fileno())
+        with self._reading:
+            face.conn.close()
+            face.conn = None
+
     def _ended(self, face: _Face, process: BaseProcess) -> None:
         loop = asyncio.get_running_loop()
         loop.remove_reader(process.sentinel)
         process.join(0)
         if face.process is not process:
             return
-        if face.conn is not None:  # what it said last (its final counts) first
-            self._read(face, face.conn)
-            with contextlib.suppress(OSError, ValueError):
-                loop.remove_reader(face.conn.fileno())
-            with self._reading:
-                face.conn.close()
-                face.conn = None
+        self._hang_up(face, loop)
         if face.ready is not None and not face.ready.done():
             what = f"{self.kind(face)} face process {face.index}"
             face.ready.set_exception(ConfigError(f"{what} exited ({process.exitcode})"))
@@ -277,13 +282,7 @@ class FaceProcesses:
                     process.join(1.0)
                 with contextlib.suppress(ValueError, OSError):
                     loop.remove_reader(process.sentinel)
-            if face.conn is not None:
-                self._read(face, face.conn)
-                with contextlib.suppress(ValueError, OSError):
-                    loop.remove_reader(face.conn.fileno())
-                with self._reading:
-                    face.conn.close()
-                    face.conn = None
+            self._hang_up(face, loop)
         self.close_placeholders()
         if self.metrics is not None and self.drain in self.metrics.before_scrape:
             self.metrics.before_scrape.remove(self.drain)
