@@ -18,6 +18,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -69,6 +70,7 @@ class FakeJudge:
         self.max_in_flight: Counter[str] = Counter()
         self.barriers: dict[str, threading.Barrier] = {}
         self.release = threading.Event()  # set at teardown, so a held "slow" answer ends at once
+        self.holds: dict[str, threading.Event] = {}  # "held" answers wait for their group's event
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.httpd.daemon_threads = True
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
@@ -80,6 +82,11 @@ class FakeJudge:
     def marked(self, marker: str) -> list[dict[str, Any]]:
         with self.lock:
             return [r for r in self.requests if r["marker"] == marker]
+
+    def hold(self, group: str) -> threading.Event:
+        """The event a "held" marker's answers wait for: the test sets it (teardown sets `release`)."""
+        with self.lock:
+            return self.holds.setdefault(group, threading.Event())
 
     def _barrier(self, group: str, parties: int) -> threading.Barrier:
         with self.lock:
@@ -113,9 +120,11 @@ class FakeJudge:
             return status, {"error": {"message": "try later"}}, {"Retry-After": "0"}
         if kind in ("flaky429", "flaky503", "drop"):
             return 200, completion('{"score": 3, "reason": "second try"}'), {}
-        if kind == "pause":  # a judge that takes a moment: a batch queues on the model's concurrency limit
-            time.sleep(0.2)
-            return 200, completion('{"score": 4, "reason": "after a moment"}'), {}
+        if kind == "held":  # answered when the test says so: its requests hold the model's slots meanwhile
+            held = self.hold(marker.rsplit("-", 1)[0])
+            while not (held.wait(0.05) or self.release.is_set()):
+                pass
+            return 200, completion('{"score": 4, "reason": "after a while"}'), {}
         if kind == "slow":
             self.release.wait(10)
             return 200, completion('{"score": 5, "reason": "late"}'), {}
@@ -680,14 +689,36 @@ def test_judge_calls_run_concurrently_within_each_models_limit(llm_client, judge
 
 
 def test_queueing_for_a_model_slot_does_not_count_against_the_grader_time_limit(llm_server, judge):
-    """6 judgments of 0.2 s through 2 slots take 0.6 s; a 0.3 s grader limit must not cut the queue short."""
-    marker = case("pause")
+    """A call without a time limit holds both of model "narrow"'s slots (its judge answers when the test
+    says); a call under a 1 s grader limit queues behind it for longer than 1 s, then its judgments, each
+    answered at once, are graded: the wait for a slot did not count against the limit. Nothing here races
+    the load: the held judgments end when released, and the server's queue-wait histogram shows the
+    queued samples waited past the limit (so the case is the one meant)."""
+    holder, marker, caller = case("held"), case("score-4"), f"queued-{uuid.uuid4().hex[:8]}"
     rubric = {"name": "llm_rubric", "params": {"rubric": "r", "model": "narrow"}}
-    samples = [{"response": f"CASE:{marker}-{i}"} for i in range(6)]
-    with llm_server.client(timeout=60) as c:
-        replies = c.batch_evaluate(samples, [rubric], grader_timeout=0.3)
-    assert [result_of(r).score for r in replies] == [4.0] * 6, [result_of(r).error.message for r in replies]
-    assert len([r for r in judge.requests if r["marker"].startswith(marker)]) == 6
+    limit = 1.0  # a bucket bound of the queue-wait histogram (usage.SECONDS_BUCKETS)
+    with (
+        llm_server.client(timeout=60) as held_client,
+        llm_server.client(timeout=60, caller=caller) as queued_client,
+        ThreadPoolExecutor(2) as pool,
+    ):
+        holding = pool.submit(
+            held_client.batch_evaluate, [{"response": f"CASE:{holder}-{i}"} for i in range(2)], [rubric]
+        )
+        eventually(lambda: judge.in_flight[holder] == 2, "the model's two slots held")
+        queued_before = llm_server.metric("grpcgrade_samples_queued")
+        samples = [{"response": f"CASE:{marker}-{i}"} for i in range(2)]
+        queued = pool.submit(queued_client.batch_evaluate, samples, [rubric], grader_timeout=limit)
+        eventually(lambda: llm_server.metric("grpcgrade_samples_queued") == queued_before + 2, "the call admitted")
+        time.sleep(limit + 0.5)  # its samples wait for a slot meanwhile: longer than their time limit
+        judge.hold(holder).set()
+        replies = queued.result()
+        assert [result_of(r).score for r in holding.result()] == [4.0, 4.0]
+    assert [result_of(r).score for r in replies] == [4.0] * 2, [result_of(r).error.message for r in replies]
+    assert len([r for r in judge.requests if r["marker"].startswith(marker)]) == 2
+    waits = {"model": "narrow", "caller": caller}
+    assert llm_server.metric("grpcgrade_judge_queue_wait_seconds_count", **waits) == 2
+    assert llm_server.metric("grpcgrade_judge_queue_wait_seconds_bucket", le=str(limit), **waits) == 0
 
 
 @pytest.mark.parametrize(
