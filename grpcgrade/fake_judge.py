@@ -153,7 +153,9 @@ def main(argv: list[str] | None = None) -> None:
         args.slow_share,
         args.slow_seconds,
     )
-    web.run_app(judge.app(), host="127.0.0.1", port=args.port, print=None, backlog=4096)
+    # handler_cancellation: a judgment whose caller went away (a step budget cut it) ends, as a provider's
+    # does, instead of holding the judge's shutdown until it would have answered
+    web.run_app(judge.app(), host="127.0.0.1", port=args.port, print=None, backlog=4096, handler_cancellation=True)
 
 
 if __name__ == "__main__":

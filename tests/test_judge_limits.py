@@ -64,6 +64,8 @@ def endpoints() -> Iterator[dict[str, Endpoint]]:
         "tight": Endpoint("--requests-per-minute", "60"),
         "tokens": Endpoint("--requests-per-minute", "0", "--tokens-per-minute", str(TPM)),
         "tokens_unpaced": Endpoint("--requests-per-minute", "0", "--tokens-per-minute", str(TPM)),
+        # no limit; its slow judgments outlast any test, so a step budget cuts them whatever the load
+        "held": Endpoint("--requests-per-minute", "0", "--slow-seconds", "600"),
     }
     yield made
     for endpoint in made.values():
@@ -85,6 +87,7 @@ def server(tmp_path_factory: pytest.TempPathFactory, endpoints: dict[str, Endpoi
             "tight": {"base_url": endpoints["tight"].base_url, "requests_per_minute": 6000, "max_concurrency": 64},
             "tokens": {"base_url": endpoints["tokens"].base_url, "tokens_per_minute": TPM, "max_concurrency": 256},
             "tokens_unpaced": {"base_url": endpoints["tokens_unpaced"].base_url, "max_concurrency": 256},
+            "held": {"base_url": endpoints["held"].base_url, "max_concurrency": 256, "max_retries": 0},
             "priced": {
                 "base_url": endpoints["paced"].base_url,
                 "requests_per_minute": RPM,
@@ -259,9 +262,12 @@ def test_slow_judgments_hold_back_no_other_sample_in_their_chunk_or_behind_it(se
 
 
 def test_a_step_budget_cuts_only_the_judgments_still_unanswered(server: ServerProcess) -> None:
-    """The same batch under a 4 s step budget: the two slow judgments alone are BUDGET_EXCEEDED."""
+    """The same batch under a 4 s step budget: the two slow judgments alone are BUDGET_EXCEEDED. Judged by a
+    model without a request limit, whose slow judgments never end within the test: through the paced one,
+    the 38 fast judgments took 3.8 s of pacing once the test before had spent its burst, and under load
+    some ran past the budget."""
     batch = [samples("slow", 1, SLOW_MARKER)[0] if i in (0, 10) else samples("fast", 1)[0] for i in range(40)]
-    items = streamed(server, batch, "paced", budget_seconds=4.0)
+    items = streamed(server, batch, "held", budget_seconds=4.0)
     assert sorted(i.index for i in items) == list(range(40))  # each sample answered exactly once
     errors = {i.index: i.result.results[0].error.code for i in items if i.result.results[0].HasField("error")}
     assert errors == {0: "BUDGET_EXCEEDED", 10: "BUDGET_EXCEEDED"}
