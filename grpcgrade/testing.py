@@ -339,6 +339,19 @@ def _start(
             cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, cwd=workdir
         )
     server = ServerProcess(proc, port, metrics_port, log_path)
+    try:
+        return _wait_until_up(server, wait, credentials, status, http)
+    except BaseException:  # a step after the spawn failed (or was interrupted): no server is left behind
+        if proc.poll() is None:  # not reaped yet, so its PID is still its own
+            kill_tree(proc.pid)
+        proc.wait()
+        raise
+
+
+def _wait_until_up(
+    server: ServerProcess, wait: float, credentials: grpc.ChannelCredentials | None, status: int, http: bool
+) -> ServerProcess:
+    proc = server.proc
     deadline = time.monotonic() + wait
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -347,10 +360,40 @@ def _start(
         if health_status(server.target, credentials=credentials) == status:
             if http:
                 # its face processes' one HTTP port (they hold the gRPC port too with --grpc-processes)
-                (server.http_port,) = listening_ports(children(proc.pid)) - {port}
+                (server.http_port,) = listening_ports(children(proc.pid)) - {server.port}
             return server
         time.sleep(0.05)
-    server.stop(signal.SIGKILL)
     raise RuntimeError(
         f"server not {health_pb2.HealthCheckResponse.ServingStatus.Name(status)} after {wait} s:\n{server.log()}"
     )
+
+
+def kill_tree(pid: int, bound: float = 10.0) -> None:
+    """SIGKILL `pid` and every process under it (a server's workers, face processes, their parsing
+    processes). Each is stopped (SIGSTOP) before its children are read, top down, so none starts another
+    (a supervisor replacing what died) or leaves its children to init unseen, and none's PID can be reused
+    before it is killed. The bound only keeps a process that never stops from hanging the caller."""
+    stopped: list[int] = []
+    todo = [pid]
+    while todo:
+        one = todo.pop()
+        try:
+            os.kill(one, signal.SIGSTOP)
+        except ProcessLookupError:
+            continue
+        stopped.append(one)
+        give_up = time.monotonic() + bound
+        while process_state(one) not in ("T", "Z", "X", None) and time.monotonic() < give_up:
+            time.sleep(0.001)  # SIGSTOP is delivered on its way back to user space: a fork may finish first
+        todo.extend(children(one))
+    for one in reversed(stopped):  # children first: a parent killed first would hand them to init
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(one, signal.SIGKILL)
+
+
+def process_state(pid: int) -> str | None:
+    """A process's state letter from /proc (R, S, T, Z, ...); None when it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None

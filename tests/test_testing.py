@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import http.client
+import os
+import signal
 import socket
 from pathlib import Path
 
@@ -38,3 +41,34 @@ def test_ports_taken_after_free_port_cost_the_server_a_new_start_not_the_suite(
             face.close()
         finally:
             server.stop()
+
+
+def test_a_start_that_fails_after_the_spawn_leaves_no_server_running(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A step of `start_server` after the server's spawn that raises (here the HTTP face's port not found
+    among its processes' sockets, as when a face is not listening yet) stops the server and everything it
+    started (its worker, its face process), instead of leaving them running for the rest of the suite."""
+    seen: set[int] = set()
+    children = testing.children
+
+    def recording(pid: int) -> list[int]:
+        out = children(pid)
+        seen.update([pid, *out])
+        return out
+
+    monkeypatch.setattr(testing, "children", recording)
+    monkeypatch.setattr(testing, "listening_ports", lambda pids: set())
+    try:
+        with pytest.raises(ValueError):
+            testing.start_server(tmp_path, "--workers", "1", http=True)
+        assert len(seen) >= 3  # the server, its worker and its face process (and the resource tracker)
+        testing.eventually(
+            lambda: not [p for p in seen if testing.process_state(p) not in (None, "Z")],
+            "the server's processes gone",
+            bound=10,
+        )
+    finally:
+        for pid in seen:  # before the fix: what the failed start left
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
