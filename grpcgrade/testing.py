@@ -38,8 +38,20 @@ def free_port() -> int:
 
 
 def listening_ports(pids: list[int]) -> set[int]:
-    """The TCP ports on which `pids` listen: the LISTEN entries of /proc/net/tcp and tcp6 whose socket one of
-    them holds (how a test learns the port a server was given for `--http-port 0`)."""
+    """The TCP ports on which `pids` listen (how a test learns the port a server was given for
+    `--http-port 0`)."""
+    return {local for state, local, _ in _tcp_sockets(pids) if state == "0A"}  # 0A: LISTEN
+
+
+def connections_to(port: int, pids: list[int]) -> int:
+    """How many TCP connections `pids` hold open to `port` (ESTABLISHED): whether a client closed its
+    channel, seen from the sockets instead of the client's insides."""
+    return sum(1 for state, _, remote in _tcp_sockets(pids) if state == "01" and remote == port)
+
+
+def _tcp_sockets(pids: list[int]) -> list[tuple[str, int, int]]:
+    """(state, local port, remote port) of every TCP socket one of `pids` holds: the entries of
+    /proc/net/tcp and tcp6 whose inode is among their open files."""
     inodes: set[str] = set()
     for pid in pids:
         with contextlib.suppress(OSError):
@@ -48,14 +60,15 @@ def listening_ports(pids: list[int]) -> set[int]:
                     link = os.readlink(fd)
                     if link.startswith("socket:["):
                         inodes.add(link[len("socket:[") : -1])
-    ports: set[int] = set()
+    out = []
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         with contextlib.suppress(OSError):
             for line in Path(table).read_text().splitlines()[1:]:
                 fields = line.split()
-                if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
-                    ports.add(int(fields[1].rsplit(":", 1)[1], 16))
-    return ports
+                if fields[9] in inodes:
+                    local, remote = (int(f.rsplit(":", 1)[1], 16) for f in fields[1:3])
+                    out.append((fields[3], local, remote))
+    return out
 
 
 def eventually(condition: Callable[[], object], what: str, bound: float = 60.0, every: float = 0.05) -> None:

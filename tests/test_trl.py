@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import math
+import os
 import threading
 from collections import defaultdict
 from typing import Any
@@ -18,6 +19,7 @@ from typing import Any
 import pytest
 
 from grpcgrade.integrations.trl import async_reward_function, reward_function, reward_functions
+from grpcgrade.testing import connections_to, eventually, start_server
 from grpcgrade.v1 import grading_pb2 as pb
 
 
@@ -229,6 +231,27 @@ def test_async_variant_as_trl_awaits_it(server):
     rows = trl_rewards([reward, other], inputs, ["q", "q"], list(GSM8K), [[1], [1]], environments=[None, None])
     assert [r[0] for r in rows] == [pytest.approx(1.0), pytest.approx(0.5)]
     assert [r[1] for r in rows] == [0.0, 0.0]
+
+
+def test_the_async_variant_closes_its_client_when_its_loop_ends(tmp_path, plugin_env):
+    """A script calling `asyncio.run` per batch runs each on a loop of its own: each run's client is closed
+    as its loop ends, so no connection to the server outlives the run (seen in this process's sockets).
+    Before, the function kept every loop's client open, and its connection with it. A server of its own:
+    the suite's has other tests' clients connected."""
+    server = start_server(tmp_path, "--workers", "0", env=plugin_env)
+    try:
+        reward = async_reward_function(server.target, [pb.GraderSpec(name="shout")])
+
+        async def one_batch() -> tuple[list[float | None], int]:
+            rewards = await reward(prompts=["q"], completions=["HEY"], answer=["hey"])
+            return rewards, connections_to(server.port, [os.getpid()])
+
+        for _ in range(2):
+            rewards, open_during = asyncio.run(one_batch())
+            assert rewards == [1.0] and open_during >= 1
+            eventually(lambda: connections_to(server.port, [os.getpid()]) == 0, "the run's connection closed", 10)
+    finally:
+        server.stop()
 
 
 def test_construction_validates(server):

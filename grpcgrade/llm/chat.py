@@ -13,7 +13,6 @@ The same endpoint also answers `/embeddings` (`aembed`), for graders that compar
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import json
 import math
@@ -26,6 +25,7 @@ import aiohttp
 
 from grpcgrade.core.context import CALLER, SAMPLE_TIME_LIMIT
 from grpcgrade.core.errors import GraderRateLimited, GraderTimeout
+from grpcgrade.core.loops import closed_with_its_loop
 from grpcgrade.core.retry import MAX_BACKOFF_SECONDS, backoff, error_excerpt, is_transient, retry_after
 
 from .limits import LimitWaitExpired, ModelLimiter, TokenEstimate
@@ -83,24 +83,6 @@ def _left(deadline: float | None) -> float | None:
     return None if deadline is None else max(0.0, deadline - time.monotonic())
 
 
-def _closed_with_its_loop(client: aiohttp.ClientSession) -> AsyncGenerator[None, None]:
-    """An async generator, started here on the running loop, that closes `client` when it is closed itself:
-    by the loop as it ends (`asyncio.run` shuts down its async generators before it closes, while a session
-    can still be closed), or by the loop it belongs to once its owner drops it (the loop's finalizer hook).
-    aiohttp can only close a session on its own loop, and not at all once that loop is closed."""
-
-    async def closing() -> AsyncGenerator[None, None]:
-        try:
-            yield
-        finally:
-            await client.close()
-
-    closer = closing()
-    with contextlib.suppress(StopIteration):  # runs to its `yield` at once: nothing there to wait for
-        closer.asend(None).send(None)
-    return closer
-
-
 class ChatModel:
     """An endpoint with its provider limits (`limits.ModelLimiter`) and its usage tally. The HTTP client and
     the limiter belong to one event loop."""
@@ -112,13 +94,13 @@ class ChatModel:
         self.estimate = TokenEstimate()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._client: aiohttp.ClientSession | None = None
-        self._closer: AsyncGenerator[None, None] | None = None  # `_closed_with_its_loop` of `_client`
+        self._closer: AsyncGenerator[None, None] | None = None  # `core.loops.closed_with_its_loop` of `_client`
         self._limiter: ModelLimiter | None = None
 
     def _session(self) -> tuple[aiohttp.ClientSession, ModelLimiter]:
         """The server has one loop; a script calling `asyncio.run` twice gets a fresh client the second time.
         A client is closed on its own loop, when that loop ends or when this model moves to another loop
-        (`_closed_with_its_loop`): one dropped open kept its connections until the garbage collector came.
+        (`core.loops.closed_with_its_loop`): one dropped open kept its connections until the garbage collector came.
 
         aiohttp rather than httpx: measured with 2,000 judgments in flight against a loopback endpoint
         answering in 1 s, httpx took 89-110 s and 30 s of CPU, aiohttp 3.8-6.6 s and 0.6-1.3 s of CPU
@@ -136,7 +118,7 @@ class ChatModel:
             self._limiter = ModelLimiter(
                 c.max_concurrency, c.requests_per_minute or None, c.tokens_per_minute or None, self.weights
             )
-            self._closer = _closed_with_its_loop(self._client)  # the last client's, dropped: its loop closes it
+            self._closer = closed_with_its_loop(self._client.close)  # the last client's, dropped: its loop closes it
             self._loop = loop
         return self._client, self._limiter
 

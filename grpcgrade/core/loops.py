@@ -1,0 +1,30 @@
+"""What belongs to one event loop, closed on that loop when it ends.
+
+A client bound to an event loop (an aiohttp session, a grpc.aio channel) can only be closed on its own
+loop, and not at all once that loop is closed; one dropped open keeps its connections until the garbage
+collector comes. `closed_with_its_loop` closes it as its loop ends, through the one hook asyncio runs then:
+`asyncio.run` shuts down the loop's async generators before it closes the loop. A loop stopped without that
+shutdown (`loop.stop()` alone) runs no hook; its clients end with the process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncGenerator, Awaitable, Callable
+
+
+def closed_with_its_loop(close: Callable[[], Awaitable[object]]) -> AsyncGenerator[None, None]:
+    """An async generator, started here on the running loop, that awaits `close()` when it is closed
+    itself: by the loop as it ends, or by the loop it belongs to once its owner drops it (the loop's
+    finalizer hook). Keep it while the client is in use: dropping it closes the client."""
+
+    async def closing() -> AsyncGenerator[None, None]:
+        try:
+            yield
+        finally:
+            await close()
+
+    closer = closing()
+    with contextlib.suppress(StopIteration):  # runs to its `yield` at once: nothing there to wait for
+        closer.asend(None).send(None)
+    return closer
