@@ -13,7 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
+import socket
 import subprocess
+import urllib.error
+import urllib.request
 from collections import Counter
 from pathlib import Path
 
@@ -24,8 +28,10 @@ from expected import json_score
 
 from grpcgrade.client import AsyncGradingClient
 from grpcgrade.core.config import HttpConfig
-from grpcgrade.service.convert import specs_to_pb
+from grpcgrade.service.convert import sample_to_pb, specs_to_pb
+from grpcgrade.testing import eventually
 from grpcgrade.v1 import grading_pb2 as pb
+from grpcgrade.v1 import grading_pb2_grpc as pb_grpc
 
 CROWD = 4000
 GRADERS = ["json_validator", {"name": "sleepy", "params": {"seconds": 0.002, "heavy": False}}]
@@ -209,3 +215,49 @@ def test_the_coalescer_grades_at_once_what_the_engine_grades_inline():
 
     assert asyncio.run(crowd()) == [json_score(t) for t in texts]
     assert (coalescer.chunks, coalescer.samples) == (0, 0)
+
+
+NAPPING = """
+default_reward: napping
+limits: {max_concurrent_calls: 1}
+cache: {enabled: false}
+rewards:
+  napping: [{name: napper}]
+"""
+
+
+def test_a_face_process_refusing_a_call_for_load_counts_it_as_refused(face_server):
+    """A face process's own admission control refuses a call (503 at the HTTP face, RESOURCE_EXHAUSTED at the
+    gRPC face) before the engine's process sees it: `grpcgrade_calls_refused_total` counts it as it counts the
+    engine's own. Before, it showed only in the faces' request counters. One call at a time (the limit): an
+    async grader that never answers (`napper` of "hang") holds the face's one call while the next is sent."""
+    srv = face_server(NAPPING, more=["--grpc-processes", "1"])
+
+    def refused() -> float:
+        return srv.metric("grpcgrade_calls_refused_total", limit="max_concurrent_calls")
+
+    def admitted() -> float:  # by the engine's process: the face has taken the held call and passed it on
+        return srv.metric("grpcgrade_calls_admitted")
+
+    body = json.dumps({"query": ["hang"]})
+    with socket.create_connection(("127.0.0.1", srv.http_port), timeout=30) as held:
+        head = f"POST /get_reward HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len(body)}"
+        held.sendall(f"{head}\r\n\r\n{body}".encode())
+        eventually(lambda: admitted() == 1, "the held request in the engine")
+        with pytest.raises(urllib.error.HTTPError) as info:
+            urllib.request.urlopen(f"{srv.http}/get_reward", data=json.dumps({"query": ["x"]}).encode(), timeout=30)
+        assert info.value.code == 503
+        assert refused() == 1  # a face sends its counts before it answers
+    eventually(lambda: admitted() == 0, "the held request cancelled with its connection")
+
+    request = pb.EvaluateRequest(graders=specs_to_pb(["napper"]), sample=sample_to_pb({"response": "hang"}))
+    with grpc.insecure_channel(srv.target) as channel:
+        stub = pb_grpc.GradingServiceStub(channel)
+        held_call = stub.Evaluate.future(request, timeout=120)
+        eventually(lambda: admitted() == 1, "the held call in the engine")
+        with pytest.raises(grpc.RpcError) as refusal:
+            stub.Evaluate(request, timeout=30)
+        assert refusal.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        eventually(lambda: refused() == 2, "the gRPC face's refusal counted")  # its counts go every 50 ms
+        held_call.cancel()
+    eventually(lambda: admitted() == 0, "the held call cancelled")

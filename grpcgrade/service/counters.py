@@ -2,11 +2,12 @@
 
 An HTTP face counts its requests (`grpcgrade_http_requests_total`), failed and unusable samples, and
 failure-ratio refusals; a gRPC face counts its calls as the server's own gRPC port does (go-grpc-prometheus'
-`grpc_server_*`, through `interceptors.ServiceInterceptor`). A face process keeps no Prometheus registry of
-its own: each increment (or latency observed) is written down, and goes to the server's process in one
-message on the face's pipe. The HTTP faces send a request's before its response is written (`flush`, from
-the app's counting middleware); a gRPC face sends what its calls counted every `BATCH_SECONDS` (`batched`),
-one message for a crowd's calls instead of one each. The server's process adds them to its
+`grpc_server_*`, through `interceptors.ServiceInterceptor`); both count the calls their own admission control
+refused for load (`grpcgrade_calls_refused_total`, added to the engine's process's). A face process keeps no
+Prometheus registry of its own: each increment (or latency observed) is written down, and goes to the server's
+process in one message on the face's pipe. The HTTP faces send a request's before its response is written
+(`flush`, from the app's counting middleware); a gRPC face sends what its calls counted every `BATCH_SECONDS`
+(`batched`), one message for a crowd's calls instead of one each. The server's process adds them to its
 own counters of the same names and labels, and reads what its face processes sent before it answers a
 scrape (`faces.FaceProcesses.drain`): one /metrics, as when the faces ran in the server's process.
 Per-process totals merged at scrape time (prometheus_client's multiprocess mode) would need every metric of
@@ -18,13 +19,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Sequence
 
+from grpcgrade.core.admission import Admission
 from grpcgrade.core.coalesce import ServerCoalescer
 from grpcgrade.core.grading import Stats
 
 #: The counters a face process moves, by their `metrics.Metrics` attribute.
 COUNTERS = frozenset((
     *("http_requests", "http_failed_samples", "http_unusable_samples", "failure_budget_calls"),
-    *("started", "received", "sent", "handled"),
+    *("started", "received", "sent", "handled", "calls_refused"),
 ))  # fmt: skip
 #: The histograms a face process observes into, by their `metrics.Metrics` attribute.
 HISTOGRAMS = frozenset(("handling",))
@@ -81,6 +83,7 @@ class FaceCounters:
     sent: _Counter
     handled: _Counter
     handling: _Counter
+    calls_refused: _Counter
 
     def __init__(
         self, send: Callable[[list[Increment], list[Stats]], None] | None = None, *, batched: bool = False
@@ -96,10 +99,18 @@ class FaceCounters:
         #: The face's coalescers (`core.coalesce.ServerCoalescer`), whose counts go with each flush.
         self.coalescers: list[ServerCoalescer] = []
         self._coalesced: dict[tuple[int, str], int] = {}
+        #: The face's admission controls (`core.admission.Admission`), whose refusals go with each flush: a
+        #: call the face refused for load counts in `grpcgrade_calls_refused_total` as the server's own do.
+        self.admissions: list[Admission] = []
+        self._refused: dict[tuple[int, str], int] = {}
 
     def watch(self, coalescers: Sequence[ServerCoalescer | None]) -> None:
         """Also send what these coalescers gather."""
         self.coalescers.extend(c for c in coalescers if c is not None)
+
+    def watch_refusals(self, admission: Admission) -> None:
+        """Also send the calls this admission control refuses (by the limit that refused)."""
+        self.admissions.append(admission)
 
     def add(self, increment: Increment) -> None:
         self.pending.append(increment)
@@ -116,6 +127,12 @@ class FaceCounters:
                 if now != last:
                     self.pending.append((name, (), now - last))
                     self._coalesced[k, name] = now
+        for k, admission in enumerate(self.admissions):  # the calls the face refused since
+            for limit, now in admission.refused.items():
+                last = self._refused.get((k, limit), 0)
+                if now != last:
+                    self.pending.append(("calls_refused", (limit,), now - last))
+                    self._refused[k, limit] = now
         if self.pending or self.stats:
             pending, stats, self.pending, self.stats = self.pending, self.stats, [], []
             if self.send is not None:

@@ -207,6 +207,7 @@ def build_grpc_face(
     relayed on the link's channel; `linger`: the configuration's (`FACE_LINGER_SECONDS` at least)."""
     servicer = FaceServicer(engine, limits, link, max(linger, FACE_LINGER_SECONDS))
     metrics.watch([servicer.coalescer, servicer.full])
+    metrics.watch_refusals(servicer.admission)
     server = grpc.aio.server(interceptors=[ServiceInterceptor(metrics, tokens)], options=options)
     server.add_generic_rpc_handlers((Relay(link.channel, {EVALUATE: _evaluate(servicer)}),))
     return server

@@ -182,18 +182,22 @@ class _AdmissionCollector(Collector):
     """Admission control's counts and limits (`core.admission`), read when scraped: nothing is updated per
     call for them."""
 
-    def __init__(self, admission: Admission) -> None:
+    def __init__(self, admission: Admission, at_faces: Counter) -> None:
         self.admission = admission
+        self.at_faces = at_faces
 
     def collect(self) -> list[Metric]:
         a = self.admission
+        faces = {
+            s.labels["limit"]: s.value for f in self.at_faces.collect() for s in f.samples if s.name.endswith("_total")
+        }
         refused = CounterMetricFamily(
             "grpcgrade_calls_refused",
             "Calls refused at once for load (RESOURCE_EXHAUSTED, HTTP 503).",
             labels=["limit"],
         )
         for name in LIMITS:
-            refused.add_metric([name], a.refused[name])
+            refused.add_metric([name], a.refused[name] + faces.get(name, 0.0))
         limits = GaugeMetricFamily("grpcgrade_admission_limit", "Admission limits (0: none).", labels=["limit"])
         for name in LIMITS:
             limits.add_metric([name], getattr(a.limits, name))
@@ -332,6 +336,11 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
+        #: The calls face processes refused for load (their own admission control), by limit, as they send
+        #: them (`counters`): a tally, not registered; `grpcgrade_calls_refused_total` adds it to the engine's.
+        self.calls_refused = Counter(
+            "grpcgrade_calls_refused", "Calls refused by face processes.", ["limit"], registry=None
+        )
         self.evaluations = Counter(
             "grpcgrade_evaluations",
             "Samples graded, per grader and outcome (ok or error).",
@@ -436,7 +445,7 @@ class Metrics:
         self.worker_restarts.read = restarts
 
     def watch_admission(self, admission: Admission) -> None:
-        self.registry.register(_AdmissionCollector(admission))
+        self.registry.register(_AdmissionCollector(admission, self.calls_refused))
 
     def watch_coalescer(self, *coalescers: Coalescing) -> None:
         """Coalescing's counts: the server's coalescer's and its HTTP face processes' (`http.faces`)."""

@@ -71,6 +71,8 @@ def build_http_app(
                 metrics.flush()  # to the server's process before the answer is written
 
     admission = admission or Admission(limits)
+    if metrics is not None:
+        metrics.watch_refusals(admission)
     admitted = admission_middleware(admission)  # inside `counted`: a refusal is counted as a 503
     middlewares = [counted, caller_middleware, admitted]
     app = web.Application(middlewares=middlewares, client_max_size=http.max_body_bytes)
