@@ -5,6 +5,7 @@ between callers by weight, and counted. Real server, real HTTP; assertions on co
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import grpc
 import pytest
 import yaml
@@ -284,3 +286,26 @@ def test_the_http_face_takes_the_caller_from_its_header(server: ServerProcess) -
     with urllib.request.urlopen(request, timeout=30) as reply:
         assert json.load(reply)["rewards"] == [2.0]
     assert server.metric("grpcgrade_judge_requests_total", model="priced", caller="web-trainer") == 1
+
+
+def test_one_sample_posts_of_two_callers_are_judged_each_under_its_own_caller(server: ServerProcess) -> None:
+    """Concurrent one-sample posts of one plan are coalesced by the HTTP face into chunks; each sample's
+    judgment still counts (and queues) under its own post's caller. Before, a chunk carried the caller of
+    the call that started it to the engine, and every sample in it was judged as that caller's."""
+    callers = [f"pair-{tag}-{time.time_ns()}" for tag in ("a", "b")]
+
+    async def post(session: aiohttp.ClientSession, caller: str, i: int) -> float:
+        body = {"query": [f"q {caller} {i} {time.time_ns()} SCORE-3"]}
+        async with session.post(
+            f"{server.http}/rewards/judged/get_reward", json=body, headers={"X-Grpcgrade-Caller": caller}
+        ) as reply:
+            assert reply.status == 200, await reply.text()
+            return (await reply.json())["rewards"][0]
+
+    async def together() -> list[float]:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+            return await asyncio.gather(*(post(session, callers[i % 2], i) for i in range(8)))
+
+    assert asyncio.run(together()) == [3.0] * 8
+    for caller in callers:
+        assert server.metric("grpcgrade_judge_requests_total", model="priced", caller=caller) == 4

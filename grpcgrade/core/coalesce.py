@@ -3,7 +3,7 @@
 A trainer that grades sample by sample (veRL's reward loop, slime, NeMo Gym's /verify, AReaL) sends one
 call per sample. Graded one by one, each sample pays a chunk's fixed cost: a hop to a worker and back, the
 graders' per-chunk work, the stats. Here the samples of calls that arrive together with the same plan
-(the same graders and parameters, reward, cache use and time limit) wait at most `linger` seconds for each
+(the same graders and parameters, reward, cache use, time limit and caller) wait at most `linger` seconds for each
 other and go to the engine as one chunk, of at most `max_chunk` samples (a full chunk leaves at once);
 each call gets its own sample's results and reward back. The Python client's own `Coalescer` does the
 same on the caller's side; this one serves every caller, in any language, over gRPC and HTTP.
@@ -32,6 +32,7 @@ from typing import Any, Protocol
 
 from grpcgrade.grader import GraderResult
 
+from .context import CALLER, DEFAULT_CALLER
 from .engine import CHEAP_CHUNK, Chunk, ChunkResult, Job
 from .errors import SampleProblem
 
@@ -57,13 +58,15 @@ class _Plan:
     timer: asyncio.Handle | None = None
 
 
-def plan_key(jobs: Sequence[Job], timeout: float | None, reward: str) -> Hashable:
+def plan_key(jobs: Sequence[Job], timeout: float | None, reward: str, caller: str = DEFAULT_CALLER) -> Hashable:
     """What calls must share to be graded together. The registry builds each distinct (name, params) once,
-    so the same grader object means the same grader and parameters."""
+    so the same grader object means the same grader and parameters. The caller too: a chunk is graded under
+    one caller's name (`context.CALLER`, an LLM judge's fair share), so calls of two callers are two chunks."""
     return (
         tuple((id(job.grader), job.spec.label, job.spec.weight, job.spec.gate, job.use_cache) for job in jobs),
         timeout,
         reward,
+        caller,
     )
 
 
@@ -110,7 +113,7 @@ class ServerCoalescer:
         if self.engine.inline_small(jobs, nbytes):
             graded = await self.engine.grade_chunk(jobs, [(0, kwargs)], timeout, reward, nbytes=nbytes)
             return [column[0] for column in graded.columns], graded.rewards[0]
-        key = plan_key(jobs, timeout, reward)
+        key = plan_key(jobs, timeout, reward, CALLER.get())
         plan = self._plans.get(key)
         if plan is None:
             plan = self._plans[key] = _Plan(jobs, timeout, reward)
