@@ -398,7 +398,8 @@ def test_shutdown_exits_within_the_grace_period_and_its_margin(tmp_path, plugin_
     with grpc.insecure_channel(srv.target) as channel:
         stream = pb_grpc.GradingServiceStub(channel).BatchEvaluate(request, timeout=120)
         seen = [item.index for _ in range(fast) for item in next(stream).items]
-        time.sleep(0.5)  # the HTTP request reaches its grader
+        # the HTTP request reaches its grader: the engine holds both calls (a sleep raced it under load)
+        eventually(lambda: srv.metric("grpcgrade_calls_admitted") == 2, "the stream and the HTTP request admitted")
         srv.proc.send_signal(signal.SIGTERM)
         bound = time.monotonic() + grace + SHUTDOWN_MARGIN_SECONDS + 10
         with pytest.raises(grpc.RpcError) as ended:
