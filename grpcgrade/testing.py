@@ -292,7 +292,7 @@ def start_server(
     workdir: Path,
     *args: str,
     env: dict[str, str] | None = None,
-    wait: float = 60,
+    wait: float = 180,
     metrics: bool = True,
     credentials: grpc.ChannelCredentials | None = None,
     status: int = health_pb2.HealthCheckResponse.SERVING,
@@ -309,6 +309,10 @@ def start_server(
     is read from its listening sockets.
 
     A server started with `--tls-cert` only answers TLS: pass the `credentials` to check its health with.
+
+    `wait` only keeps a start that hangs from holding the suite (one that fails exits, and says why at
+    once): a server with workers and face processes, each importing every grader, took over 60 s to say
+    SERVING on a machine loaded to 10 with the test at nice 10.
     """
     if http:
         args = (*args, "--http-port", "0")
