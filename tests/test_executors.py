@@ -129,8 +129,10 @@ def test_a_worker_killed_halfway_through_writing_a_large_answer_wedges_nothing(s
 
 def test_a_stopped_worker_is_killed_by_its_watchdog_and_replaced_alone(tmp_path, plugin_env):
     """A worker stopped (SIGSTOP) while it holds a sample: its watchdog kills it and a new one takes its
-    place; the other worker is untouched, and every sample is answered once (the stopped one TIMEOUT)."""
-    server = start_server(tmp_path, "--workers", "2", "--grader-timeout", "1", env=plugin_env)
+    place; the other worker is untouched, and every sample is answered once (the stopped one TIMEOUT).
+    Each sample spins 0.8 s under a 3 s limit: under a 1 s limit, a loaded machine ran one past it (two
+    TIMEOUTs, at load 12 with the test at nice 10)."""
+    server = start_server(tmp_path, "--workers", "2", "--grader-timeout", "3", env=plugin_env)
     try:
         pids = worker_pids(server.proc.pid)
         before = {p: cpu_seconds(p) for p in pids}
