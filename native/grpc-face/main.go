@@ -67,6 +67,7 @@ type options struct {
 	buckets         string
 	tlsCert, tlsKey string
 	tlsClientCA     string
+	floor           bool
 }
 
 func parseOptions() options {
@@ -85,6 +86,8 @@ func parseOptions() options {
 	flag.StringVar(&o.tlsCert, "tls-cert", "", "the server certificate (PEM)")
 	flag.StringVar(&o.tlsKey, "tls-key", "", "its key (PEM)")
 	flag.StringVar(&o.tlsClientCA, "tls-client-ca", "", "client certificates' CA: mutual TLS")
+	flag.BoolVar(&o.floor, "floor", false, "answer every call at once with an empty message, touching no engine: "+
+		"the floor of `grpcgrade bench --per-sample`, what grpc-go itself costs a call")
 	flag.Parse()
 	return o
 }
@@ -204,8 +207,12 @@ func serve(o options, report *reporter) error {
 		f.coalescer.token = tokens[0]
 	}
 	grace := time.Duration(o.grace * float64(time.Second))
+	handler := f.handle
+	if o.floor {
+		handler = floor
+	}
 	serverOptions := []grpc.ServerOption{
-		grpc.UnknownServiceHandler(f.handle),
+		grpc.UnknownServiceHandler(handler),
 		grpc.MaxRecvMsgSize(o.maxMessageBytes),
 		grpc.MaxSendMsgSize(o.maxMessageBytes),
 		// The Python server's keepalive and connection age (options.public_server_options).
@@ -251,4 +258,14 @@ func serve(o options, report *reporter) error {
 	close(stopCounting)
 	<-counted
 	return nil
+}
+
+// floor answers a call with an empty message (a valid EvaluateResponse: every field at its default).
+func floor(_ interface{}, stream grpc.ServerStream) error {
+	var request []byte
+	if err := stream.RecvMsg(&request); err != nil {
+		return err
+	}
+	response := []byte{}
+	return stream.SendMsg(&response)
 }
