@@ -73,7 +73,7 @@ def binary() -> str:
     given = os.environ.get(BINARY_ENV)
     if given:
         if not os.access(given, os.X_OK):
-            raise ConfigError(f"{BINARY_ENV}={given}: not an executable file")
+            raise ConfigError(f"{BINARY_ENV}={given}: not an executable file (`make native-face` builds {BUILT})")
         return given
     built = Path(__file__).resolve().parents[2] / BUILT
     if os.access(built, os.X_OK):
