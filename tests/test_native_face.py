@@ -28,6 +28,7 @@ from expected import json_score
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 from test_grpc_faces import AUTH, CONFIG, SAMPLES, TOKEN, _columns, _items, _WithToken, listeners, responses, stub
+from test_security import pki  # noqa: F401  # the module's certificates (a fixture)
 
 from grpcgrade.core.config import parse_config
 from grpcgrade.core.errors import ConfigError
@@ -316,6 +317,28 @@ def test_an_engine_that_is_away_is_unavailable_never_a_score(tmp_path):
         assert "the grading engine is not reachable now" in details
     for name in ("evaluate-bad-token", "batch-bad-token"):
         assert outcomes[name][0] == grpc.StatusCode.UNAUTHENTICATED  # type: ignore[index]
+
+
+@needs_go
+def test_the_face_serves_mutual_tls_with_the_servers_files(tmp_path, pki):  # noqa: F811
+    """--tls-cert/--tls-key/--tls-client-ca: a client with a certificate of the CA gets through TLS to the
+    face (here: to its relay, the engine being away); a client whose certificate another CA signed does not."""
+    files = [f"--tls-cert={pki.path('server.crt')}", f"--tls-key={pki.path('server.key')}"]
+    files.append(f"--tls-client-ca={pki.path('ca.crt')}")
+    proc, target, listener = _face_alone(tmp_path, f"--engine=unix:{tmp_path / 'absent.sock'}", *files)
+    outcomes = {}
+    try:
+        for who in ("client", "stranger"):
+            with grpc.secure_channel(target, pki.credentials(client=who)) as channel:
+                check = health_pb2_grpc.HealthStub(channel).Check  # type: ignore[no-untyped-call]
+                outcomes[who] = _outcome(lambda c=check: c(health_pb2.HealthCheckRequest(), timeout=10))
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+        listener.close()
+    assert outcomes["client"][0] == grpc.StatusCode.UNAVAILABLE  # type: ignore[index]
+    assert "the grading engine is not reachable now" in outcomes["client"][1]  # type: ignore[index]
+    assert "the grading engine" not in str(outcomes["stranger"])
 
 
 @needs_go
