@@ -69,6 +69,11 @@ type coalescer struct {
 // grade answers one call's sample with its plan's; `caller` is the call's x-grpcgrade-caller (the
 // judges' fair share: a chunk carries one caller's name, so calls of different callers never share one).
 func (c *coalescer) grade(ctx context.Context, s split, caller string) answer {
+	if len(s.sample)+len(s.plan) >= c.maxBytes/2 {
+		// A sample this large shares no chunk (a chunk must stay within the message limit): the call goes
+		// to the engine as it came, within the limit the face received it under.
+		return answer{relay: true}
+	}
 	key := caller + "\x00" + string(s.plan)
 	w := &waiter{sample: s.sample, done: make(chan answer, 1)}
 	c.mu.Lock()
