@@ -13,6 +13,7 @@ builds it and runs them (.ci/run does), and `make test` runs without Go."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import signal
@@ -405,3 +406,22 @@ def test_the_grpc_face_setting_is_checked():
     )
     assert out.returncode != 0 and "--grpc-face rust: one of python, native" in out.stderr
     assert re.search(r"Traceback", out.stderr) is None
+
+
+@needs_go
+def test_the_per_sample_bench_drives_the_native_face_and_its_floor(tmp_path):
+    """`bench --per-sample` with the Go face built: its rows (the face, and its `--floor`) beside the others,
+    every call answered (the face's answers counted by the server from the face's counts), and the gRPC goal
+    read from the best of the default, a face process per core and the native face."""
+    cmd = [sys.executable, "-m", "grpcgrade.cli", "bench", "--per-sample", "--samples", "300", "--callers", "60"]
+    out = subprocess.run([*cmd, "--json"], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    for name in ("grpc_native", "floor_grpc_native"):
+        assert report[f"{name}_failed"] == 0
+        assert report[f"{name}_server_cpu_us"] >= 0  # read in clock ticks: 300 calls of ~30 us may show none
+        ratio = report[f"{name}_per_second"] / report["fastapi_per_second"]
+        assert report[f"{name}_x_fastapi"] == pytest.approx(ratio, abs=0.01)
+    names = ("grpc", "grpc_cores", "grpc_native")
+    best = max((n for n in names if f"{n}_x_fastapi" in report), key=lambda n: report[f"{n}_x_fastapi"])
+    assert report["goals"]["grpc_x_fastapi"]["by"] == best
