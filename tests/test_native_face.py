@@ -20,6 +20,7 @@ import signal
 import socket
 import subprocess
 import sys
+import urllib.request
 from collections import Counter
 from pathlib import Path
 
@@ -78,12 +79,21 @@ def direct(face_server) -> ServerProcess:
 
 
 @needs_go
-def test_the_go_face_listens_on_the_grpc_port_and_the_engine_process_does_not_accept(native):
+def test_the_go_face_listens_on_the_grpc_port_beside_the_http_face(native):
     pids = native_pids(native.proc.pid)
     assert len(pids) == 1
     # The socket is the server's, inherited: both hold it, only the face accepts (the server never does).
     assert pids[0] in listeners(native.port)
     assert health_status(native.target) == health_pb2.HealthCheckResponse.SERVING  # the engine's, relayed
+    # the HTTP face's processes beside it, grading through the same engine
+    texts = ['{"a": 1}', "nope"]
+    request = urllib.request.Request(
+        f"{native.http}/get_reward",
+        data=json.dumps({"query": texts}).encode(),
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {TOKEN}"},
+    )
+    with urllib.request.urlopen(request, timeout=60) as answer:
+        assert json.loads(answer.read())["rewards"] == [json_score(t) for t in texts]
 
 
 @needs_go
