@@ -9,8 +9,8 @@
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 # The native gRPC face (`grpc.face: native`, native/grpc-face/, docs/operations.md): Go, built against Debian's
-# packaged grpc-go and protobuf-go in GOPATH mode, so no Go module proxy is reached (as `make native-face`).
-# The runtime stage takes its one binary, not Go.
+# packaged grpc-go and protobuf-go in GOPATH mode, so no Go module proxy is reached (as `make native-face`),
+# without cgo: one static binary, which the runtime stage takes (not Go, no C compiler here).
 FROM ${PYTHON_IMAGE} AS native
 # hadolint ignore=DL3008
 RUN apt-get update \
@@ -18,7 +18,7 @@ RUN apt-get update \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src/native/grpc-face
 COPY native/grpc-face/ ./
-ENV GOPATH=/usr/share/gocode GO111MODULE=off GOPROXY=off GOCACHE=/tmp/go-cache
+ENV GOPATH=/usr/share/gocode GO111MODULE=off GOPROXY=off GOCACHE=/tmp/go-cache CGO_ENABLED=0
 RUN go build -trimpath -o /grpcgrade-grpc-face .
 
 FROM ${PYTHON_IMAGE} AS build

@@ -135,10 +135,11 @@ proto-check: $(TOOLS)/.buf-$(BUF_VERSION)
 	$(BUF) breaking --against proto/baseline/grpcgrade-v1.json
 
 # The native gRPC face (`grpc.face: native`, native/grpc-face/, docs/operations.md): Go, built offline in GOPATH
-# mode against Debian's packaged grpc-go and protobuf-go in /usr/share/gocode (no module proxy is reached);
-# its unit tests run first. `make system-deps` installs the Go packages.
+# mode against Debian's packaged grpc-go and protobuf-go in /usr/share/gocode (no module proxy is reached),
+# without cgo (a static binary, no C compiler needed); its unit tests run first. `make system-deps` installs
+# the Go packages.
 NATIVE_FACE := build/native/grpcgrade-grpc-face
-GO_ENV := GOPATH=/usr/share/gocode GO111MODULE=off GOFLAGS= GOPROXY=off
+GO_ENV := GOPATH=/usr/share/gocode GO111MODULE=off GOFLAGS= GOPROXY=off CGO_ENABLED=0
 native-face: $(NATIVE_FACE)
 
 $(NATIVE_FACE): $(wildcard native/grpc-face/*.go)
