@@ -17,6 +17,8 @@ the HTTP face, the gRPC face or both (`face_process`).
   client's other calls there with the client's own token.
 - Counters: each face process sends its increments (`counters`); they are added to the server's counters
   of the same names and labels, as they arrive and before every scrape (`drain`), so /metrics is one view.
+- The native gRPC face (`grpc.face: native`): the public gRPC port served by a Go program instead of gRPC
+  face processes (`native_face.NativeFace`, held here beside the HTTP face processes).
 - A face process that dies is started again after `restarts.RESTART_PAUSE_SECONDS` (doubling, up to
   `MAX_RESTART_PAUSE_SECONDS`, while they keep dying fast); its in-flight requests are lost with it
   (their clients see the connection end) and nothing else is.
