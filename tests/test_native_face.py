@@ -251,6 +251,23 @@ def test_a_killed_go_face_is_started_again_and_answers(face_server):
 
 
 @needs_go
+def test_on_sigterm_the_face_drains_its_calls_and_ends_with_the_server(face_server):
+    """SIGTERM to the server: a call in flight through the Go face is answered, the server exits 0, and
+    the face is gone with it."""
+    srv = face_server(CONFIG, token=TOKEN, workers=1, more=NATIVE)
+    [face] = native_pids(srv.proc.pid)
+    slow = [pb.GraderSpec(name="sleepy")]
+    slow[0].params.update({"seconds": 1.5, "heavy": False})
+    with grpc.insecure_channel(srv.target) as channel:
+        request = pb.EvaluateRequest(graders=slow, sample=pb.Sample(response="x"))
+        call = stub(channel).Evaluate.future(request, metadata=AUTH, timeout=60)
+        eventually(lambda: srv.metric("grpcgrade_coalesced_samples_total") >= 1, "the call at the engine")
+        assert srv.stop() == 0
+        assert call.result().results[0].score == 1.0  # sleepy's score, once it has slept
+    assert not os.path.exists(f"/proc/{face}")
+
+
+@needs_go
 @pytest.mark.parametrize("method", ["Evaluate", "BatchEvaluate"])
 def test_deadlines_and_cancellation_reach_the_engine(native, method):
     """A call through the face whose deadline passes (or whose client cancels) ends the engine's work for
