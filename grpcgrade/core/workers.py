@@ -376,7 +376,7 @@ class _Worker:
         """Whether it can take another item (sent ahead, when it grades one)."""
         return len(self.held) < ITEMS_PER_WORKER and not self.exited and not self.killed
 
-    def give_up(self, died: type[WorkerDied], why: str, first_only: bool = False) -> None:
+    def give_up(self, died: type[WorkerDied | WorkTimedOut], why: str, first_only: bool = False) -> None:
         """Its process is gone or being killed: each item it held is answered, `died` for one it had read
         (the one it was grading: its death may be that item's doing), `_Unread` for one it had not (the
         one sent ahead, or one a process stopped before it read it): that one goes to another worker.
