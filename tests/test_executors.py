@@ -353,6 +353,34 @@ def test_an_item_sent_ahead_to_a_killed_worker_is_graded_by_another_once(tmp_pat
     assert runs.read_text().split() == [str(answer)]  # run once, by the replacement
 
 
+def test_an_item_sent_ahead_to_a_worker_its_watchdog_kills_is_graded_by_another_once(tmp_path):
+    """The worker's item runs past its watchdog (a sleep the time-limit signal does not reach here: no per
+    sample limit in a plain function) while the next item waits in its pipe: the first is WorkTimedOut, the
+    worker is killed, and the item sent ahead, which did not run past anything, is graded by the replacement,
+    once (a TIMEOUT for it would have been a sample at fault for another's hang)."""
+    pool = WorkerPool(1, initializer=os.getpid)  # any module-level function: one that warms no grader
+    marker, runs = tmp_path / "running", tmp_path / "runs"
+
+    async def main() -> tuple[int, int]:
+        await pool.ready()
+        hung = asyncio.ensure_future(pool.submit(_work(announce_then_sleep, (str(marker), 3600), timeout=0.1)))
+        await asyncio.sleep(0)  # submitted
+        busy = started(marker)
+        ahead = asyncio.ensure_future(pool.submit(_work(append_pid, (str(runs),))))
+        await asyncio.sleep(0)  # sent ahead
+        assert [len(w.held) for w in pool._workers] == [2]
+        with pytest.raises(WorkTimedOut):
+            await asyncio.wait_for(hung, WAIT)
+        return busy, int(await asyncio.wait_for(ahead, WAIT))
+
+    try:
+        busy, answer = asyncio.run(main())
+    finally:
+        pool.close(patience=0)
+    assert answer != busy and pool.restarts == 1
+    assert runs.read_text().split() == [str(answer)]
+
+
 def test_an_item_sent_ahead_and_cancelled_is_never_run(tmp_path):
     """An item cancelled while it waits in its worker's pipe (sent ahead) is answered cancelled when the
     worker comes to it, not run: its cancel message, read while the item before it ran, was dropped as
