@@ -39,7 +39,7 @@ from grpcgrade.core.registry import get_registry
 from grpcgrade.llm.models import close_clients as close_judge_clients
 from grpcgrade.llm.models import configure as configure_models
 
-from .counters import FaceCounters
+from .counters import FLUSH, FLUSHED, FaceCounters
 from .grpc_face import build_grpc_face
 from .http.app import build_http_app
 from .http.forward import EngineLink as HttpLink
@@ -95,6 +95,21 @@ def main(spec: FaceSpec, conn: Connection, parent: int) -> None:
         raise
 
 
+def _answer(conn: Connection, metrics: FaceCounters, stop: asyncio.Event) -> None:
+    """The face's end of its pipe, readable: the server's process asking for the counts so far (`FLUSH`,
+    before a scrape: they are sent, then `FLUSHED`), or gone (the pipe's end: this face stops)."""
+    loop = asyncio.get_running_loop()
+    try:
+        while conn.poll():
+            kind, value = conn.recv()
+            if kind == FLUSH:
+                metrics.flush()
+                conn.send((FLUSHED, value))
+    except (EOFError, OSError):
+        loop.remove_reader(conn.fileno())
+        stop.set()
+
+
 async def _serve(spec: FaceSpec, conn: Connection) -> None:
     opts = spec.options
     tune_process()
@@ -135,14 +150,16 @@ async def _serve(spec: FaceSpec, conn: Connection) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
-    loop.add_reader(conn.fileno(), stop.set)  # the server's end of the pipe closed: it is gone
+    loop.add_reader(conn.fileno(), _answer, conn, metrics, stop)  # scrapes' asks, or the server gone
     conn.send(("ready", spec.grpc_port if spec.http_port is None else spec.http_port))
     log.debug("face process %d serving (HTTP port %s, gRPC port %s)", spec.index, spec.http_port, spec.grpc_port)
     await stop.wait()
-    loop.remove_reader(conn.fileno())
     exit_deadline(opts.grace_seconds + SHUTDOWN_MARGIN_SECONDS)
-    # No new connection or call; the in-flight ones finish for up to the grace period, both faces at once.
+    # No new connection or call; the in-flight ones finish for up to the grace period, both faces at once
+    # (and scrapes meanwhile still get their counts).
     await asyncio.gather(*(stopping() for stopping in stops))
+    with contextlib.suppress(OSError, ValueError):
+        loop.remove_reader(conn.fileno())
     metrics.flush()
     for each in links:
         await each.close()

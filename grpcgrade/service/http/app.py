@@ -68,7 +68,6 @@ def build_http_app(
             if metrics is not None:
                 face = request.get(FACE_KEY, NO_FACE)
                 metrics.http_requests.labels(face, request.method, str(status)).inc()
-                metrics.flush()  # to the server's process before the answer is written
 
     admission = admission or Admission(limits)
     admitted = admission_middleware(admission)  # inside `counted`: a refusal is counted as a 503
