@@ -76,6 +76,15 @@ def test_the_face_processes_listen_on_the_port_and_the_engine_process_does_not(t
     assert [slime(two_faces, "x", "x") for _ in range(8)] == [1.0] * 8
 
 
+def test_the_face_processes_run_on_uvloops_event_loop(two_faces):
+    """uvloop is a server dependency: each face process serves on its loop (its extension module is mapped
+    into the process: nothing else in a face imports uvloop)."""
+    import uvloop.loop
+
+    for pid in face_pids(two_faces.proc.pid):
+        assert uvloop.loop.__file__ in Path(f"/proc/{pid}/maps").read_text()
+
+
 def test_a_scrape_counts_every_request_the_faces_answered_before_it(two_faces):
     """The face processes send their counts every `counters.BATCH_SECONDS`, not one message per request
     (a pipe write each); a scrape asks each face for its counts first, so the requests answered just before
