@@ -283,7 +283,7 @@ class EngineLink:
             request.grader_timeout_seconds = timeout
         if deadline is not None:
             request.budget_seconds = max(deadline - time.monotonic(), 0.001)
-        caller = CALLER.get()  # the HTTP request's (`callers.caller_middleware`): the judges' fair share
+        caller = CALLER.get()  # the HTTP request's (`http.app`'s middleware): the judges' fair share
         metadata = self.metadata + (((CALLER_HEADER, caller),) if caller != DEFAULT_CALLER else ())
         positions = [i for i, _ in good]
         try:
@@ -298,8 +298,10 @@ class EngineLink:
             raise self.failed(exc.code(), exc.details() or "", tuple(exc.trailing_metadata() or ())) from None
 
 
-def _joined(parts: Sequence[ChunkResult], order: Sequence[int], width: int) -> ChunkResult:
+def _joined(parts: Sequence[ChunkResult], order: list[int], width: int) -> ChunkResult:
     """Parts of one chunk's answer as one, in `order` (the chunk's indices)."""
+    if len(parts) == 1 and parts[0].indices == order:  # the usual answer: one message, in order
+        return parts[0]
     where: dict[int, tuple[ChunkResult, int]] = {}
     for part in parts:
         for k, index in enumerate(part.indices):
