@@ -58,6 +58,8 @@ log = logging.getLogger("grpcgrade.http")
 FACE_KEY = web.RequestKey("grpcgrade_face", str)
 #: The `face` label of a request no face answered (an unknown path).
 NO_FACE = "none"
+#: A body's `cache` value and the mode it asks for.
+CACHE_MODES = {mode.value: mode for mode in CacheMode}
 
 log = logging.getLogger("grpcgrade.service.http")
 
@@ -304,11 +306,12 @@ class FaceContext:
 
     def resolve(self, reward: str, cache: Any = CacheMode.DEFAULT.value) -> Plan:
         """The reward's graders (404 for an unknown reward, 400 for a bad `cache` or parameters)."""
-        if cache not in set(CacheMode):
+        mode = CACHE_MODES.get(cache) if isinstance(cache, str) else None  # a list or an object: not hashable
+        if mode is None:
             allowed = ", ".join(f'"{mode.value}"' for mode in CacheMode)
             raise web.HTTPBadRequest(text=f"`cache` must be one of {allowed}, got {str(cache)[:40]!r}")
         try:  # kept by the engine, as a gRPC call's (a reward's graders named by no spec: the empty key)
-            return self.engine.resolve_keyed(b"", list, reward, CacheMode(cache))
+            return self.engine.resolve_keyed(b"", list, reward, mode)
         except (UnknownReward, UnknownGrader) as exc:
             raise web.HTTPNotFound(text=str(exc)) from None
         except InvalidParams as exc:
