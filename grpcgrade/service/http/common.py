@@ -96,15 +96,19 @@ STANDARD_KEYS = frozenset(("sample_id", *TEXT_FIELDS, "responses", *AGENT_FIELDS
 def check_sample(fields: dict[str, Any], limits: Limits) -> None:
     """SampleProblem for a standard field over `max_field_chars`, or for `extra` (the other keys) whose JSON
     is longer: grader input, so the gRPC service's limit holds for it too."""
-    check_fields({k: v for k, v in fields.items() if k in STANDARD_KEYS}, limits)
-    extra = {k: v for k, v in fields.items() if k not in STANDARD_KEYS}
+    if STANDARD_KEYS.issuperset(fields):  # the usual sample: no extra, so no split and no encoding
+        check_fields(fields, limits)
+        extra: dict[str, Any] = {}
+    else:
+        check_fields({k: v for k, v in fields.items() if k in STANDARD_KEYS}, limits)
+        extra = {k: v for k, v in fields.items() if k not in STANDARD_KEYS}
     size = len(json.dumps(extra)) if extra else 0
     if size > limits.max_field_chars:
         raise SampleProblem(
             f"field 'extra' takes {size} characters, over the limit max_field_chars={limits.max_field_chars}"
         )
     deep = [k for k, v in extra.items() if isinstance(v, dict | list) and too_deep(v)]
-    deep += [k for k in AGENT_FIELDS if any(too_deep(entry) for entry in fields.get(k) or ())]
+    deep += [k for k in AGENT_FIELDS if k in fields and any(too_deep(entry) for entry in fields[k] or ())]
     if deep:
         raise SampleProblem(f"field {deep[0]!r} nests deeper than a sample carries ({NESTING})")
 
@@ -380,14 +384,6 @@ class FaceContext:
                 return exc
 
         out = GradedBatch(n)
-        # Whole chunks travel in the rows codec (`service.rows`); a sample is checked again only when the
-        # quarantine asks for one that failed (a usable one: nothing is counted twice).
-        batch = Batch(
-            n,
-            lambda a, b: [(i, checked(i)) for i in range(a, b)],
-            lambda a, b: encoded([checked(i) for i in range(a, b)]),
-            nbytes,
-        )
         deadline, failures = guards
         admission = self.admission
         assert admission is not None  # set in __post_init__
@@ -403,6 +399,14 @@ class FaceContext:
                 async for part in self.link.grade_pieces(jobs, n, checked, reward, deadline, failures):
                     out.add(part.indices, part.columns, part.rewards)
             else:
+                # Whole chunks travel in the rows codec (`service.rows`); a sample is checked again only when
+                # the quarantine asks for one that failed (a usable one: nothing is counted twice).
+                batch = Batch(
+                    n,
+                    lambda a, b: [(i, checked(i)) for i in range(a, b)],
+                    lambda a, b: encoded([checked(i) for i in range(a, b)]),
+                    nbytes,
+                )
                 async for graded in self.engine.grade_batch(
                     jobs, batch, self.engine.chunks(jobs, n), reward=reward, deadline=deadline, failures=failures
                 ):
