@@ -8,6 +8,19 @@
 # file builds over a stand-in where no registry is reachable (`make image-test`, docs/deploy.md).
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
+# The native gRPC face (`grpc.face: native`, native/grpc-face/, docs/operations.md): Go, built against Debian's
+# packaged grpc-go and protobuf-go in GOPATH mode, so no Go module proxy is reached (as `make native-face`),
+# without cgo: one static binary, which the runtime stage takes (not Go, no C compiler here).
+FROM ${PYTHON_IMAGE} AS native
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends golang-go golang-google-grpc-dev golang-google-protobuf-dev \
+    && rm -rf /var/lib/apt/lists/*
+WORKDIR /src/native/grpc-face
+COPY native/grpc-face/ ./
+ENV GOPATH=/usr/share/gocode GO111MODULE=off GOPROXY=off GOCACHE=/tmp/go-cache CGO_ENABLED=0
+RUN go build -trimpath -o /grpcgrade-grpc-face .
+
 FROM ${PYTHON_IMAGE} AS build
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
@@ -41,6 +54,8 @@ ENV PATH=/opt/grpcgrade/bin:$PATH \
 RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
     python -m venv /opt/grpcgrade \
     && /opt/grpcgrade/bin/pip install --no-cache-dir --no-index --find-links /wheels 'grpcgrade[server]' grpcgrade-math-verify grpcgrade-code
+# The native gRPC face's program, on PATH (`serve --grpc-face native` finds it there).
+COPY --from=native /grpcgrade-grpc-face /opt/grpcgrade/bin/grpcgrade-grpc-face
 # A fixed numeric uid and gid, so Kubernetes' runAsNonRoot can check it without a passwd lookup, and the
 # group the image runs as has an entry (useradd --user-group would pick a system gid such as 999).
 RUN groupadd --system --gid 10001 grpcgrade \

@@ -21,7 +21,7 @@ CONFIG ?=
 BUNDLED := $(filter-out plugins/grpcgrade-openjudge/,$(wildcard plugins/*/))
 OPENJUDGE_VENV := .venv-openjudge
 
-.PHONY: serve test test-trainers test-ray test-openjudge proto lint typecheck proto-check bench perf-peers docs cog clean system-deps image-test
+.PHONY: serve test test-trainers test-ray test-openjudge test-native native-face proto lint typecheck proto-check bench perf-peers docs cog clean system-deps image-test
 
 # buf (lint and breaking-change checks of proto/) from the npm registry, pinned, into .tools/.
 BUF_VERSION := 1.75.0
@@ -134,6 +134,23 @@ proto-check: $(TOOLS)/.buf-$(BUF_VERSION)
 	$(BUF) lint
 	$(BUF) breaking --against proto/baseline/grpcgrade-v1.json
 
+# The native gRPC face (`grpc.face: native`, native/grpc-face/, docs/operations.md): Go, built offline in GOPATH
+# mode against Debian's packaged grpc-go and protobuf-go in /usr/share/gocode (no module proxy is reached),
+# without cgo (a static binary, no C compiler needed); its unit tests run first. `make system-deps` installs
+# the Go packages.
+NATIVE_FACE := build/native/grpcgrade-grpc-face
+GO_ENV := GOPATH=/usr/share/gocode GO111MODULE=off GOFLAGS= GOPROXY=off CGO_ENABLED=0
+native-face: $(NATIVE_FACE)
+
+$(NATIVE_FACE): $(wildcard native/grpc-face/*.go)
+	@command -v go >/dev/null || { echo "go is missing: the native gRPC face needs Go; install it with: make system-deps"; exit 1; }
+	cd native/grpc-face && $(GO_ENV) go vet . && $(GO_ENV) go test -count=1 . \
+		&& $(GO_ENV) go build -trimpath -o $(CURDIR)/$(NATIVE_FACE) .
+
+# The native face's tests against a real server (marked `native`: `make test` runs without Go).
+test-native: $(STAMP) $(NATIVE_FACE)
+	$(BIN)/python -m pytest -q -m native
+
 bench: $(STAMP)
 	$(BIN)/grpcgrade bench --goals
 
@@ -157,8 +174,10 @@ cog: $(STAMP)
 # What pip cannot install (Debian/Ubuntu, as root): bubblewrap, the code sandbox of plugins/grpcgrade-code;
 # libseccomp, its seccomp filter's builder; nghttp2-client's h2load, the load generator of
 # `grpcgrade bench --per-sample` (a crowd of callers driven from C, so that the client does not cap the servers).
+# golang-*: the native gRPC face's compiler and its libraries (grpc-go 1.33, protobuf-go 1.28), built offline.
 system-deps:
-	apt-get update && apt-get install -y --no-install-recommends bubblewrap libseccomp2 nghttp2-client
+	apt-get update && apt-get install -y --no-install-recommends bubblewrap libseccomp2 nghttp2-client \
+		golang-go golang-google-grpc-dev golang-google-protobuf-dev
 
 # The image built and run by a real container engine, then the compose stack (docs/deploy.md says what it
 # checks). As root on Debian: installs and configures podman from Debian's packages first.

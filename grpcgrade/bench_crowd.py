@@ -6,18 +6,21 @@ run on the same sample and the same grader, the calls per second answered by
 - the plain FastAPI per-sample server (`bench_peer`: uvicorn, one process, the grader inline), over HTTP;
 - grpcgrade's unary `Evaluate` (the scores view), with its server coalescing concurrent calls, and again
   with coalescing off; and with a gRPC face process per core (`grpc_cores`, `--grpc-processes`): the faces
-  own the port and coalesce the crowd into BatchEvaluate calls to the engine's process;
+  own the port and coalesce the crowd into BatchEvaluate calls to the engine's process; and with the native
+  gRPC face (`grpc_native`, `--grpc-face native`: grpc-go, one process on every core) doing the same, when
+  it is built (`make native-face`; otherwise the report says `grpc_native: not built`);
 - grpcgrade's HTTP face (`POST /get_reward`, OpenRLHF's body with one query), in its one face process by
   default (`http`) and with a face process per core (`http_cores`, `--http-processes`): the faces
   coalesce the crowd into BatchEvaluate calls to the engine's process;
 - the floor of each protocol (`bench_peer`'s bare `grpc.aio` and aiohttp servers in one process): what
   gRPC and aiohttp themselves allow a Python process here, which bounds what grpcgrade's faces can reach;
   and the floor of the gRPC face processes (`floor_grpc_cores`): a bare grpc.aio process per core sharing
-  one port (SO_REUSEPORT), doing no more than the one-process floor;
+  one port (SO_REUSEPORT), doing no more than the one-process floor; and the native face's
+  (`floor_grpc_native`: the Go face's `--floor`, grpc-go answering every call at once, on every core);
 
 each with `callers` concurrent callers calling back to back, and reports each as a ratio to the peer (the
-goals: gRPC >= 3x, HTTP >= 2x, each met by the better of its default and its process-per-core server:
-`goals[...]["by"]`) with its p50 and p99 latency.
+goals: gRPC >= 3x, HTTP >= 2x, each met by the best of its default, its process-per-core and (gRPC) its
+native server: `goals[...]["by"]`) with its p50 and p99 latency.
 
 **The load generator is `h2load`** (nghttp2's, in C; Debian's `nghttp2-client`, which `make system-deps`
 installs), the same for every server: HTTP/1.1 with one connection per caller for the HTTP servers, and
@@ -55,6 +58,7 @@ from pathlib import Path
 from typing import Any
 
 from .bench import PRESETS, make_samples
+from .core.errors import ConfigError
 from .testing import ServerProcess, children, cpu_seconds, free_port, start_server
 
 #: The issue's goals: per-sample calls/s as a multiple of the FastAPI peer's.
@@ -258,6 +262,7 @@ def _start(stack: ExitStack, workdir: Path, grader: str, sample: dict[str, Any],
         url = f"http://{server.target}{EVALUATE_PATH}"
         answered = _answered(server)
         crowds.append(Crowd("grpc_cores", url, bodies["grpc"], server.proc.pid, grpc=True, answered=answered))
+    crowds += _native(stack, workdir, bodies["grpc"], more)
     grpc_port, http_port = free_port(), free_port()
     floor = _spawn(workdir, "floor", grader, "{}", str(grpc_port), str(http_port), ports=[grpc_port, http_port])
     stack.callback(_end, floor)
@@ -279,6 +284,32 @@ def _start(stack: ExitStack, workdir: Path, grader: str, sample: dict[str, Any],
             Crowd("floor_grpc_cores", url, bodies["grpc"], floors[0].pid, grpc=True,
                   answered=lambda: sum(_count(c) for c in counters), also=tuple(f.pid for f in floors[1:]))
         )  # fmt: skip
+    return crowds
+
+
+def _native(stack: ExitStack, workdir: Path, body: Path, more: list[str]) -> list[Crowd]:
+    """The native gRPC face's server and its floor (the Go face's `--floor` on every core), when built."""
+    from .service.native_face import binary
+
+    try:
+        program = binary()
+    except ConfigError:
+        return []
+    args = ["--config", str(workdir / "grpc.yaml"), "--log-level", "error", "--grpc-face", "native"]
+    server = start_server(workdir, *args, *more)
+    stack.callback(server.stop)
+    url = f"http://{server.target}{EVALUATE_PATH}"
+    crowds = [Crowd("grpc_native", url, body, server.proc.pid, grpc=True, answered=_answered(server))]
+    listener = stack.enter_context(socket.create_server(("127.0.0.1", 0), backlog=4096))
+    with open(workdir / "floor-native.log", "wb") as out:
+        floor = subprocess.Popen(
+            [program, "--floor", f"--listen-fd={listener.fileno()}"], stdin=subprocess.PIPE, stdout=out, stderr=out,
+            pass_fds=(listener.fileno(),), env={**os.environ, "GOMAXPROCS": str(os.cpu_count() or 1)},
+        )  # fmt: skip
+    stack.callback(_end, floor)
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}{EVALUATE_PATH}"
+    # Every call is answered OK (a status in the trailers h2load does not read cannot be anything else).
+    crowds.append(Crowd("floor_grpc_native", url, body, floor.pid, grpc=True))
     return crowds
 
 
@@ -330,9 +361,11 @@ def run_per_sample(
         # calls a CPU-second answers, as a multiple of the peer's: capacity whatever else ran meanwhile
         report[f"{name}_calls_per_cpu_x_fastapi"] = round(peer_cpu / max(report[f"{name}_server_cpu_us"], 1e-9), 2)
     report["goals"] = {}
-    for key, goal in GOALS.items():  # met by the protocol's better server: its default, or a face process per core
+    if not any(crowd.name == "grpc_native" for crowd in crowds):
+        report["grpc_native"] = "not built (make native-face)"
+    for key, goal in GOALS.items():  # met by the protocol's best server: its default, a face process per core, native
         protocol = key.split("_")[0]
-        by = max((n for n in (protocol, f"{protocol}_cores") if f"{n}_x_fastapi" in report),
+        by = max((n for n in (protocol, f"{protocol}_cores", f"{protocol}_native") if f"{n}_x_fastapi" in report),
                  key=lambda n: report[f"{n}_x_fastapi"])  # fmt: skip
         value = report[f"{by}_x_fastapi"]
         report["goals"][key] = {"goal": f">= {goal:g}", "met": value >= goal, "by": by, "value": value}

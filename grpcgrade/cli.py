@@ -122,6 +122,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         http_port=args.http_port,
         http_processes=args.http_processes,
         grpc_processes=args.grpc_processes,
+        grpc_face=args.grpc_face,
         ray_address=args.ray,
         tls_key=args.tls_key,
         tls_client_ca=args.tls_client_ca,
@@ -139,6 +140,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
             raise UsageError(f"{flag} {path}: no such file")
     if opts.http_processes is not None and opts.http_processes < 1:
         raise UsageError("--http-processes must be at least 1")
+    from grpcgrade.core.config import GRPC_FACES
+
+    if opts.grpc_face is not None and opts.grpc_face not in GRPC_FACES:
+        raise UsageError(f"--grpc-face {opts.grpc_face}: one of {', '.join(GRPC_FACES)}")
     if opts.grpc_processes is not None and opts.grpc_processes < 0:
         raise UsageError("--grpc-processes must be 0 (the server's process serves gRPC) or more")
     if bool(opts.tls_cert) != bool(opts.tls_key):
@@ -657,6 +662,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="face processes serving the gRPC port, sharing it (0: the server's own process serves it; default: "
         "the config's grpc.processes, 0)",
+    )
+    p.add_argument(
+        "--grpc-face",
+        default=None,
+        metavar="python|native",
+        help="who serves the gRPC port beside the server's process: python (--grpc-processes face processes) or "
+        "native (the Go face, `make native-face`, with --grpc-processes cores, 0: all); default: the config's "
+        "grpc.face, python",
     )
     p.add_argument(
         "--tokenizer",

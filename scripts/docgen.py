@@ -30,7 +30,7 @@ CONFIG_KEYS = {
     "default_reward": "the reward the HTTP face's `POST /get_reward` grades with "
     "(see [Trainers](trainers.md#openrlhf)); one of `rewards`",
     "http": "the HTTP face (`--http-port`) (below)",
-    "grpc": "who serves the public gRPC port: the engine's process, or gRPC face processes (below)",
+    "grpc": "who serves the public gRPC port: the engine's process, gRPC face processes, or the native face (below)",
     "canary": "how the rewards' canaries run (below; see [Reward guard](reward-guard.md#canaries))",
     "cache": "the result cache (below; see [Reward guard](reward-guard.md#result-cache))",
     "quarantine": "inputs that timed out or killed a worker, answered at once (below; see "
@@ -73,7 +73,11 @@ GRPC_DOCS = {
     "processes": "0: the engine's process serves the gRPC port itself. N >= 1: N gRPC face processes own the port "
     "(SO_REUSEPORT; at most 64): each coalesces unary `Evaluate` calls into `BatchEvaluate` calls to the engine's "
     "process and relays every other call to it; the engine's process then listens only on its private socket. "
-    "`--grpc-processes` overrides it (see [Operations](operations.md#the-grpc-face-processes))",
+    "`--grpc-processes` overrides it (see [Operations](operations.md#the-grpc-face-processes)). With `face: native`: "
+    "the cores the native face uses (0: every core)",
+    "face": "who serves the gRPC port when the engine's process does not: `python` (the face processes above) or "
+    "`native` (the Go face, one process: built by `make native-face`; see "
+    "[Operations](operations.md#the-native-grpc-face)); `--grpc-face` overrides it",
 }
 HTTP_DOCS = {
     "failure_reward": "the reward a failed sample gets over HTTP, where the trainer needs a number (OpenRLHF, "

@@ -194,7 +194,7 @@ def test_dockerfile_passes_hadolint_at_warning_level() -> None:
 
 def test_dockerfile_shape() -> None:
     """Multi-stage on a slim Python 3.11 base, a non-root numeric user, the two ports, exec-form commands."""
-    preamble, build, runtime = dockerfile_stages()
+    preamble, _native, build, runtime = dockerfile_stages()
     base = dict(arg.split("=", 1) for arg in only(preamble, "ARG"))["PYTHON_IMAGE"]
     assert re.fullmatch(r"python:3\.11(\.\d+)?-slim(-\w+)?", base)
     assert build[0][1] == "${PYTHON_IMAGE} AS build" and runtime[0][1].startswith("${PYTHON_IMAGE}")
@@ -210,7 +210,7 @@ def test_dockerfile_builds_offline_and_runs_as_a_group_that_exists() -> None:
     user's group is created with the gid the image runs as (useradd --user-group picked 999)."""
     text = (ROOT / "Dockerfile").read_text()
     assert not re.search(r"(?im)^#\s*syntax\s*=", text)
-    preamble, build, runtime = dockerfile_stages()
+    preamble, _native, build, runtime = dockerfile_stages()
     (build_run,) = only(build, "RUN")
     assert build_run.startswith("--mount=type=secret,id=ca-bundle,")
     assert not any("ca-certificates.crt" in rest or "ca-bundle" in rest for k, rest in runtime + build if k == "COPY")
@@ -218,6 +218,21 @@ def test_dockerfile_builds_offline_and_runs_as_a_group_that_exists() -> None:
     user = next(r for r in only(runtime, "RUN") if "useradd" in r)
     assert f"groupadd --system --gid {gid} " in user and f"--uid {uid} --gid {gid} " in user
     assert "--user-group" not in user
+
+
+def test_the_native_face_is_built_apart_and_the_runtime_takes_only_its_program() -> None:
+    """The Go face is built in a stage of its own from Debian's packages with no module proxy, from its
+    sources only; the runtime stage copies its one binary onto PATH (no Go in the image)."""
+    _, native, _, runtime = dockerfile_stages()
+    assert native[0][1] == "${PYTHON_IMAGE} AS native"
+    install, build = only(native, "RUN")
+    assert "golang-go golang-google-grpc-dev golang-google-protobuf-dev" in install
+    assert env_instructions(native)["GO111MODULE"] == "off" and env_instructions(native)["GOPROXY"] == "off"
+    assert build.startswith("go build ")
+    assert only(native, "COPY") == ["native/grpc-face/ ./"]
+    copies = [rest for rest in only(runtime, "COPY") if rest.startswith("--from=")]
+    assert copies == ["--from=native /grpcgrade-grpc-face /opt/grpcgrade/bin/grpcgrade-grpc-face"]
+    assert not any("golang" in rest for rest in only(runtime, "RUN"))
 
 
 @pytest.fixture(scope="module")
@@ -298,7 +313,7 @@ def check_wheels(wheels: Path) -> None:
 
 def test_image_install_path_serves_offline(tmp_path: Path, netns: str) -> None:
     """The Dockerfile's build and install commands, then its CMD and HEALTHCHECK with no network."""
-    _, build, runtime = dockerfile_stages()
+    _, _native, build, runtime = dockerfile_stages()
     context, wheels, venv, tmp = tmp_path / "context", tmp_path / "wheels", tmp_path / "venv", tmp_path / "tmp"
     tmp.mkdir()
     copy_build_context(build, context)
@@ -396,7 +411,7 @@ def test_deployment_matches_the_server_and_the_image() -> None:
     deployment = k8s_resources()["Deployment"]
     pod = deployment["spec"]["template"]["spec"]
     container, args = container_args(deployment)
-    _, _, runtime = dockerfile_stages()
+    *_, runtime = dockerfile_stages()
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
 
     assert args.command == "serve" and args.host == "0.0.0.0" and args.metrics_host == "0.0.0.0"

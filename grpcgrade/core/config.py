@@ -100,6 +100,10 @@ class GrpcConfig:
     # serve it together (SO_REUSEPORT), coalescing unary calls into BatchEvaluate calls to the engine's
     # process and relaying every other call; `--grpc-processes` overrides.
     processes: int = 0
+    # Who serves the port when it is not the engine's process: "python" (the face processes above) or
+    # "native" (grpcgrade-grpc-face, in Go: one process using `processes` cores, 0: every core); `--grpc-face`
+    # overrides. Why a Go face: a Python gRPC server spends 250-290 us of CPU a unary call (docs/performance.md).
+    face: str = "python"
 
 
 @dataclass
@@ -389,17 +393,24 @@ MAX_HTTP_PROCESSES = 64
 MAX_GRPC_PROCESSES = MAX_HTTP_PROCESSES
 
 
+#: Who may serve the public gRPC port beside the engine's process (`grpc.face`).
+GRPC_FACES = ("python", "native")
+
+
 def parse_grpc(raw: Any, source: str) -> GrpcConfig:
-    """`grpc: {processes: N}` (0 to MAX_GRPC_PROCESSES)."""
+    """`grpc: {processes: N, face: python|native}` (N: 0 to MAX_GRPC_PROCESSES)."""
     if raw is None:
         return GrpcConfig()
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: grpc must be a mapping")
-    _unknown(raw, ("processes",), f"{source}: grpc")
+    _unknown(raw, ("processes", "face"), f"{source}: grpc")
     processes = raw.get("processes", 0)
     if isinstance(processes, bool) or not isinstance(processes, int) or not 0 <= processes <= MAX_GRPC_PROCESSES:
         raise ConfigError(f"{source}: grpc: processes must be a whole number from 0 to {MAX_GRPC_PROCESSES}")
-    return GrpcConfig(processes=processes)
+    face = raw.get("face", "python")
+    if face not in GRPC_FACES:
+        raise ConfigError(f"{source}: grpc: face must be one of {', '.join(GRPC_FACES)}, not {face!r}")
+    return GrpcConfig(processes=processes, face=face)
 
 
 #: The HTTP face's bounds on hostile clients, each a positive number of this type.

@@ -18,7 +18,9 @@ the HTTP face, the gRPC face or both (`face_process`).
 - Counters: each face process sends its increments (`counters`); they are added to the server's counters
   of the same names and labels, as they arrive, and a scrape first asks every face for what it has counted
   so far (`drain`), so /metrics is one view.
-- A face process that dies is started again after `RESTART_PAUSE_SECONDS` (doubling, up to
+- The native gRPC face (`grpc.face: native`): the public gRPC port served by a Go program instead of gRPC
+  face processes (`native_face.NativeFace`, held here beside the HTTP face processes).
+- A face process that dies is started again after `restarts.RESTART_PAUSE_SECONDS` (doubling, up to
   `MAX_RESTART_PAUSE_SECONDS`, while they keep dying fast); its in-flight requests are lost with it
   (their clients see the connection end) and nothing else is.
 """
@@ -38,24 +40,20 @@ from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 
 from grpcgrade import logs
+from grpcgrade.core.config import ServerConfig
 from grpcgrade.core.errors import ConfigError, PortUnavailable
 from grpcgrade.core.grading import Stats
 
 from .counters import COALESCED, COUNTERS, FLUSH, FLUSHED, HISTOGRAMS, Increment
 from .face_process import FaceSpec, main
 from .metrics import Metrics
+from .native_face import NativeFace
 from .options import ServeOptions
 from .ports import reserve_port
+from .restarts import START_SECONDS, Restarts
 
 log = logging.getLogger("grpcgrade.service.faces")
 
-#: How long a face process may take to start (import the graders, read the configuration, bind).
-START_SECONDS = 120.0
-#: The pause before a dead face process is started again, doubled while they keep dying within
-#: `STABLE_SECONDS` of their start, up to the maximum.
-RESTART_PAUSE_SECONDS = 0.2
-MAX_RESTART_PAUSE_SECONDS = 10.0
-STABLE_SECONDS = 30.0
 #: How long a scrape waits for a face process's counts (`drain`): one stuck answers the scrape without them.
 FLUSH_WAIT_SECONDS = 1.0
 
@@ -67,9 +65,8 @@ class _Face:
         self.index = index
         self.process: BaseProcess | None = None
         self.conn: Connection | None = None
-        self.started = 0.0
         self.ready: asyncio.Future[int] | None = None
-        self.pause = RESTART_PAUSE_SECONDS
+        self.restarts = Restarts()
         #: The last scrape's ask sent to this face (`FLUSH`), and the last it answered (`FLUSHED`).
         self.asked = self.flushed = 0
 
@@ -77,9 +74,14 @@ class _Face:
 class FaceProcesses:
     """The server's face processes, calling the engine at `engine`: `http` of them serve the HTTP face (on
     `options.http_host:http_port`), `grpc` the public gRPC port (`options.host:port`); max(http, grpc)
-    processes, face i serving HTTP when i < http and gRPC when i < grpc."""
+    processes, face i serving HTTP when i < http and gRPC when i < grpc. With `native` (the server's
+    configuration, `grpc.face: native`), the public gRPC port is the native face's (`native_face`), using
+    `grpc` cores, and the face processes serve HTTP only."""
 
-    def __init__(self, options: ServeOptions, engine: str, http: int, grpc: int, metrics: Metrics | None) -> None:
+    def __init__(
+        self, options: ServeOptions, engine: str, http: int, grpc: int, metrics: Metrics | None,
+        native: ServerConfig | None = None,
+    ) -> None:  # fmt: skip
         self.options = options
         self.engine = engine
         self.metrics = metrics
@@ -98,7 +100,17 @@ class FaceProcesses:
                 self.close_placeholders()
                 raise
             self.grpc_port = self.placeholders[-1].getsockname()[1]
-        self.faces = [_Face(i) for i in range(max(http, grpc))]
+        #: The native gRPC face (None: face processes serve the gRPC port, if anyone does).
+        self.native: NativeFace | None = None
+        if grpc and native is not None:
+            try:
+                self.native = NativeFace(options, engine, self.placeholders[-1], grpc, native, metrics)
+            except BaseException:
+                self.close_placeholders()
+                raise
+        #: The face processes serving gRPC.
+        self.grpc_processes = 0 if self.native is not None else grpc
+        self.faces = [_Face(i) for i in range(max(http, self.grpc_processes))]
         self.stopping = False
         self.restarts = 0
         #: What the faces' coalescers gathered (`metrics.watch_coalescer` counts it with the server's).
@@ -116,7 +128,7 @@ class FaceProcesses:
 
     def kind(self, face: _Face) -> str:
         """What `face` serves, for log lines: HTTP, gRPC, or both."""
-        served = [name for name, count in (("HTTP", self.http), ("gRPC", self.grpc)) if face.index < count]
+        served = [name for name, count in (("HTTP", self.http), ("gRPC", self.grpc_processes)) if face.index < count]
         return " and ".join(served)
 
     @property
@@ -137,11 +149,13 @@ class FaceProcesses:
             except TimeoutError:
                 what = f"{self.kind(face)} face process {face.index}"
                 raise ConfigError(f"{what} did not start within {START_SECONDS:g} s") from None
+        if self.native is not None:
+            await self.native.start()
 
     def _spawn(self, face: _Face) -> None:
         levels, formatter = logs.current()
         http = self.port if face.index < self.http else None
-        grpc = self.grpc_port if face.index < self.grpc else None
+        grpc = self.grpc_port if face.index < self.grpc_processes else None
         spec = FaceSpec(self.options, self.engine, face.index, http, grpc, levels, formatter)
         ours, theirs = self._context.Pipe(duplex=True)
         process = self._context.Process(
@@ -149,7 +163,8 @@ class FaceProcesses:
         )
         process.start()
         theirs.close()
-        face.process, face.conn, face.started = process, ours, time.monotonic()
+        face.process, face.conn = process, ours
+        face.restarts.started()
         face.ready = asyncio.get_running_loop().create_future()
         loop = asyncio.get_running_loop()
         loop.add_reader(ours.fileno(), self._read, face, ours)
@@ -187,7 +202,9 @@ class FaceProcesses:
         """What the face processes have counted until now, counted here (a scrape's thread calls it before
         answering): each serving face is asked for its counts (`counters.FLUSH`) and its answer awaited, up
         to `FLUSH_WAIT_SECONDS` in all, so a scrape sees every request answered before it began although the
-        faces send their counts every `counters.BATCH_SECONDS`."""
+        faces send their counts every `counters.BATCH_SECONDS`; the native gRPC face's, as it has sent them."""
+        if self.native is not None:
+            self.native.drain()
         with self._asking:
             asked = []
             for face in self.faces:
@@ -261,9 +278,7 @@ class FaceProcesses:
             return
         if self.stopping:
             return
-        quick = time.monotonic() - face.started < STABLE_SECONDS
-        pause = face.pause if quick else RESTART_PAUSE_SECONDS
-        face.pause = min(pause * 2, MAX_RESTART_PAUSE_SECONDS)
+        pause = face.restarts.pause()
         log.error(
             "%s face process %d (pid %s) exited with %s; starting another in %.1f s",
             self.kind(face), face.index, process.pid, process.exitcode, pause,
@@ -292,9 +307,12 @@ class FaceProcesses:
         for process in alive:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(process.pid, signal.SIGTERM)  # type: ignore[arg-type]
+        native = asyncio.ensure_future(self.native.stop(grace)) if self.native is not None else None
         end = time.monotonic() + grace + 1.0
         while any(p.exitcode is None for p in alive) and time.monotonic() < end:
             await asyncio.sleep(0.05)
+        if native is not None:
+            await native
         for process in alive:
             if process.exitcode is None:
                 log.warning("face process pid %s did not drain in time: killed", process.pid)
@@ -320,6 +338,8 @@ class FaceProcesses:
                 with contextlib.suppress(ValueError, OSError):
                     loop.remove_reader(process.sentinel)
             self._hang_up(face, loop)
+        if self.native is not None:
+            self.native.close()
         self.close_placeholders()
         if self.metrics is not None and self.drain in self.metrics.before_scrape:
             self.metrics.before_scrape.remove(self.drain)

@@ -35,6 +35,7 @@ class ServeOptions:
     http_port: int | None = None  # None: no HTTP face; 0: a free port (see Service.http_port)
     http_processes: int | None = None  # None: the config's `http.processes`
     grpc_processes: int | None = None  # None: the config's `grpc.processes`; >= 1: gRPC face processes
+    grpc_face: str | None = None  # None: the config's `grpc.face` ("python" or "native": core.config.GRPC_FACES)
     ray_address: str | None = None  # the workers as actors on this Ray cluster (core.executors_ray)
     tokenizer: str | None = None  # None: the config's `tokenizer:` (core.tokens)
     extra_options: list[tuple[str, int]] = field(default_factory=list)

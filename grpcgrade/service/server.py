@@ -153,7 +153,9 @@ class Service:
             ", TLS" if self.tls else "",
             f", metrics on {self.options.metrics_host}:{self.options.metrics_port}" if self.metrics else "",
         )
-        if self.faces is not None and self.faces.grpc:
+        if self.faces is not None and self.faces.native is not None:
+            log.info("native gRPC face (%d cores) on %s:%d", self.faces.grpc, self.options.host, self.port)
+        elif self.faces is not None and self.faces.grpc:
             log.info("gRPC face processes: %d on %s:%d", self.faces.grpc, self.options.host, self.port)
         if self.faces is not None and self.faces.port is not None:
             log.info("HTTP face on %s:%d (%d processes)", self.options.http_host, self.faces.port, self.faces.http)
@@ -293,6 +295,9 @@ def build_server(opts: ServeOptions) -> Service:
 
     tokens = read_tokens(opts.auth_token_file)
     grpc_faces = config.grpc.processes if opts.grpc_processes is None else opts.grpc_processes
+    native = (opts.grpc_face or config.grpc.face) == "native"
+    if native and not grpc_faces:  # the native face (one process) with every core
+        grpc_faces = os.cpu_count() or 1
     if grpc_faces > MAX_GRPC_PROCESSES:
         pool_close(pool)
         raise ConfigError(f"--grpc-processes {grpc_faces}: at most {MAX_GRPC_PROCESSES}")
@@ -335,11 +340,12 @@ def build_server(opts: ServeOptions) -> Service:
         service = Service(opts, server, port, health_servicer, engine, registry, config, metrics, pool, tls)
     if grpc_faces or opts.http_port is not None:
         try:
-            _add_faces(service, servicer, tokens, grpc_faces)
+            _add_faces(service, servicer, tokens, grpc_faces, native)
         except Exception:
             pool_close(pool)
             raise
-    coalescing = [c for c in (coalescer, service.faces) if c is not None]
+    native_face = service.faces.native if service.faces is not None else None
+    coalescing = [c for c in (coalescer, service.faces, native_face) if c is not None]
     if metrics is not None and coalescing:
         metrics.watch_coalescer(*coalescing)
     return service
@@ -384,12 +390,15 @@ def _with_grpc_faces(
     return service
 
 
-def _add_faces(service: Service, servicer: GradingServicer, tokens: list[str], grpc_faces: int) -> None:
+def _add_faces(
+    service: Service, servicer: GradingServicer, tokens: list[str], grpc_faces: int, native: bool = False
+) -> None:
     """The face processes (`grpc_faces` serving the public gRPC port, and the HTTP face's when it is on)
     and the private server they grade through: the same servicer (engine, admission, coalescer) behind the
     same token check, on a Unix-domain socket in a directory only this user can enter. Without gRPC faces
     that is a server of its own, with GradingService only, whose calls are not counted as the gRPC port's
-    (each HTTP request is counted by its face); with them, `service.server` is already that server."""
+    (each HTTP request is counted by its face); with them, `service.server` is already that server.
+    `native`: the gRPC port is the native face's (`native_face`), with `grpc_faces` cores."""
     opts, config = service.options, service.config
     http_faces = 0
     if opts.http_port is not None:
@@ -406,7 +415,9 @@ def _add_faces(service: Service, servicer: GradingServicer, tokens: list[str], g
         service.engine_server, service.engine_dir = engine_server, directory
     path = os.path.join(service.engine_dir, ENGINE_SOCKET)
     try:
-        service.faces = FaceProcesses(opts, f"unix:{path}", http_faces, grpc_faces, service.metrics)
+        service.faces = FaceProcesses(
+            opts, f"unix:{path}", http_faces, grpc_faces, service.metrics, config if native else None
+        )
     except Exception:
         shutil.rmtree(service.engine_dir, ignore_errors=True)
         raise

@@ -240,12 +240,14 @@ def test_seen_from_the_host_the_sandbox_is_unprivileged(backend: BubblewrapBacke
 
 
 def test_waiting_for_a_slot_is_not_run_time() -> None:
-    """One slot, three programs of 0.4 s each under a 1 s limit: none times out while it waits."""
+    """One slot, three programs of 0.8 s each under a 2 s limit: none times out while it waits. Were the wait
+    counted, the third would end past 2.4 s. Each program's own 0.8 s leaves 1.2 s for a sandbox's start on a
+    loaded machine (0.4 s under 1 s left 0.6 s, and timed out under a loaded suite)."""
     single = BubblewrapBackend(max_concurrency=1)
-    limits = Limits(time_seconds=1.0)
+    limits = Limits(time_seconds=2.0)
 
     async def three() -> list[RunResult]:
-        runs = [run(single, "python", "import time\ntime.sleep(0.4)\nprint('ok')", "", limits) for _ in range(3)]
+        runs = [run(single, "python", "import time\ntime.sleep(0.8)\nprint('ok')", "", limits) for _ in range(3)]
         return await asyncio.gather(*runs)
 
     assert [r.outcome for r in asyncio.run(three())] == [Outcome.OK] * 3

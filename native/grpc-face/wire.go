@@ -1,0 +1,190 @@
+package main
+
+// EvaluateRequest and BatchEvaluate's messages taken apart and built by field number (proto/grpcgrade/v1/
+// grading.proto), with protobuf's own wire reader (protowire): the face never needs the messages' types,
+// only which field is the sample and which fields make the plan.
+
+import (
+	"errors"
+
+	"google.golang.org/protobuf/encoding/protowire"
+)
+
+// EvaluateRequest's fields.
+const (
+	evalGraders = 1 // repeated GraderSpec
+	evalSample  = 2 // Sample
+	evalReward  = 3 // string
+	evalTimeout = 4 // double
+	evalView    = 5 // ResultView
+	evalCache   = 6 // CacheMode
+)
+
+// BatchEvaluateRequest's fields the face writes.
+const (
+	batchGraders = 1
+	batchSamples = 2
+	batchReward  = 3
+	batchTimeout = 4
+	batchView    = 6
+	batchCache   = 9
+)
+
+// ResultView's values: Evaluate answers RESULT_VIEW_COLUMNS as the scores view (one sample has no columns).
+const (
+	viewScores  = 2
+	viewColumns = 3
+)
+
+// A split EvaluateRequest: the plan as BatchEvaluateRequest fields (the bytes that key a group of calls),
+// and the sample's bytes.
+type split struct {
+	plan   []byte
+	sample []byte
+}
+
+var errUnsplittable = errors.New("not a request the face splits")
+
+// splitEvaluate takes an EvaluateRequest apart. errUnsplittable for anything it does not know exactly (a
+// field this face does not know, a wire type that is not the field's, a sample given twice, a view this
+// server does not define): such a call is relayed as it is, and the engine says what is wrong with it.
+func splitEvaluate(request []byte) (split, error) {
+	var out split
+	seenSample := false
+	b := request
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return split{}, errUnsplittable
+		}
+		m := protowire.ConsumeFieldValue(num, typ, b[n:])
+		if m < 0 {
+			return split{}, errUnsplittable
+		}
+		value := b[n : n+m]
+		b = b[n+m:]
+		switch {
+		case num == evalGraders && typ == protowire.BytesType:
+			out.plan = protowire.AppendTag(out.plan, batchGraders, protowire.BytesType)
+			out.plan = append(out.plan, value...)
+		case num == evalSample && typ == protowire.BytesType && !seenSample:
+			v, k := protowire.ConsumeBytes(value)
+			if k < 0 {
+				return split{}, errUnsplittable
+			}
+			out.sample, seenSample = v, true
+		case num == evalReward && typ == protowire.BytesType:
+			out.plan = protowire.AppendTag(out.plan, batchReward, protowire.BytesType)
+			out.plan = append(out.plan, value...)
+		case num == evalTimeout && typ == protowire.Fixed64Type:
+			out.plan = protowire.AppendTag(out.plan, batchTimeout, protowire.Fixed64Type)
+			out.plan = append(out.plan, value...)
+		case num == evalView && typ == protowire.VarintType:
+			view, _ := protowire.ConsumeVarint(value)
+			if view > viewColumns {
+				return split{}, errUnsplittable
+			}
+			if view == viewColumns {
+				view = viewScores
+			}
+			out.plan = protowire.AppendTag(out.plan, batchView, protowire.VarintType)
+			out.plan = protowire.AppendVarint(out.plan, view)
+		case num == evalCache && typ == protowire.VarintType:
+			out.plan = protowire.AppendTag(out.plan, batchCache, protowire.VarintType)
+			out.plan = append(out.plan, value...)
+		default:
+			return split{}, errUnsplittable
+		}
+	}
+	return out, nil
+}
+
+// batchRequest is a BatchEvaluateRequest of `plan` and `samples`, in their order.
+func batchRequest(plan []byte, samples [][]byte) []byte {
+	size := len(plan)
+	for _, s := range samples {
+		size += 1 + protowire.SizeBytes(len(s))
+	}
+	out := make([]byte, 0, size)
+	out = append(out, plan...)
+	for _, s := range samples {
+		out = protowire.AppendTag(out, batchSamples, protowire.BytesType)
+		out = protowire.AppendBytes(out, s)
+	}
+	return out
+}
+
+// An item of a BatchEvaluateResponse: the sample's position in the request, and its EvaluateResponse.
+type item struct {
+	index  uint64
+	result []byte
+}
+
+// batchItems reads a BatchEvaluateResponse's items (field 1: BatchItem{index = 1, result = 2}); an error for
+// a message that is not one, or that carries columns (field 2), which the face never asks for.
+func batchItems(message []byte) ([]item, error) {
+	var items []item
+	b := message
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return nil, protowire.ParseError(n)
+		}
+		b = b[n:]
+		if num != 1 || typ != protowire.BytesType {
+			m := protowire.ConsumeFieldValue(num, typ, b)
+			if m < 0 {
+				return nil, protowire.ParseError(m)
+			}
+			if num == 2 {
+				return nil, errors.New("the engine answered with columns")
+			}
+			b = b[m:]
+			continue
+		}
+		raw, m := protowire.ConsumeBytes(b)
+		if m < 0 {
+			return nil, protowire.ParseError(m)
+		}
+		b = b[m:]
+		one, err := batchItem(raw)
+		if err != nil {
+			return nil, err
+		}
+		items = append(items, one)
+	}
+	return items, nil
+}
+
+func batchItem(raw []byte) (item, error) {
+	var out item
+	out.result = []byte{}
+	for len(raw) > 0 {
+		num, typ, n := protowire.ConsumeTag(raw)
+		if n < 0 {
+			return item{}, protowire.ParseError(n)
+		}
+		raw = raw[n:]
+		switch {
+		case num == 1 && typ == protowire.VarintType:
+			v, m := protowire.ConsumeVarint(raw)
+			if m < 0 {
+				return item{}, protowire.ParseError(m)
+			}
+			out.index, raw = v, raw[m:]
+		case num == 2 && typ == protowire.BytesType:
+			v, m := protowire.ConsumeBytes(raw)
+			if m < 0 {
+				return item{}, protowire.ParseError(m)
+			}
+			out.result, raw = append(out.result, v...), raw[m:] // a message given twice merges: concatenated
+		default:
+			m := protowire.ConsumeFieldValue(num, typ, raw)
+			if m < 0 {
+				return item{}, protowire.ParseError(m)
+			}
+			raw = raw[m:]
+		}
+	}
+	return out, nil
+}

@@ -1,0 +1,75 @@
+package main
+
+import (
+	"bytes"
+	"testing"
+
+	"google.golang.org/protobuf/encoding/protowire"
+)
+
+func field(b []byte, num protowire.Number, value []byte) []byte {
+	b = protowire.AppendTag(b, num, protowire.BytesType)
+	return protowire.AppendBytes(b, value)
+}
+
+func varint(b []byte, num protowire.Number, v uint64) []byte {
+	b = protowire.AppendTag(b, num, protowire.VarintType)
+	return protowire.AppendVarint(b, v)
+}
+
+func TestSplitMapsThePlanFieldsAndTakesTheSample(t *testing.T) {
+	spec := field(nil, 1, []byte("json_validator"))
+	sample := field(nil, 3, []byte("{}"))
+	req := field(nil, evalGraders, spec)
+	req = field(req, evalSample, sample)
+	req = field(req, evalReward, []byte("r"))
+	req = varint(req, evalView, viewColumns)
+	req = varint(req, evalCache, 2)
+	got, err := splitEvaluate(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got.sample, sample) {
+		t.Fatalf("sample %x, want %x", got.sample, sample)
+	}
+	want := field(nil, batchGraders, spec)
+	want = field(want, batchReward, []byte("r"))
+	want = varint(want, batchView, viewScores) // Evaluate answers the columns view as the scores view
+	want = varint(want, batchCache, 2)
+	if !bytes.Equal(got.plan, want) {
+		t.Fatalf("plan %x, want %x", got.plan, want)
+	}
+}
+
+func TestSplitRefusesWhatItDoesNotKnow(t *testing.T) {
+	for name, req := range map[string][]byte{
+		"unknown field":   varint(nil, 9, 1),
+		"wrong wire type": varint(nil, evalSample, 1),
+		"two samples":     field(field(nil, evalSample, nil), evalSample, nil),
+		"unknown view":    varint(nil, evalView, 7),
+		"truncated":       {0x12, 0x05, 0x01},
+	} {
+		if _, err := splitEvaluate(req); err == nil {
+			t.Errorf("%s: split, want refused", name)
+		}
+	}
+}
+
+func TestBatchRequestAndItemsRoundTrip(t *testing.T) {
+	req := batchRequest([]byte{0x1a, 0x01, 'r'}, [][]byte{[]byte("a"), {}})
+	want := []byte{0x1a, 0x01, 'r', 0x12, 0x01, 'a', 0x12, 0x00}
+	if !bytes.Equal(req, want) {
+		t.Fatalf("%x, want %x", req, want)
+	}
+	one := field(nil, 2, []byte("x")) // index 0 is absent on the wire
+	two := field(varint(nil, 1, 1), 2, []byte("yy"))
+	msg := field(field(nil, 1, one), 1, two)
+	items, err := batchItems(msg)
+	if err != nil || len(items) != 2 || items[0].index != 0 || items[1].index != 1 ||
+		string(items[0].result) != "x" || string(items[1].result) != "yy" {
+		t.Fatalf("%v %v", items, err)
+	}
+	if _, err := batchItems(field(nil, 2, nil)); err == nil {
+		t.Fatal("columns read as items")
+	}
+}
