@@ -525,9 +525,26 @@ def test_a_stalled_reader_of_a_large_first_message_still_gets_its_status(stall_s
         graders=specs_to_pb([ok]), samples=[pb.Sample(response="long:100000")] * 100, chunk_size=100
     )
     options = [("grpc.max_receive_message_length", 4 * STALLED_MESSAGE)]
+
+    def exhausted() -> float:
+        return sum(
+            v
+            for (name, tags), v in stall_srv.metrics().items()
+            if name == "grpc_server_handled_total"
+            and dict(tags).get("grpc_method") == "BatchEvaluate"
+            and dict(tags).get("grpc_code") == "RESOURCE_EXHAUSTED"
+        )
+
+    before = exhausted()
     with grpc.insecure_channel(stall_srv.target, options=options) as channel:
-        stream = stub_of(channel).BatchEvaluate(request, timeout=SEND_TIMEOUT + 15)
-        time.sleep(SEND_TIMEOUT + 3)  # the call's one message is not taken within the send timeout
+        stream = stub_of(channel).BatchEvaluate(request, timeout=SEND_TIMEOUT + 120)
+        # The call's one message is not taken: read only once the server has given up on it (its handler
+        # ended RESOURCE_EXHAUSTED). Before, a fixed 5 s sleep: at load 15 the 100 samples were not yet
+        # graded and sent by then, and the reader took the message instead.
+        eventually(
+            lambda: exhausted() > before,
+            "the server's send timeout on the unread message",
+        )
         error = refusal(lambda: list(stream))
     assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, error.details()
     assert "stopped reading" in error.details()
