@@ -49,3 +49,19 @@ def announce_then_sleep(path: str, seconds: float) -> None:
         out.write(str(os.getpid()))
     os.replace(path + ".tmp", path)
     time.sleep(seconds)
+
+
+def announce_then_wait(path: str, release: str) -> None:
+    """Work that says it has started (as `announce_then_sleep`), then holds its worker until a file exists at
+    `release` (at most an hour)."""
+    announce_then_sleep(path, 0)
+    end = time.monotonic() + 3600
+    while not os.path.exists(release) and time.monotonic() < end:
+        time.sleep(0.005)
+
+
+def append_pid(path: str) -> int:
+    """Work that leaves a line of its process's PID at `path` each time it runs, and returns the PID."""
+    with open(path, "a") as out:
+        out.write(f"{os.getpid()}\n")
+    return os.getpid()

@@ -247,7 +247,7 @@ def test_a_face_process_refusing_a_call_for_load_counts_it_as_refused(face_serve
         with pytest.raises(urllib.error.HTTPError) as info:
             urllib.request.urlopen(f"{srv.http}/get_reward", data=json.dumps({"query": ["x"]}).encode(), timeout=30)
         assert info.value.code == 503
-        assert refused() == 1  # a face sends its counts before it answers
+        assert refused() == 1  # a scrape asks each face for its counts first
     eventually(lambda: admitted() == 0, "the held request cancelled with its connection")
 
     request = pb.EvaluateRequest(graders=specs_to_pb(["napper"]), sample=sample_to_pb({"response": "hang"}))

@@ -22,7 +22,7 @@ from typing import Any
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2
-from plain_work import PlainWork, announce_then_sleep
+from plain_work import PlainWork, announce_then_sleep, announce_then_wait, append_pid
 
 from grpcgrade.core.errors import GraderCancelled
 from grpcgrade.core.executors import InProcess, WorkerDied, WorkTimedOut
@@ -296,6 +296,123 @@ def test_an_item_a_stopped_worker_never_read_is_no_timeout():
     finally:
         pool.close(patience=0)
     assert isinstance(answer, int) and answer != stopped and pool.restarts == 1
+
+
+def started(marker: Path) -> int:
+    """The PID of the worker that started the work announcing itself at `marker` (waits for it)."""
+    until(marker.exists, f"the work of {marker.name} started")
+    return int(marker.read_text())
+
+
+def test_a_worker_finishing_an_item_starts_the_one_sent_ahead_without_the_event_loop(tmp_path):
+    """While every worker is busy, the next item is sent ahead into a worker's pipe: the worker starts it as
+    it answers the one before, even while the server's event loop is busy (here: held by this test) and
+    could not hand it one. Before, the item waited on the event loop for the answer, then for its turn to
+    be sent: 1-5 ms of a busy server's loop each hand-off, the idle cores of issue 35's chrF figure."""
+    pool = WorkerPool(1, initializer=os.getpid)  # any module-level function: one that warms no grader
+    first, second, release = tmp_path / "first", tmp_path / "second", tmp_path / "release"
+
+    async def main() -> tuple[int, int, object, object]:
+        await pool.ready()
+        a = asyncio.ensure_future(pool.submit(_work(announce_then_wait, (str(first), str(release)))))
+        b = asyncio.ensure_future(pool.submit(_work(announce_then_sleep, (str(second), 0))))
+        await asyncio.sleep(0)  # both submitted
+        pid = started(first)
+        release.touch()
+        until(second.exists, "the item sent ahead started while the event loop was held")  # blocks the loop
+        return pid, int(second.read_text()), await a, await b
+
+    try:
+        pid_a, pid_b, a, b = asyncio.run(main())
+    finally:
+        pool.close(patience=0)
+    assert pid_a == pid_b and a is None and b is None
+
+
+def test_an_item_sent_ahead_to_a_killed_worker_is_graded_by_another_once(tmp_path):
+    """A worker killed (SIGKILL) while it grades one item and holds the next, sent ahead, unread in its pipe:
+    the item it was grading is answered WorkerDied (its death may be that item's doing: the quarantine's
+    rule), the one sent ahead goes to the replacement and is answered there, once."""
+    pool = WorkerPool(1, initializer=os.getpid)  # any module-level function: one that warms no grader
+    marker = tmp_path / "running"
+    runs = tmp_path / "runs"
+
+    async def main() -> tuple[int, int, object]:
+        await pool.ready()
+        running = asyncio.ensure_future(pool.submit(_work(announce_then_sleep, (str(marker), 3600))))
+        await asyncio.sleep(0)  # submitted
+        busy = started(marker)
+        ahead = asyncio.ensure_future(pool.submit(_work(append_pid, (str(runs),))))
+        await asyncio.sleep(0)  # its submit has run: sent ahead to the busy worker
+        assert [len(w.held) for w in pool._workers] == [2]
+        os.kill(busy, signal.SIGKILL)
+        with pytest.raises(WorkerDied):
+            await running
+        return busy, int(await asyncio.wait_for(ahead, WAIT)), pool.restarts
+
+    try:
+        busy, answer, restarts = asyncio.run(main())
+    finally:
+        pool.close(patience=0)
+    assert answer != busy and restarts == 1
+    assert runs.read_text().split() == [str(answer)]  # run once, by the replacement
+
+
+def test_an_item_sent_ahead_to_a_worker_its_watchdog_kills_is_graded_by_another_once(tmp_path):
+    """The worker's item runs past its watchdog (a sleep the time-limit signal does not reach here: no per
+    sample limit in a plain function) while the next item waits in its pipe: the first is WorkTimedOut, the
+    worker is killed, and the item sent ahead, which did not run past anything, is graded by the replacement,
+    once (a TIMEOUT for it would have been a sample at fault for another's hang)."""
+    pool = WorkerPool(1, initializer=os.getpid)  # any module-level function: one that warms no grader
+    marker, runs = tmp_path / "running", tmp_path / "runs"
+
+    async def main() -> tuple[int, int]:
+        await pool.ready()
+        hung = asyncio.ensure_future(pool.submit(_work(announce_then_sleep, (str(marker), 3600), timeout=0.1)))
+        await asyncio.sleep(0)  # submitted
+        busy = started(marker)
+        ahead = asyncio.ensure_future(pool.submit(_work(append_pid, (str(runs),))))
+        await asyncio.sleep(0)  # sent ahead
+        assert [len(w.held) for w in pool._workers] == [2]
+        with pytest.raises(WorkTimedOut):
+            await asyncio.wait_for(hung, WAIT)
+        return busy, int(await asyncio.wait_for(ahead, WAIT))
+
+    try:
+        busy, answer = asyncio.run(main())
+    finally:
+        pool.close(patience=0)
+    assert answer != busy and pool.restarts == 1
+    assert runs.read_text().split() == [str(answer)]
+
+
+def test_an_item_sent_ahead_and_cancelled_is_never_run(tmp_path):
+    """An item cancelled while it waits in its worker's pipe (sent ahead) is answered cancelled when the
+    worker comes to it, not run: its cancel message, read while the item before it ran, was dropped as
+    one for another item, and the worker then ran the whole item for nobody."""
+    pool = WorkerPool(1, initializer=os.getpid)  # any module-level function: one that warms no grader
+    marker, release, runs = tmp_path / "running", tmp_path / "release", tmp_path / "runs"
+
+    async def main() -> object:
+        await pool.ready()
+        running = asyncio.ensure_future(pool.submit(_work(announce_then_wait, (str(marker), str(release)))))
+        await asyncio.sleep(0)  # submitted
+        started(marker)
+        ahead = asyncio.ensure_future(pool.submit(_work(append_pid, (str(runs),))))
+        await asyncio.sleep(0)  # sent ahead
+        ahead.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await ahead
+        await asyncio.sleep(0.1)  # the worker reads the cancel message while it still runs the first item
+        release.touch()
+        await running
+        return await asyncio.wait_for(pool.submit(_work(os.getpid, ())), WAIT)
+
+    try:
+        pid = asyncio.run(main())
+    finally:
+        pool.close(patience=0)
+    assert isinstance(pid, int) and not runs.exists() and pool.restarts == 0
 
 
 def test_a_cancelled_item_is_stopped_by_a_message_and_frees_its_worker(pool):

@@ -148,6 +148,10 @@ def test_bad_requests_are_named(http_server):
     assert status == 400 and "`labels` must be a list" in text
     status, text = asyncio.run(go("/get_reward", json={"query": ["a"], "labels": ["a", "b"]}))
     assert status == 400 and "`labels` has 2 items but `query` has 1" in text
+    # a `cache` that is a list or an object (not hashable): was a 500
+    for cache in ([], {"mode": "on"}):
+        status, text = asyncio.run(go("/get_reward", json={"query": ["a"], "cache": cache}))
+        assert status == 400 and "`cache` must be one of" in text
     # JSON nested past the interpreter's recursion limit (within the body size limit): was a 500
     deep = b"[" * 50_000 + b"]" * 50_000
     status, text = asyncio.run(go("/get_reward", data=b'{"query": ["x"], "labels": ' + deep + b"}"))

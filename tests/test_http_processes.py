@@ -76,6 +76,42 @@ def test_the_face_processes_listen_on_the_port_and_the_engine_process_does_not(t
     assert [slime(two_faces, "x", "x") for _ in range(8)] == [1.0] * 8
 
 
+def test_the_face_processes_run_on_uvloops_event_loop(two_faces):
+    """uvloop is a server dependency: each face process serves on its loop (its extension module is mapped
+    into the process: nothing else in a face imports uvloop)."""
+    import uvloop.loop
+
+    for pid in face_pids(two_faces.proc.pid):
+        assert uvloop.loop.__file__ in Path(f"/proc/{pid}/maps").read_text()
+
+
+def test_a_scrape_counts_every_request_the_faces_answered_before_it(two_faces):
+    """The face processes send their counts every `counters.BATCH_SECONDS`, not one message per request
+    (a pipe write each); a scrape asks each face for its counts first, so the requests answered just before
+    it, by either face (each on a connection of its own: the kernel spreads them), are all in it."""
+    counted = lambda: two_faces.metric("grpcgrade_http_requests_total", face="slime", code="200")  # noqa: E731
+    for _ in range(3):
+        before = counted()
+        assert [slime(two_faces, "x", "x") for _ in range(20)] == [1.0] * 20
+        assert counted() == before + 20
+
+
+def test_a_face_process_that_does_not_answer_does_not_hold_a_scrape(two_faces):
+    """A stopped face process (SIGSTOP) cannot answer the scrape's ask for its counts: the scrape is
+    answered without them (after `faces.FLUSH_WAIT_SECONDS`), and once it runs again its counts arrive."""
+    counted = lambda: two_faces.metric("grpcgrade_http_requests_total", face="slime", code="200")  # noqa: E731
+    before = counted()
+    assert [slime(two_faces, "x", "x") for _ in range(20)] == [1.0] * 20
+    stopped = face_pids(two_faces.proc.pid)[0]
+    os.kill(stopped, signal.SIGSTOP)
+    try:
+        for _ in range(2):
+            assert before <= counted() <= before + 20  # answered, whatever the stopped face had sent
+    finally:
+        os.kill(stopped, signal.SIGCONT)
+    assert counted() == before + 20
+
+
 def test_a_killed_face_process_is_started_again_and_answers(face_server):
     srv = face_server(CONFIG, token=TOKEN)
     (face,) = face_pids(srv.proc.pid)

@@ -526,14 +526,26 @@ def test_a_stalled_reader_of_a_large_first_message_still_gets_its_status(stall_s
         graders=specs_to_pb([ok]), samples=[pb.Sample(response="long:100000")] * 100, chunk_size=100
     )
     options = [("grpc.max_receive_message_length", 4 * STALLED_MESSAGE)]
-    labels = {"grpc_method": "BatchEvaluate", "grpc_code": "RESOURCE_EXHAUSTED"}
-    before = stall_srv.metric("grpc_server_handled_total", **labels)
+
+    def exhausted() -> float:
+        return sum(
+            v
+            for (name, tags), v in stall_srv.metrics().items()
+            if name == "grpc_server_handled_total"
+            and dict(tags).get("grpc_method") == "BatchEvaluate"
+            and dict(tags).get("grpc_code") == "RESOURCE_EXHAUSTED"
+        )
+
+    before = exhausted()
     with grpc.insecure_channel(stall_srv.target, options=options) as channel:
-        stream = stub_of(channel).BatchEvaluate(request, timeout=60)
-        # the call's one message is not taken within the send timeout: read only once the server ended the
-        # call (a fixed sleep of the timeout and 3 s raced a loaded server still building the message)
-        ended = lambda: stall_srv.metric("grpc_server_handled_total", **labels) > before  # noqa: E731
-        eventually(ended, "the stalled call ended RESOURCE_EXHAUSTED")
+        stream = stub_of(channel).BatchEvaluate(request, timeout=SEND_TIMEOUT + 120)
+        # The call's one message is not taken: read only once the server has given up on it (its handler
+        # ended RESOURCE_EXHAUSTED). Before, a fixed 5 s sleep: at load 15 the 100 samples were not yet
+        # graded and sent by then, and the reader took the message instead.
+        eventually(
+            lambda: exhausted() > before,
+            "the server's send timeout on the unread message",
+        )
         error = refusal(lambda: list(stream))
     assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, error.details()
     assert "stopped reading" in error.details()

@@ -148,7 +148,8 @@ class Executor(abc.ABC):
 
     async def _one_by_one(self, work: Item) -> Any:
         """Sample by sample, each its own work item: the sample that kills or hangs a process takes no other
-        sample with it (each process holds one item), and the others run side by side."""
+        sample with it (each process grades one item at a time; one sent ahead to it is run elsewhere), and
+        the others run side by side."""
         return work.join(list(await asyncio.gather(*(self.run(part) for part in work.split()))))
 
 

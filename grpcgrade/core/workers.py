@@ -3,19 +3,27 @@ core busy, and no worker's death or hang costs more than the work it held.
 
 `WorkerPool` starts N spawned processes (spawned, not forked: gRPC objects must not cross a fork); each
 builds graders once from its own registry, warms them (`warm`) and reuses them. Each worker has a pipe of
-its own and holds at most one work item: the supervisor sends it a `Task` and waits, on a thread of its
-own per worker, for the answer on that pipe or the end of the process (its sentinel), whichever comes
-first. No pipe, lock or queue is shared between workers, so:
+its own and holds at most `ITEMS_PER_WORKER` work items: the one it grades and, while every worker is busy,
+the next one, already in its pipe (sent ahead), so a worker that finishes an item starts the next at once
+instead of waiting for the event loop to hand it one (1-5 ms a hand-off on a busy server). The supervisor
+sends a worker each `Task` and waits, on a thread of its own per worker, for the answers on that pipe or
+the end of the process (its sentinel), whichever comes first. No pipe, lock or queue is shared between
+workers, so:
 
 - a worker that dies (killed, out of memory), even halfway through writing a large answer, takes only its
-  own pipe with it: the pipe is dropped whole, half-written message and all, the work it held is
+  own pipe with it: the pipe is dropped whole, half-written message and all, the item it was grading is
   answered `WorkerDied`, and a new process takes its place. No other worker or call notices. An item the
-  worker had not yet read from its pipe (every worker killed at once, before the supervisor noticed) goes
-  to another worker instead: its death was not that item's doing (`_Worker.taken`).
+  worker had not yet read from its pipe (the one sent ahead, or every worker killed at once before the
+  supervisor noticed) goes to another worker instead: its death was not that item's doing. The worker
+  stores each item's sequence number in memory it shares with the supervisor before it unpickles the item
+  (`_Worker.taken`), so what it had read, and what not, is known after its death.
 - a worker stuck past its work's watchdog (`executors.watchdog`; a grader in C code the time-limit signal
-  cannot interrupt, or a process stopped with SIGSTOP) is killed and replaced, alone: `WorkTimedOut`.
+  cannot interrupt, or a process stopped with SIGSTOP) is killed and replaced, alone: `WorkTimedOut` for
+  the item it was grading; the item sent ahead goes to another worker. An item's watchdog starts when the
+  worker starts it: as it is sent to an idle worker, or as the answer before it comes back.
 - cancelling a call's work is a message on the worker's cancel pipe naming the work item: the grading
-  loops see it at the next sample, or within `grading.ALARM_MAX_INTERVAL` inside one, and stop.
+  loops see it at the next sample, or within `grading.ALARM_MAX_INTERVAL` inside one, and stop; an item
+  cancelled before the worker starts it is answered cancelled without being run.
 
 `Executor.run` (see `executors`) turns those outcomes into the samples' results: a chunk whose worker
 died or hung is run again sample by sample, so only the sample at fault is WORKER_LOST or TIMEOUT.
@@ -43,6 +51,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
@@ -62,6 +71,10 @@ CANCEL_POLL_SECONDS = 0.01
 #: so a plugin that kills every new process costs a process a few seconds, not a busy loop.
 RESPAWN_FIRST_SECONDS = 0.1
 RESPAWN_MAX_SECONDS = 5.0
+#: Work items a worker holds at most: the one it grades and one sent ahead, which it starts as it answers
+#: the first. Sent ahead only while no worker is idle; one, not more: an item queued behind a slow one
+#: waits for it, where another worker may have come free first.
+ITEMS_PER_WORKER = 2
 UNHEALTHY_STARTS = 3  # deaths before ready in a row, in every slot, that make the pool unhealthy
 _SEQ = struct.Struct("=q")  # a cancel message: the sequence number of the work item to stop (atomic write)
 _READY = "ready"
@@ -77,16 +90,24 @@ class _Unread(WorkerDied):
 
 class _CancelPipe:
     """In a worker: whether the server has cancelled the item being graded, read from the worker's cancel
-    pipe at most every `CANCEL_POLL_SECONDS` (messages for items already done are dropped)."""
+    pipe at most every `CANCEL_POLL_SECONDS`. Messages for items already done are dropped; one for an item
+    sent ahead (read while the one before it runs) is kept until that item starts."""
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
         self.seq = -1
         self.hit = False
         self.last = 0.0
+        self.ahead: set[int] = set()  # cancelled items not started yet: at most those sent ahead
 
-    def start(self, seq: int) -> None:
+    def start(self, seq: int) -> bool:
+        """Item `seq` starts: whether it was cancelled already (then it is not run). The pipe is read now,
+        once (a system call an item): a cancel sent while the item waited may not have been read yet."""
         self.seq, self.hit, self.last = seq, False, 0.0
+        if self.ahead:
+            self.hit = seq in self.ahead
+            self.ahead = {s for s in self.ahead if s > seq}
+        return self()
 
     def __call__(self) -> bool:
         now = time.perf_counter()
@@ -97,7 +118,11 @@ class _CancelPipe:
             data = os.read(self.fd, 4096)
         except BlockingIOError:
             return False
-        self.hit = any(seq == self.seq for (seq,) in _SEQ.iter_unpack(data[: len(data) // _SEQ.size * _SEQ.size]))
+        for (seq,) in _SEQ.iter_unpack(data[: len(data) // _SEQ.size * _SEQ.size]):
+            if seq == self.seq:
+                self.hit = True
+            elif seq > self.seq:
+                self.ahead.add(seq)
         return self.hit
 
 
@@ -141,9 +166,10 @@ def _worker_main(
             return
         (seq,) = _SEQ.unpack_from(data)
         taken.value = seq  # read: a death from here on is this item's
-        task = pickle.loads(memoryview(data)[_SEQ.size :])
-        cancelled.start(seq)
         try:
+            if cancelled.start(seq):  # cancelled while it waited in the pipe: not run
+                raise GraderCancelled
+            task = pickle.loads(memoryview(data)[_SEQ.size :])
             with grading.cancellable(cancelled):
                 answer: tuple[int, str, Any] = (seq, "ok", task())
         except GraderCancelled:
@@ -194,9 +220,20 @@ def grader_work(
 # -- in the server process -------------------------------------------------------------------------------
 
 
+@dataclass
+class _Held:
+    """An item a worker holds: its sequence number, the future its answer goes to, and its watchdog's limit
+    (started as the worker starts the item)."""
+
+    seq: int
+    future: asyncio.Future[Any]
+    limit: float | None
+
+
 class _Worker:
-    """One worker process as the supervisor sees it: its pipe, its cancel pipe, the item it holds, and two
-    threads of its own: one writes tasks to it, one waits for its answers or its end."""
+    """One worker process as the supervisor sees it: its pipe, its cancel pipe, the items it holds (the one
+    it grades first, then the one sent ahead), and two threads of its own: one writes tasks to it, one waits
+    for its answers or its end."""
 
     def __init__(self, pool: WorkerPool, slot: int) -> None:
         from grpcgrade import logs
@@ -220,9 +257,9 @@ class _Worker:
         self.pid = self.process.pid
         self.up = False  # it said it is ready
         self.exited = False  # its sentinel fired: the process is gone
-        self.seq = -1  # the item it holds (-1: none)
-        self.future: asyncio.Future[Any] | None = None
-        self.timer: asyncio.TimerHandle | None = None
+        self.killed = False  # killed by the pool (its watchdog): its end is coming
+        self.held: deque[_Held] = deque()  # in the order sent: the first is the one it grades
+        self.timer: asyncio.TimerHandle | None = None  # the first item's watchdog
         self.outbox: queue.SimpleQueue[tuple[int, Task] | bytes | None] = queue.SimpleQueue()
         # Its pipe is closed by the last of its two threads to be done with it, never under one of them: a
         # descriptor closed while the writer is about to write to it is soon a new worker's pipe, and the
@@ -275,7 +312,7 @@ class _Worker:
             except (EOFError, OSError):
                 break  # it died, possibly halfway through an answer: the rest of the pipe is dropped
             except Exception as exc:  # noqa: BLE001 - an answer that cannot be read is the work's failure
-                message = (self.seq, "raised", RuntimeError(f"unreadable answer: {describe(exc)}"))
+                message = (None, "raised", RuntimeError(f"unreadable answer: {describe(exc)}"))  # the first item's
             self.pool._post(self._answered, message)
         self.process.join()
         self.exited = True
@@ -292,16 +329,17 @@ class _Worker:
             self.conn.close()
 
     def _answered(self, message: tuple[Any, ...]) -> None:
-        """On the event loop: the worker's ready message, or its answer to the item it holds."""
+        """On the event loop: the worker's ready message, or its answer to the first item it holds (answers
+        come in the order the items were sent); the item sent ahead, if any, is the one it grades now."""
         if message[0] == _READY:
             self.up = True
             self.pool._idle(self)
             return
         seq, kind, value = message
-        if seq != self.seq:
+        if not self.held or seq not in (self.held[0].seq, None):
             return  # for an item it no longer holds (timed out before the answer came)
-        future = self._finish()
-        if future is not None and not future.done():
+        future = self._finish().future
+        if not future.done():
             if kind == "ok":
                 future.set_result(value)
             elif kind == "cancelled":
@@ -310,32 +348,58 @@ class _Worker:
                 future.set_exception(value)
         self.pool._idle(self)
 
-    def _finish(self) -> asyncio.Future[Any] | None:
-        """The item it held, now done with: its timer stopped, and it holds nothing."""
+    def _finish(self) -> _Held:
+        """The first item it held, now done with: its watchdog stopped, and the next one's started (the
+        worker starts it now)."""
         if self.timer is not None:
             self.timer.cancel()
-        future, self.future, self.timer, self.seq = self.future, None, None, -1
-        return future
+            self.timer = None
+        done = self.held.popleft()
+        if self.held:
+            self._watch(self.held[0])
+        return done
+
+    def _watch(self, item: _Held) -> None:
+        if item.limit is not None:
+            self.timer = asyncio.get_running_loop().call_later(item.limit, self.hung, item.seq)
 
     def assign(self, seq: int, task: Task, future: asyncio.Future[Any], limit: float | None) -> None:
-        """The worker holds item `seq` now; `future` gets its answer; past `limit` seconds it is hung."""
-        self.seq, self.future = seq, future
-        if limit is not None:
-            self.timer = asyncio.get_running_loop().call_later(limit, self.hung, seq)
+        """The worker holds item `seq` now, after those it holds; `future` gets its answer; past `limit`
+        seconds from when the worker starts it, it is hung."""
+        item = _Held(seq, future, limit)
+        self.held.append(item)
+        if len(self.held) == 1:
+            self._watch(item)
         self.outbox.put((seq, task))
+
+    def room(self) -> bool:
+        """Whether it can take another item (sent ahead, when it grades one)."""
+        return len(self.held) < ITEMS_PER_WORKER and not self.exited and not self.killed
+
+    def give_up(self, died: type[WorkerDied | WorkTimedOut], why: str, first_only: bool = False) -> None:
+        """Its process is gone or being killed: each item it held is answered, `died` for one it had read
+        (the one it was grading: its death may be that item's doing), `_Unread` for one it had not (the
+        one sent ahead, or one a process stopped before it read it): that one goes to another worker.
+        `first_only`: the process is killed for its first item, and only that one can be at fault (one sent
+        ahead that it read as it was being killed was not)."""
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        taken = self.taken.value
+        items, self.held = self.held, deque()
+        for k, item in enumerate(items):
+            if not item.future.done():
+                read = taken >= item.seq and not (first_only and k)
+                item.future.set_exception((died if read else _Unread)(f"worker {self.pid} {why}"))
 
     def hung(self, seq: int) -> None:
         """The watchdog: the item ran past its time; the process is killed (`_read` then replaces it). An
         item it never read (a process stopped, SIGSTOP, before it did) did not run past anything: it goes to
-        another worker."""
-        if seq != self.seq:
+        another worker, as does the item sent ahead."""
+        if not self.held or seq != self.held[0].seq:
             return
         log.warning("worker %d held its work past the watchdog: killed", self.pid)
-        unread = self.taken.value < seq
-        future = self._finish()
-        if future is not None and not future.done():
-            outcome = _Unread if unread else WorkTimedOut
-            future.set_exception(outcome(f"worker {self.pid} ran past the watchdog"))
+        self.give_up(WorkTimedOut, "ran past the watchdog", first_only=True)
         self.kill()
 
     def cancel_item(self, seq: int) -> None:
@@ -345,12 +409,14 @@ class _Worker:
             os.write(self.cancel.fileno(), _SEQ.pack(seq))
 
     def kill(self) -> None:
+        self.killed = True  # no more items for it, from now, before its end is seen
         with contextlib.suppress(OSError, ValueError):  # ended already, or its handle closed
             self.process.kill()
 
 
 class WorkerPool(Executor):
-    """The local executor: `size` worker processes, one work item each at a time (see the module docstring).
+    """The local executor: `size` worker processes, each grading one work item at a time with at most one more
+    sent ahead (see the module docstring).
 
     A process that dies or hangs is replaced alone; `restarts` counts the replacements. Its threads post
     what they see to the event loop the pool runs on (the loop of the first `ready` or `submit`), so all of
@@ -368,7 +434,8 @@ class WorkerPool(Executor):
         self._early: list[tuple[Callable[..., None], tuple[Any, ...]]] = []  # posted before a loop was known
         self._lock = threading.Lock()
         self._seq = itertools.count()
-        self._free: deque[_Worker] = deque()
+        self._free: deque[_Worker] = deque()  # idle workers
+        self._ahead: deque[_Worker] = deque()  # workers grading an item, with room for one sent ahead
         self._waiting: deque[asyncio.Future[_Worker]] = deque()
         self._failed_starts: dict[int, int] = {}  # per slot: deaths before ready in a row
         self._first: list[_Worker] = [_Worker(self, slot) for slot in range(size)]
@@ -417,28 +484,28 @@ class WorkerPool(Executor):
         return any(self._failed_starts.get(w.slot, 0) < UNHEALTHY_STARTS for w in self._workers)
 
     def _idle(self, worker: _Worker) -> None:
-        """`worker` is ready for an item: to the first call waiting for one, else to the free list."""
+        """`worker` has room for an item (it is up, or answered one): to the first call waiting for one, else
+        to the free list (`_free` when it holds none, `_ahead` when it grades one)."""
         if worker.exited or worker not in self._workers:
             return
         self._failed_starts.pop(worker.slot, None)
+        if worker in self._ahead:
+            self._ahead.remove(worker)
         while self._waiting:
             waiter = self._waiting.popleft()
             if not waiter.done():
                 waiter.set_result(worker)
                 return
-        self._free.append(worker)
+        (self._ahead if worker.held else self._free).append(worker)
 
     def _died(self, worker: _Worker) -> None:
-        """On the event loop: `worker`'s process ended. The item it held is answered `WorkerDied` (unless its
-        watchdog answered first) and a new process takes its place."""
-        if worker.seq >= 0:
-            unread = worker.taken.value < worker.seq
-            future = worker._finish()
-            if future is not None and not future.done():
-                died = _Unread if unread else WorkerDied
-                future.set_exception(died(f"worker {worker.pid} ended (exit code {worker.process.exitcode})"))
-        if worker in self._free:
-            self._free.remove(worker)
+        """On the event loop: `worker`'s process ended. The item it was grading is answered `WorkerDied`
+        (unless its watchdog answered first), one sent ahead goes to another worker, and a new process takes
+        its place."""
+        worker.give_up(WorkerDied, f"ended (exit code {worker.process.exitcode})")
+        for free in (self._free, self._ahead):
+            if worker in free:
+                free.remove(worker)
         worker.cancel.close()  # only this loop writes to it (its pipe is closed by its threads: `_let_go`)
         if self.closing or worker not in self._workers:
             return
@@ -456,11 +523,12 @@ class WorkerPool(Executor):
         self._workers[self._workers.index(worker)] = _Worker(self, worker.slot)
 
     async def _take(self) -> _Worker:
-        """A free worker, waiting in line for one when none is."""
-        while self._free:
-            worker = self._free.popleft()
-            if not worker.exited:
-                return worker
+        """An idle worker; else one grading an item, to send this one ahead to; else waits in line for one."""
+        for free in (self._free, self._ahead):
+            while free:
+                worker = free.popleft()
+                if worker.room():
+                    return worker
         waiter: asyncio.Future[_Worker] = asyncio.get_running_loop().create_future()
         self._waiting.append(waiter)
         try:
@@ -482,6 +550,8 @@ class WorkerPool(Executor):
             future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
             future.add_done_callback(_retrieved)
             worker.assign(seq, work.task(), future, watchdog(work))
+            if worker.room():
+                self._ahead.append(worker)  # the next item, while no worker is idle, is sent ahead to it
             try:
                 return await asyncio.shield(future)
             except _Unread:

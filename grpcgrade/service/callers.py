@@ -5,7 +5,8 @@ call's grading then runs with that name in `core.context.CALLER`, where an LLM j
 call's judgments in the caller's share of its model (see `grpcgrade.llm.limits`) and to count them under
 the caller's name. A call that names no caller is `default`. The name is a label, not a credential: with
 tokens configured, only authorized clients call at all. The gRPC side is `interceptors.ServiceInterceptor`;
-this module is the HTTP faces' middleware.
+the HTTP face's one middleware (`http.app`) names it too; this module's is for an application of OpenAI's
+grader endpoints alone (`http.openai_graders.openai_graders_root`).
 """
 
 from __future__ import annotations

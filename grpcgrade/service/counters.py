@@ -4,12 +4,14 @@ An HTTP face counts its requests (`grpcgrade_http_requests_total`), failed and u
 failure-ratio refusals; a gRPC face counts its calls as the server's own gRPC port does (go-grpc-prometheus'
 `grpc_server_*`, through `interceptors.ServiceInterceptor`); both count the calls their own admission control
 refused for load (`grpcgrade_calls_refused_total`, added to the engine's process's). A face process keeps no
-Prometheus registry of its own: each increment (or latency observed) is written down, and goes to the server's
-process in one message on the face's pipe. The HTTP faces send a request's before its response is written
-(`flush`, from the app's counting middleware); a gRPC face sends what its calls counted every `BATCH_SECONDS`
-(`batched`), one message for a crowd's calls instead of one each. The server's process adds them to its
-own counters of the same names and labels, and reads what its face processes sent before it answers a
-scrape (`faces.FaceProcesses.drain`): one /metrics, as when the faces ran in the server's process.
+Prometheus registry of its own: each increment (or latency observed) is written down, and what its calls and
+requests counted goes to the server's process every `BATCH_SECONDS`, summed, in one message on the face's
+pipe (a message per request cost an HTTP face a pickle and a pipe write each: 6-9% of its CPU under a crowd,
+py-spy). The server's
+process adds them to its own counters of the same names and labels; before it answers a scrape it asks each
+face for what it has counted so far (`FLUSH`, answered `FLUSHED` after the counts: `faces.FaceProcesses.drain`),
+so a scrape sees every request and call answered before it began: one /metrics, as when the faces ran in the
+server's process.
 Per-process totals merged at scrape time (prometheus_client's multiprocess mode) would need every metric of
 the server made multiprocess-aware, gauges and callbacks too.
 """
@@ -36,8 +38,13 @@ COALESCED = ("chunks", "samples")
 
 #: How long a batched face's counts wait to go to the server's process, gathering the calls of that time into
 #: one message: once per event-loop turn, sending cost a gRPC face 5-6% of its CPU under a crowd (a pickle
-#: and a pipe write a turn, py-spy); a scrape reads them at most this late.
+#: and a pipe write a turn, py-spy). A scrape does not wait for it: it asks (`FLUSH`).
 BATCH_SECONDS = 0.05
+
+#: The server's process asking a face for its counts now (`(FLUSH, n)` on the face's pipe), and the face's
+#: answer once they are sent (`(FLUSHED, n)`, after its counts' message).
+FLUSH = "flush"
+FLUSHED = "flushed"
 
 #: One increment: (Metrics attribute, label values in the metric's order, amount or value observed).
 Increment = tuple[str, tuple[str, ...], float]
@@ -72,7 +79,7 @@ class _Counter:
 class FaceCounters:
     """A face process's counters (the attributes of `metrics.Metrics` the faces move); `send` takes one
     message of increments (None: counted nowhere, for a face without a server's process). `batched`: what
-    is counted is sent `BATCH_SECONDS` later without a `flush` (the gRPC face's calls)."""
+    is counted is sent `BATCH_SECONDS` later without a `flush` (a face process's counts)."""
 
     http_requests: _Counter
     http_failed_samples: _Counter
@@ -114,6 +121,9 @@ class FaceCounters:
 
     def add(self, increment: Increment) -> None:
         self.pending.append(increment)
+        self._schedule()
+
+    def _schedule(self) -> None:
         if self.batched and not self._scheduled:
             self._scheduled = True
             asyncio.get_running_loop().call_later(BATCH_SECONDS, self.flush)
@@ -141,6 +151,7 @@ class FaceCounters:
     def observe(self, stats: list[Stats]) -> None:
         """Grading stats the engine did not see (`link.EngineLink.observer`), sent with the next flush."""
         self.stats.extend(stats)
+        self._schedule()
 
 
 def _summed(increments: list[Increment]) -> list[Increment]:

@@ -16,7 +16,8 @@ the HTTP face, the gRPC face or both (`face_process`).
   this user can enter, with the server's token when it has one (`server.Service`); a gRPC face relays a
   client's other calls there with the client's own token.
 - Counters: each face process sends its increments (`counters`); they are added to the server's counters
-  of the same names and labels, as they arrive and before every scrape (`drain`), so /metrics is one view.
+  of the same names and labels, as they arrive, and a scrape first asks every face for what it has counted
+  so far (`drain`), so /metrics is one view.
 - The native gRPC face (`grpc.face: native`): the public gRPC port served by a Go program instead of gRPC
   face processes (`native_face.NativeFace`, held here beside the HTTP face processes).
 - A face process that dies is started again after `restarts.RESTART_PAUSE_SECONDS` (doubling, up to
@@ -43,7 +44,7 @@ from grpcgrade.core.config import ServerConfig
 from grpcgrade.core.errors import ConfigError, PortUnavailable
 from grpcgrade.core.grading import Stats
 
-from .counters import COALESCED, COUNTERS, HISTOGRAMS, Increment
+from .counters import COALESCED, COUNTERS, FLUSH, FLUSHED, HISTOGRAMS, Increment
 from .face_process import FaceSpec, main
 from .metrics import Metrics
 from .native_face import NativeFace
@@ -52,6 +53,9 @@ from .ports import reserve_port
 from .restarts import START_SECONDS, Restarts
 
 log = logging.getLogger("grpcgrade.service.faces")
+
+#: How long a scrape waits for a face process's counts (`drain`): one stuck answers the scrape without them.
+FLUSH_WAIT_SECONDS = 1.0
 
 
 class _Face:
@@ -63,6 +67,8 @@ class _Face:
         self.conn: Connection | None = None
         self.ready: asyncio.Future[int] | None = None
         self.restarts = Restarts()
+        #: The last scrape's ask sent to this face (`FLUSH`), and the last it answered (`FLUSHED`).
+        self.asked = self.flushed = 0
 
 
 class FaceProcesses:
@@ -115,6 +121,8 @@ class FaceProcesses:
         self._loop: asyncio.AbstractEventLoop | None = None
         #: Held while a face's pipe is read: by the event loop, and by a scrape's thread (`drain`).
         self._reading = threading.Lock()
+        #: Held by a scrape asking the faces (scrapes may come at once; only they write to the pipes).
+        self._asking = threading.Lock()
         if metrics is not None:
             metrics.before_scrape.append(self.drain)
 
@@ -182,6 +190,8 @@ class FaceProcesses:
         """A message from a face process: its counts, ready, or why it could not start (on the loop)."""
         if kind == "count":
             self._count(*value)  # type: ignore[misc]
+        elif kind == FLUSHED:
+            face.flushed = max(face.flushed, int(value))  # type: ignore[call-overload]
         elif face.ready is not None and not face.ready.done():
             if kind == "ready":
                 face.ready.set_result(int(value))  # type: ignore[call-overload]
@@ -189,18 +199,46 @@ class FaceProcesses:
                 face.ready.set_exception(_start_error(self.options, str(value)))
 
     def drain(self) -> None:
-        """What the face processes have sent, counted now (a scrape's thread calls it before answering)."""
+        """What the face processes have counted until now, counted here (a scrape's thread calls it before
+        answering): each serving face is asked for its counts (`counters.FLUSH`) and its answer awaited, up
+        to `FLUSH_WAIT_SECONDS` in all, so a scrape sees every request answered before it began although the
+        faces send their counts every `counters.BATCH_SECONDS`; the native gRPC face's, as it has sent them."""
         if self.native is not None:
             self.native.drain()
-        for face in self.faces:
-            conn = face.conn
-            if conn is None:
-                continue
-            for kind, value in self._received(conn):
-                if kind == "count":
-                    self._count(*value)  # type: ignore[misc]
-                elif self._loop is not None:
-                    self._loop.call_soon_threadsafe(self._handle, face, kind, value)
+        with self._asking:
+            asked = []
+            for face in self.faces:
+                if face.ready is None or not face.ready.done():
+                    continue  # starting: it has counted nothing, and reads its pipe only once it serves
+                with contextlib.suppress(OSError, ValueError, AttributeError):  # gone meanwhile
+                    face.conn.send((FLUSH, face.asked + 1))  # type: ignore[union-attr]
+                    face.asked += 1
+                    asked.append(face)
+            end = time.monotonic() + FLUSH_WAIT_SECONDS
+            for face in asked:
+                while (conn := face.conn) is not None and self._take(face, conn) and face.flushed < face.asked:
+                    left = end - time.monotonic()
+                    if left <= 0:
+                        break
+                    with contextlib.suppress(OSError, ValueError):
+                        conn.poll(min(left, 0.01))
+
+    def _take(self, face: _Face, conn: Connection) -> bool:
+        """What a face has sent, read by a scrape's thread: counts counted here, the rest for the loop;
+        False once its pipe has ended (the loop hangs it up)."""
+        received, open_ = [], True
+        with self._reading:
+            try:
+                while not conn.closed and conn.poll():
+                    received.append(conn.recv())
+            except (EOFError, OSError):
+                open_ = False
+        for kind, value in received:
+            if kind in ("count", FLUSHED):
+                self._handle(face, kind, value)
+            elif self._loop is not None:
+                self._loop.call_soon_threadsafe(self._handle, face, kind, value)
+        return open_ and not conn.closed
 
     def _count(self, increments: list[Increment], stats: list[Stats]) -> None:
         """A face's increments into the server's counters of the same names and labels, and its grading

@@ -18,13 +18,11 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from grpcgrade.core.rewards import Result
 from grpcgrade.grader import GraderError, GraderScore
 from grpcgrade.v1 import grading_pb2 as pb
-
-from .structs import as_double
 
 _pack_double = struct.Struct("<d").pack
 _ZERO = bytes(8)
@@ -49,7 +47,7 @@ _TRUE, _FALSE, _NUMBER = b"\x12\x02\x20\x01", b"\x12\x02\x20\x00", b"\x12\x09\x1
 
 #: Map keys' records kept by the key (a grader's metadata uses a few keys over and over), within this many.
 KEYS_KEPT = 1024
-_keys: dict[str, bytes] = {}
+_keys: dict[str, _Heads] = {}
 
 
 class _Other(Exception):
@@ -81,16 +79,39 @@ def _text(tag: bytes, text: Any) -> bytes:
     return _record(tag, str.encode(text)) if text else b""
 
 
-def _key(key: Any) -> bytes:
-    known = _keys.get(key) if type(key) is str else None
-    if known is None:
+class _Heads(NamedTuple):
+    """A metadata key's records, made once for the key: its whole map entry (as a Struct field) with the
+    value true and with false, the entry's start before a number's 8 bytes, and the key's record alone
+    (for a value of another type). A json_validator sample's metadata took 40% of its items' time before."""
+
+    true: bytes
+    false: bytes
+    number: bytes
+    key: bytes
+
+
+def _field_head(entry_size: int) -> bytes:
+    """A Struct field's tag and length, for a map entry of `entry_size` bytes."""
+    return _FIELD + (_ONE_BYTE[entry_size] if entry_size < 128 else _varint(entry_size))
+
+
+def _key(key: Any) -> _Heads:
+    heads = _keys.get(key) if type(key) is str else None
+    if heads is None:
         if type(key) is not str:
             raise _Other  # `fill_struct` writes its str()
         known = _record(_ENTRY_KEY, key.encode())
+        n = len(known)
+        heads = _Heads(
+            _field_head(n + len(_TRUE)) + known + _TRUE,
+            _field_head(n + len(_FALSE)) + known + _FALSE,
+            _field_head(n + len(_NUMBER) + 8) + known + _NUMBER,
+            known,
+        )
         if len(_keys) >= KEYS_KEPT:
             _keys.clear()
-        _keys[key] = known
-    return known
+        _keys[key] = heads
+    return heads
 
 
 def _value(value: Any) -> bytes:
@@ -106,21 +127,22 @@ def _struct(metadata: Any) -> bytes:
     """Flat metadata as a Struct's map entries (`structs.fill_struct`'s cases for them)."""
     if type(metadata) is not dict:
         raise _Other
-    fields = []
-    keys = _keys
+    fields: list[bytes] = []
+    append, keys, pack = fields.append, _keys, _pack_double
     for key, value in metadata.items():
-        known = keys.get(key) if type(key) is str else None
-        if known is None:
-            known = _key(key)
+        heads = keys.get(key) if type(key) is str else None
+        if heads is None:
+            heads = _key(key)
         kind = type(value)  # the common values' records written out: a call less for each
         if kind is bool:
-            entry = known + (_TRUE if value else _FALSE)
+            append(heads.true if value else heads.false)
         elif kind is float or kind is int:
-            entry = known + _NUMBER + _pack_double(value if kind is float else as_double(value))
+            # an int is packed as the double float() makes of it; one past a double's range raises
+            # struct.error, and its sample is written by `fill_items` (as infinity)
+            append(heads.number + pack(value))
         else:
-            entry = known + _record(_ENTRY_VALUE, _value(value))
-        n = len(entry)
-        fields.append(_FIELD + (_ONE_BYTE[n] if n < 128 else _varint(n)) + entry)
+            entry = heads.key + _record(_ENTRY_VALUE, _value(value))
+            append(_field_head(len(entry)) + entry)
     return b"".join(fields)
 
 
@@ -174,7 +196,7 @@ def items_bytes(
                 )
             if sample_id:
                 response = _record(_ID, sample_id.encode()) + response
-        except (_Other, UnicodeEncodeError, OverflowError):
+        except (_Other, UnicodeEncodeError, OverflowError, struct.error):  # struct.error: an int past a double
             append(_by_protobuf(index, sample_id, labels, [c[k] for c in columns], reward, full))
             continue
         if reward is not None:

@@ -91,8 +91,8 @@ def tune_process() -> int:
     return raise_open_files_limit()
 
 
-def settle_heap() -> None:
+def settle_heap(thresholds: tuple[int, int, int] = GC_THRESHOLDS) -> None:
     """Once serving: the start-up's objects (modules, graders, tables) out of every later full collection,
-    and the collector's thresholds (`GC_THRESHOLDS`)."""
+    and the collector's thresholds (`GC_THRESHOLDS`, or a face process's own)."""
     gc.freeze()
-    gc.set_threshold(*GC_THRESHOLDS)
+    gc.set_threshold(*thresholds)

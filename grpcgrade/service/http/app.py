@@ -5,7 +5,8 @@ runs it in HTTP face processes of its own (`http.process`), grading through the 
 gRPC contract (`forward.EngineLink`): the same engine, limits, grader metrics and tokens as the gRPC
 service, and nothing a client sends on the gRPC server's event loop.
 Each protocol module adds its routes with `add_routes(app, ctx)` (or is a sub-application mounted at its
-prefix); the middleware here counts every request under its face, method and status.
+prefix); the one middleware here names each request's caller, admits it (or refuses it: 503) and counts
+it under its face, method and status.
 """
 
 from __future__ import annotations
@@ -18,12 +19,13 @@ from aiohttp import web
 from grpcgrade.core.admission import Admission
 from grpcgrade.core.coalesce import ServerCoalescer
 from grpcgrade.core.config import HttpConfig
+from grpcgrade.core.context import CALLER, CALLER_HEADER, caller_name
 from grpcgrade.core.engine import Engine
+from grpcgrade.core.errors import Overloaded
 from grpcgrade.core.samples import Limits
 
-from ..callers import caller_middleware
 from ..counters import FaceCounters
-from ..overload import admission_middleware
+from ..overload import service_unavailable
 from . import nemo_gym, openai_graders, openrlhf, slime
 from .common import FACE_KEY, NO_FACE, FaceContext, Handler
 from .forward import EngineLink
@@ -50,12 +52,28 @@ def build_http_app(
     answering in its own protocol's error format). With `link`, samples are graded by the engine's process
     through it (`forward`); `engine` then only resolves plans."""
 
+    admission = admission or Admission(limits)
+    if metrics is not None:
+        metrics.watch_refusals(admission)
+
     @web.middleware
-    async def counted(request: web.Request, handler: Handler) -> web.StreamResponse:
+    async def served(request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Every request: its connection's head timer stopped, its caller named (`callers`), admitted while
+        under the calls and memory limits (else 503 at once: `overload`; a face counts its samples with
+        `Admission.reserve` once it has read them), and counted under its face, method and status. One
+        middleware, not one for each: each is a coroutine and a call more per request."""
         mark_head_arrived(request)
         status = 500
         try:
-            response = await handler(request)
+            CALLER.set(caller_name(request.headers.get(CALLER_HEADER)))
+            try:
+                admission.enter()
+            except Overloaded as exc:
+                raise service_unavailable(exc) from None
+            try:
+                response = await handler(request)
+            finally:
+                admission.leave()
             status = response.status
             return response
         except web.HTTPException as exc:
@@ -68,14 +86,8 @@ def build_http_app(
             if metrics is not None:
                 face = request.get(FACE_KEY, NO_FACE)
                 metrics.http_requests.labels(face, request.method, str(status)).inc()
-                metrics.flush()  # to the server's process before the answer is written
 
-    admission = admission or Admission(limits)
-    if metrics is not None:
-        metrics.watch_refusals(admission)
-    admitted = admission_middleware(admission)  # inside `counted`: a refusal is counted as a 503
-    middlewares = [counted, caller_middleware, admitted]
-    app = web.Application(middlewares=middlewares, client_max_size=http.max_body_bytes)
+    app = web.Application(middlewares=[served], client_max_size=http.max_body_bytes)
     ctx = FaceContext(engine, limits, http, default_reward, tokens, metrics, admission, coalescer, link)
     for face in (openrlhf, slime, nemo_gym):
         face.add_routes(app, ctx)

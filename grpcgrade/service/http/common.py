@@ -58,6 +58,8 @@ log = logging.getLogger("grpcgrade.http")
 FACE_KEY = web.RequestKey("grpcgrade_face", str)
 #: The `face` label of a request no face answered (an unknown path).
 NO_FACE = "none"
+#: A body's `cache` value and the mode it asks for.
+CACHE_MODES = {mode.value: mode for mode in CacheMode}
 
 log = logging.getLogger("grpcgrade.service.http")
 
@@ -94,15 +96,19 @@ STANDARD_KEYS = frozenset(("sample_id", *TEXT_FIELDS, "responses", *AGENT_FIELDS
 def check_sample(fields: dict[str, Any], limits: Limits) -> None:
     """SampleProblem for a standard field over `max_field_chars`, or for `extra` (the other keys) whose JSON
     is longer: grader input, so the gRPC service's limit holds for it too."""
-    check_fields({k: v for k, v in fields.items() if k in STANDARD_KEYS}, limits)
-    extra = {k: v for k, v in fields.items() if k not in STANDARD_KEYS}
+    if STANDARD_KEYS.issuperset(fields):  # the usual sample: no extra, so no split and no encoding
+        check_fields(fields, limits)
+        extra: dict[str, Any] = {}
+    else:
+        check_fields({k: v for k, v in fields.items() if k in STANDARD_KEYS}, limits)
+        extra = {k: v for k, v in fields.items() if k not in STANDARD_KEYS}
     size = len(json.dumps(extra)) if extra else 0
     if size > limits.max_field_chars:
         raise SampleProblem(
             f"field 'extra' takes {size} characters, over the limit max_field_chars={limits.max_field_chars}"
         )
     deep = [k for k, v in extra.items() if isinstance(v, dict | list) and too_deep(v)]
-    deep += [k for k in AGENT_FIELDS if any(too_deep(entry) for entry in fields.get(k) or ())]
+    deep += [k for k in AGENT_FIELDS if k in fields and any(too_deep(entry) for entry in fields[k] or ())]
     if deep:
         raise SampleProblem(f"field {deep[0]!r} nests deeper than a sample carries ({NESTING})")
 
@@ -304,11 +310,12 @@ class FaceContext:
 
     def resolve(self, reward: str, cache: Any = CacheMode.DEFAULT.value) -> Plan:
         """The reward's graders (404 for an unknown reward, 400 for a bad `cache` or parameters)."""
-        if cache not in set(CacheMode):
+        mode = CACHE_MODES.get(cache) if isinstance(cache, str) else None  # a list or an object: not hashable
+        if mode is None:
             allowed = ", ".join(f'"{mode.value}"' for mode in CacheMode)
             raise web.HTTPBadRequest(text=f"`cache` must be one of {allowed}, got {str(cache)[:40]!r}")
         try:  # kept by the engine, as a gRPC call's (a reward's graders named by no spec: the empty key)
-            return self.engine.resolve_keyed(b"", list, reward, CacheMode(cache))
+            return self.engine.resolve_keyed(b"", list, reward, mode)
         except (UnknownReward, UnknownGrader) as exc:
             raise web.HTTPNotFound(text=str(exc)) from None
         except InvalidParams as exc:
@@ -377,14 +384,6 @@ class FaceContext:
                 return exc
 
         out = GradedBatch(n)
-        # Whole chunks travel in the rows codec (`service.rows`); a sample is checked again only when the
-        # quarantine asks for one that failed (a usable one: nothing is counted twice).
-        batch = Batch(
-            n,
-            lambda a, b: [(i, checked(i)) for i in range(a, b)],
-            lambda a, b: encoded([checked(i) for i in range(a, b)]),
-            nbytes,
-        )
         deadline, failures = guards
         admission = self.admission
         assert admission is not None  # set in __post_init__
@@ -400,6 +399,14 @@ class FaceContext:
                 async for part in self.link.grade_pieces(jobs, n, checked, reward, deadline, failures):
                     out.add(part.indices, part.columns, part.rewards)
             else:
+                # Whole chunks travel in the rows codec (`service.rows`); a sample is checked again only when
+                # the quarantine asks for one that failed (a usable one: nothing is counted twice).
+                batch = Batch(
+                    n,
+                    lambda a, b: [(i, checked(i)) for i in range(a, b)],
+                    lambda a, b: encoded([checked(i) for i in range(a, b)]),
+                    nbytes,
+                )
                 async for graded in self.engine.grade_batch(
                     jobs, batch, self.engine.chunks(jobs, n), reward=reward, deadline=deadline, failures=failures
                 ):

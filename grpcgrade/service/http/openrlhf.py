@@ -167,7 +167,10 @@ class OpenRLHFFace:
         graded = await ctx.grade(reward, jobs, LazySamples(n, sample), guards, FACE, request.content_length or 0)
         out = [ctx.http.failure_reward if value is None else value for value in graded.rewards]
         failed = [float(value is None) for value in graded.rewards]
-        rewards, flags = await json_numbers(out), await json_numbers(failed)
+        if n <= ENCODE_STEP:  # one step: no coroutine for each
+            rewards, flags = json.dumps(out), json.dumps(failed)
+        else:
+            rewards, flags = await json_numbers(out), await json_numbers(failed)
         answer = f'{{"rewards": {rewards}, "scores": {rewards}, "extra_logs": {{"{FAILED_LOG}": {flags}}}}}'
         return web.Response(text=answer, content_type="application/json")
 
