@@ -237,13 +237,13 @@ def test_a_killed_grpc_face_is_started_again_and_answers(face_server):
     assert health_status(srv.target) == health_pb2.HealthCheckResponse.SERVING
 
 
-@pytest.mark.parametrize("method", ["Evaluate", "BatchEvaluate"])
-def test_deadlines_and_cancellation_reach_the_engine(faces, method):
-    """A call through a face whose deadline passes (or whose client cancels) ends the engine's work for it:
-    the workers stop, as they do for a call to the engine's own port (test_reliability). Counted in CPU."""
+def check_deadlines_and_cancellation_reach_the_engine(server: ServerProcess, method: str) -> None:
+    """A call through a face (Python or Go) whose deadline passes (or whose client cancels) ends the engine's
+    work for it: the workers stop, as they do for a call to the engine's own port (test_reliability).
+    Counted in CPU."""
     slow = specs_to_pb([{"name": "sleepy", "params": {"seconds": 3600, "heavy": False}}])
-    workers = worker_pids(faces.proc.pid)
-    with grpc.insecure_channel(faces.target) as channel:
+    workers = worker_pids(server.proc.pid)
+    with grpc.insecure_channel(server.target) as channel:
         grading = stub(channel)
         sample = sample_to_pb({"response": f"deadline-{method}"})
         if method == "Evaluate":
@@ -265,6 +265,11 @@ def test_deadlines_and_cancellation_reach_the_engine(faces, method):
     at_end = sum(cpu_seconds(p) for p in workers)
     after = cpu_when_idle(workers) - at_end
     assert after < 3.0, f"the workers spent {after:.1f} s of CPU after the call ended"
+
+
+@pytest.mark.parametrize("method", ["Evaluate", "BatchEvaluate"])
+def test_deadlines_and_cancellation_reach_the_engine(faces, method):
+    check_deadlines_and_cancellation_reach_the_engine(faces, method)
 
 
 def test_an_engine_that_is_away_is_unavailable_never_a_score(tmp_path):

@@ -29,7 +29,19 @@ import pytest
 from expected import json_score
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
-from test_grpc_faces import AUTH, CONFIG, SAMPLES, TOKEN, _columns, _items, _WithToken, listeners, responses, stub
+from test_grpc_faces import (
+    AUTH,
+    CONFIG,
+    SAMPLES,
+    TOKEN,
+    _columns,
+    _items,
+    _WithToken,
+    check_deadlines_and_cancellation_reach_the_engine,
+    listeners,
+    responses,
+    stub,
+)
 from test_security import pki  # noqa: F401  # the module's certificates (a fixture)
 
 from grpcgrade.core.config import parse_config
@@ -39,11 +51,8 @@ from grpcgrade.service.overload import PUSHBACK_KEY
 from grpcgrade.testing import (
     ServerProcess,
     children,
-    cpu_seconds,
-    cpu_when_idle,
     eventually,
     health_status,
-    worker_pids,
 )
 from grpcgrade.v1 import admin_pb2, admin_pb2_grpc
 from grpcgrade.v1 import grading_pb2 as pb
@@ -270,33 +279,7 @@ def test_on_sigterm_the_face_drains_its_calls_and_ends_with_the_server(face_serv
 @needs_go
 @pytest.mark.parametrize("method", ["Evaluate", "BatchEvaluate"])
 def test_deadlines_and_cancellation_reach_the_engine(native, method):
-    """A call through the face whose deadline passes (or whose client cancels) ends the engine's work for
-    it: the workers stop. Counted in CPU."""
-    slow = [pb.GraderSpec(name="sleepy")]
-    slow[0].params.update({"seconds": 3600, "heavy": False})
-    workers = worker_pids(native.proc.pid)
-    with grpc.insecure_channel(native.target) as channel:
-        grading = stub(channel)
-        sample = pb.Sample(response=f"deadline-{method}")
-        if method == "Evaluate":
-            calls = [
-                grading.Evaluate.future(pb.EvaluateRequest(graders=slow, sample=sample), metadata=AUTH, timeout=0.8)
-                for _ in range(3)
-            ]
-            codes = [call.exception().code() for call in calls]  # type: ignore[union-attr]
-            assert codes == [grpc.StatusCode.DEADLINE_EXCEEDED] * 3
-        else:
-            stream = grading.BatchEvaluate(
-                pb.BatchEvaluateRequest(graders=slow, samples=[sample] * 2), metadata=AUTH, timeout=30
-            )
-            eventually(lambda: sum(cpu_seconds(p) for p in workers) > 0.3, "the workers at work")
-            stream.cancel()
-            with pytest.raises(grpc.RpcError) as ended:
-                list(stream)
-            assert ended.value.code() == grpc.StatusCode.CANCELLED
-    at_end = sum(cpu_seconds(p) for p in workers)
-    after = cpu_when_idle(workers) - at_end
-    assert after < 3.0, f"the workers spent {after:.1f} s of CPU after the call ended"
+    check_deadlines_and_cancellation_reach_the_engine(native, method)
 
 
 def _face_alone(tmp_path: Path, *args: str) -> tuple[subprocess.Popen[bytes], str, socket.socket]:
