@@ -181,16 +181,7 @@ def test_calls_through_the_faces_answer_as_the_engine_itself_does(faces, direct)
                     )
                     for s in SAMPLES
                 ]
-            batch = pb.BatchEvaluateRequest(reward="valid_json", samples=[sample_to_pb(s) for s in SAMPLES * 50])
-            got["batch-full"] = _items(list(grading.BatchEvaluate(batch, metadata=AUTH, timeout=60)))
-            batch.view = pb.RESULT_VIEW_COLUMNS
-            batch.chunk_size = 16
-            got["batch-columns"] = _columns(list(grading.BatchEvaluate(batch, metadata=AUTH, timeout=60)))
-            got["graders"] = grading.ListGraders(pb.ListGradersRequest(), metadata=AUTH, timeout=60)
-            admin = admin_pb2_grpc.AdminServiceStub(channel)  # type: ignore[no-untyped-call]
-            got["quarantine"] = admin.ListQuarantine(admin_pb2.ListQuarantineRequest(), metadata=AUTH, timeout=60)
-            reflection = ProtoReflectionDescriptorDatabase(grpc.intercept_channel(channel, _WithToken()))
-            got["services"] = sorted(reflection.get_services())
+            got.update(relayed_answers(channel))
             answers[name] = got
     assert answers["faces"] == answers["direct"]
     assert "grpcgrade.v1.GradingService" in answers["faces"]["services"]  # type: ignore[operator]
@@ -235,6 +226,24 @@ def test_a_killed_grpc_face_is_started_again_and_answers(face_server):
     eventually(answers, "the faces answer")
     assert f"face process 1 (pid {victim}) exited" in srv.log() or f"face process 0 (pid {victim}) exited" in srv.log()
     assert health_status(srv.target) == health_pb2.HealthCheckResponse.SERVING
+
+
+def relayed_answers(channel: grpc.Channel) -> dict[str, object]:
+    """What a face relays as it came, asked through `channel`: BatchEvaluate in the full and columns views,
+    ListGraders, the admin service and reflection; compared between a face and the engine's own port."""
+    grading = stub(channel)
+    got: dict[str, object] = {}
+    batch = pb.BatchEvaluateRequest(reward="valid_json", samples=[sample_to_pb(s) for s in SAMPLES * 50])
+    got["batch-full"] = _items(list(grading.BatchEvaluate(batch, metadata=AUTH, timeout=60)))
+    batch.view = pb.RESULT_VIEW_COLUMNS
+    batch.chunk_size = 16
+    got["batch-columns"] = _columns(list(grading.BatchEvaluate(batch, metadata=AUTH, timeout=60)))
+    got["graders"] = grading.ListGraders(pb.ListGradersRequest(), metadata=AUTH, timeout=60)
+    admin = admin_pb2_grpc.AdminServiceStub(channel)  # type: ignore[no-untyped-call]
+    got["quarantine"] = admin.ListQuarantine(admin_pb2.ListQuarantineRequest(), metadata=AUTH, timeout=60)
+    reflection = ProtoReflectionDescriptorDatabase(grpc.intercept_channel(channel, _WithToken()))
+    got["services"] = sorted(reflection.get_services())
+    return got
 
 
 def check_deadlines_and_cancellation_reach_the_engine(server: ServerProcess, method: str) -> None:

@@ -28,17 +28,14 @@ import grpc
 import pytest
 from expected import json_score
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 from test_grpc_faces import (
     AUTH,
     CONFIG,
     SAMPLES,
     TOKEN,
-    _columns,
-    _items,
-    _WithToken,
     check_deadlines_and_cancellation_reach_the_engine,
     listeners,
+    relayed_answers,
     responses,
     stub,
 )
@@ -54,7 +51,6 @@ from grpcgrade.testing import (
     eventually,
     health_status,
 )
-from grpcgrade.v1 import admin_pb2, admin_pb2_grpc
 from grpcgrade.v1 import grading_pb2 as pb
 
 #: The tests that run the Go face (the last two do not: `make test` runs them).
@@ -195,16 +191,7 @@ def test_calls_through_the_native_face_answer_as_the_engine_itself_does(native, 
             unknown = pb.EvaluateRequest(reward="valid_json", sample=pb.Sample(response="[1]")).SerializeToString()
             raw = channel.unary_unary("/grpcgrade.v1.GradingService/Evaluate")
             got["unknown-field"] = pb.EvaluateResponse.FromString(raw(unknown + b"\x98\x06\x01", metadata=AUTH))
-            batch = pb.BatchEvaluateRequest(reward="valid_json", samples=[pb.Sample(**s) for s in SAMPLES * 50])
-            got["batch-full"] = _items(list(grading.BatchEvaluate(batch, metadata=AUTH, timeout=60)))
-            batch.view = pb.RESULT_VIEW_COLUMNS
-            batch.chunk_size = 16
-            got["batch-columns"] = _columns(list(grading.BatchEvaluate(batch, metadata=AUTH, timeout=60)))
-            got["graders"] = grading.ListGraders(pb.ListGradersRequest(), metadata=AUTH, timeout=60)
-            admin = admin_pb2_grpc.AdminServiceStub(channel)  # type: ignore[no-untyped-call]
-            got["quarantine"] = admin.ListQuarantine(admin_pb2.ListQuarantineRequest(), metadata=AUTH, timeout=60)
-            reflection = ProtoReflectionDescriptorDatabase(grpc.intercept_channel(channel, _WithToken()))
-            got["services"] = sorted(reflection.get_services())
+            got.update(relayed_answers(channel))
             answers[name] = got
     for key, value in answers["direct"].items():
         assert answers["native"][key] == value, key
