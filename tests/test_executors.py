@@ -30,7 +30,15 @@ from grpcgrade.core.grading import cancellable, grade_sync
 from grpcgrade.core.workers import WorkerPool, _Worker, grader_work
 from grpcgrade.grader import BaseGrader, GraderError, GraderScore
 from grpcgrade.service.convert import sample_to_pb, specs_to_pb
-from grpcgrade.testing import cpu_seconds, eventually, health_status, start_server, worker_pids, writing
+from grpcgrade.testing import (
+    cpu_seconds,
+    eventually,
+    health_status,
+    process_state,
+    start_server,
+    worker_pids,
+    writing,
+)
 from grpcgrade.v1 import grading_pb2 as pb
 from grpcgrade.v1 import grading_pb2_grpc as pb_grpc
 
@@ -243,6 +251,49 @@ def test_a_dead_workers_pipe_is_never_a_replacements_pipe():
         if pool is not None:
             pool.close(patience=0)
     assert len(set(pids)) == 1 and pool.restarts == 1
+
+
+def test_a_killed_worker_is_not_counted_alive_before_its_reader_notices():
+    """A worker killed (SIGKILL to its PID) is not alive from the moment its process has ended, whether or
+    not its reader thread has noticed yet: on a busy machine that thread waits for a core and the GIL,
+    and `alive()` (the metrics' grpcgrade_workers_alive, which tests wait on to know every death has been
+    counted) said 2 for a pool with one process dead. Made deterministic by a profile hook that holds the
+    dead worker's reader as it wakes, so it neither reports the death nor reaps the process (a zombie
+    until then)."""
+    armed, release = threading.Event(), threading.Event()
+    pool: WorkerPool | None = None
+
+    def hold(frame: Any, event: str, arg: Any) -> None:
+        caller = frame.f_back
+        woken = armed.is_set() and event == "return" and frame.f_code.co_name == "wait" and caller is not None
+        if woken and caller.f_code.co_name == "_read" and caller.f_locals.get("self") is victim:
+            release.wait(WAIT)
+
+    threading.setprofile(hold)  # for the threads started from now on: the pool's
+    try:
+        pool = WorkerPool(2, initializer=os.getpid)  # any module-level function: one that warms no grader
+
+        async def main() -> tuple[int, int]:
+            nonlocal victim
+            await pool.ready()
+            before = pool.alive()
+            victim = pool._workers[0]
+            armed.set()
+            os.kill(victim.pid, signal.SIGKILL)
+            until(lambda: process_state(victim.pid) == "Z", "the killed worker ended (a zombie: unreaped)")
+            try:
+                return before, pool.alive()
+            finally:
+                release.set()
+
+        victim: _Worker | None = None
+        before, after = asyncio.run(main())
+    finally:
+        threading.setprofile(None)
+        release.set()
+        if pool is not None:
+            pool.close(patience=0)
+    assert (before, after) == (2, 1)
 
 
 def test_an_item_a_dead_worker_never_read_goes_to_a_replacement(tmp_path):

@@ -372,6 +372,12 @@ class _Worker:
             self._watch(item)
         self.outbox.put((seq, task))
 
+    def running(self) -> bool:
+        """Whether its process is running now. Its reader says so once it has noticed the end (`exited`),
+        but on a busy machine that thread waits for a core and the GIL first; the process's sentinel is
+        readable from the moment it ends, and reading it reaps nothing (the reader's `join` does)."""
+        return not self.exited and not wait([self.process.sentinel], 0)
+
     def room(self) -> bool:
         """Whether it can take another item (sent ahead, when it grades one)."""
         return len(self.held) < ITEMS_PER_WORKER and not self.exited and not self.killed
@@ -475,8 +481,9 @@ class WorkerPool(Executor):
             await asyncio.sleep(0.02)
 
     def alive(self) -> int:
-        """Worker processes running now (started, not ended), as health and metrics report them."""
-        return sum(1 for w in self._workers if not w.exited)
+        """Worker processes running now (started, not ended), as health and metrics report them: one that
+        has ended is not counted, even before its reader has noticed (`_Worker.running`)."""
+        return sum(1 for w in self._workers if w.running())
 
     def healthy(self) -> bool:
         """False once every worker has died `UNHEALTHY_STARTS` times in a row before it was ready (a plugin
