@@ -12,6 +12,7 @@ their own harness (`make perf-peers`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import multiprocessing
 import os
@@ -186,6 +187,50 @@ def _bare_every_core(pool: Any, grader: str, cores: int) -> None:
     pool.map(_bare_part, [(grader, k) for k in range(cores)], chunksize=1)
 
 
+def _cpu_ns(pids: list[int]) -> int:
+    """CPU time of `pids` so far, every thread, in ns (the scheduler's own count: /proc/PID/task/*/schedstat,
+    finer than the clock ticks of /proc/PID/stat). OSError where there is no such file (not Linux)."""
+    total = 0
+    for pid in pids:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(OSError):  # a thread that ended meanwhile
+                total += int((task / "schedstat").read_text().split()[0])
+    return total
+
+
+@dataclass
+class _Breakdown:
+    """Where a heavy batch's time goes, summed over its turns: the CPU of the server's own process (the
+    engine: the call, cutting chunks, the pool's hops), of this client, and of the workers, beside the
+    wall time. On N cores every microsecond of the first two is taken from the workers, and workers idle
+    (a batch's start and end) are the rest of the gap to the ceiling."""
+
+    server: int
+    workers: list[int]
+    samples: int = 0
+    wall: float = 0.0
+    engine_ns: int = 0
+    workers_ns: int = 0
+    client_s: float = 0.0
+
+    def run(self, call: Callable[[], object]) -> None:
+        engine, workers = _cpu_ns([self.server]), _cpu_ns(self.workers)
+        client, start = time.process_time(), time.perf_counter()
+        call()
+        self.wall += time.perf_counter() - start
+        self.client_s += time.process_time() - client
+        self.engine_ns += _cpu_ns([self.server]) - engine
+        self.workers_ns += _cpu_ns(self.workers) - workers
+
+    def add_to(self, report: GoalsReport, key: str) -> None:
+        if not self.samples:
+            return
+        report.add(f"{key}_engine_cpu_per_sample", self.engine_ns / self.samples / 1e3, "us")
+        report.add(f"{key}_client_cpu_per_sample", self.client_s / self.samples * 1e6, "us")
+        report.add(f"{key}_workers_cpu_per_sample", self.workers_ns / self.samples / 1e3, "us (all workers)")
+        report.add(f"{key}_workers_busy", self.workers_ns / 1e9 / (self.wall * len(self.workers)), "x wall")
+
+
 def _cpu_per_sample_us(run: Callable[[], object], n: int, repeat: int = 3) -> float:
     """This process's CPU (every thread) per sample over `run`, the least of `repeat` runs, in µs."""
     best = float("inf")
@@ -194,6 +239,18 @@ def _cpu_per_sample_us(run: Callable[[], object], n: int, repeat: int = 3) -> fl
         run()
         best = min(best, time.process_time() - start)
     return best / n * 1e6
+
+
+def _breakdown(server: int) -> _Breakdown | None:
+    """A heavy batch's breakdown for the server `server` and its workers; None where /proc cannot say."""
+    from .testing import worker_pids
+
+    try:
+        workers = worker_pids(server)
+        _cpu_ns([server, *workers])
+    except OSError:
+        return None
+    return _Breakdown(server, workers) if workers else None
 
 
 def run_goals(
@@ -264,10 +321,12 @@ def run_goals(
                         hspec = [{"name": PRESETS[h].grader, "params": PRESETS[h].params}]
                         client.batch_evaluate(heavy_data[h][: 4 * workers], hspec)
                         _bare_every_core(parallel, h, workers)  # every process up, imports and tables loaded
+                        breakdown = _breakdown(server.proc.pid)
+                        batch = functools.partial(client.batch_evaluate, heavy_data[h], hspec)
                         runs: dict[str, Callable[[], object]] = {
                             "bare": functools.partial(_each, heavy_calls[h], heavy_data[h]),
                             "bare_every_core": functools.partial(_bare_every_core, parallel, h, workers),
-                            "batch": functools.partial(client.batch_evaluate, heavy_data[h], hspec),
+                            "batch": batch if breakdown is None else functools.partial(breakdown.run, batch),
                         }
                         turns: dict[str, list[float]] = {}
                         best = _alternating(heavy_samples, runs, rounds=HEAVY_ROUNDS, turns=turns)
@@ -280,6 +339,9 @@ def run_goals(
                         report.add(
                             f"{h}_batch_x_bare_every_core", best["batch"] / best["bare_every_core"], "x its ceiling"
                         )
+                        if breakdown is not None:
+                            breakdown.samples = heavy_samples * HEAVY_ROUNDS
+                            breakdown.add_to(report, h)
                 finally:
                     if parallel is not None:
                         parallel.close()

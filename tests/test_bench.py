@@ -71,6 +71,10 @@ def test_goals_report_every_figure_of_the_goals_beside_its_goal(goals):
         # every turn of the ceiling is reported beside it, and the figure is the best of them
         turns = goals[f"{grader}_bare_every_core_turns"]
         assert len(turns) == 3 and max(turns) == pytest.approx(figures[f"{grader}_bare_every_core"], abs=1)
+        # where the batch's time went: the server process's CPU and the workers' (from /proc), and how busy
+        # the workers were over its wall time (one grading thread each: at most all of it)
+        assert figures[f"{grader}_engine_cpu_per_sample"] > 0 and figures[f"{grader}_workers_cpu_per_sample"] > 0
+        assert 0 < figures[f"{grader}_workers_busy"] <= 1.05
     assert figures["cheap_batch_scores_items_x_bare"] > 0  # the scores view one message per sample, beside
     assert figures["cheap_batch_scores_x_bare"] == pytest.approx(
         figures["cheap_batch_scores"] / figures["cheap_bare_loop"], rel=1e-2
