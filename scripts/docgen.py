@@ -43,7 +43,8 @@ CONFIG_KEYS = {
     "coalesce_linger_seconds": "one-sample calls (unary `Evaluate`, one-sample HTTP requests) with the same "
     "graders arriving together are graded as one chunk (unless the engine grades them inline anyway: cheap "
     "graders, a small sample); while a chunk of theirs is being graded, a call waits "
-    "at most this long for others (0: each call graded alone; see [Performance](performance.md#per-sample-callers))",
+    "at most this long for others (0: each call graded alone; the gRPC faces wait at least 10 ms: see "
+    "[Performance](performance.md#how-long-a-call-waits))",
 }
 
 #: What each setting of `cache:` and `quarantine:` means. A setting missing here fails generation.
