@@ -38,6 +38,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from grpcgrade.core.admission import PENDING_CALLS
 from grpcgrade.core.config import ServerConfig
 from grpcgrade.core.engine import CHEAP_CHUNK
 from grpcgrade.core.errors import ConfigError
@@ -228,6 +229,9 @@ class NativeFace:
         self.samples += int(message.get("samples", 0))
         if self.metrics is None:
             return
+        refused = int(message.get("refused", 0))  # past its in-flight bound, as the server's own are counted
+        if refused:
+            self.metrics.calls_refused.labels(PENDING_CALLS).inc(refused)
         for name, labels, amount in message.get("count", ()):
             if name in ("started", "received", "sent", "handled"):
                 getattr(self.metrics, name).labels(*labels).inc(amount)
