@@ -250,6 +250,30 @@ def test_a_killed_go_face_is_started_again_and_answers(face_server):
 
 
 @needs_go
+def test_a_face_whose_restart_fails_is_started_again(face_server, tmp_path, monkeypatch):
+    """A face that dies is started again; one whose new start fails too (it exits before saying ready) is
+    started again after the next pause, until one starts: the port is never left without a face. Before,
+    a failed restart ended the tries. The program is a script that runs the Go face, or exits 1 while the
+    file `fail` exists."""
+    fail = tmp_path / "fail"
+    program = tmp_path / "face"
+    program.write_text(f'#!/bin/sh\n[ -e {fail} ] && exit 1\nexec {binary()} "$@"\n')
+    program.chmod(0o755)
+    monkeypatch.setenv(BINARY_ENV, str(program))
+    srv = face_server(CONFIG, token=TOKEN, more=NATIVE)
+    [victim] = native_pids(srv.proc.pid)
+    fail.touch()
+    os.kill(victim, signal.SIGKILL)
+    eventually(lambda: srv.log().count("the native gRPC face (pid ") >= 3, "two failed starts after the kill")
+    fail.unlink()
+    eventually(lambda: len(native_pids(srv.proc.pid)) == 1, "a face started again")
+    request = pb.EvaluateRequest(reward="valid_json", sample=pb.Sample(response="[1]"))
+    with grpc.insecure_channel(srv.target) as channel:
+        assert stub(channel).Evaluate(request, metadata=AUTH, timeout=60).reward == 1.0
+    assert "exited with 1; starting another" in srv.log()
+
+
+@needs_go
 def test_on_sigterm_the_face_drains_its_calls_and_ends_with_the_server(face_server):
     """SIGTERM to the server: a call in flight through the Go face is answered, the server exits 0, and
     the face is gone with it."""

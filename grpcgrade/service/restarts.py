@@ -1,7 +1,7 @@
 """How a face is supervised: the Python face processes (`faces`) and the native gRPC face (`native_face`)
-keep the same rule. A face has `START_SECONDS` to say it is ready; a start that fails fails the server's;
-a face that dies while serving is logged and started again after a pause, short after a face that ran a
-while, doubling while they keep dying fast."""
+keep the same rule. A face has `START_SECONDS` to say it is ready; a first start that fails fails the
+server's; a face that dies while serving, or whose new start fails, is logged and started again after a
+pause, short after a face that ran a while, doubling while they keep dying fast."""
 
 from __future__ import annotations
 
@@ -58,11 +58,13 @@ class Restarts:
         start: Callable[[], asyncio.Future[int]] | None,
     ) -> None:  # fmt: skip
         """The face `what` (process `pid`) in this slot ended with `code`: a start not yet ready fails
-        with it (`ready`); a face that was serving is logged and started again (`start`: spawns it and
-        gives its ready future; None: the server is stopping) after the pause, unless `cancel` comes first."""
+        with it (`ready`), which fails the server's start when it was the first; a face that was serving,
+        or that was started again and failed, is logged and started again (`start`: spawns it and gives its
+        ready future; None: the server is stopping) after the pause, unless `cancel` comes first."""
         if ready is not None and not ready.done():
             ready.set_exception(ConfigError(f"{what} exited ({code})"))
-            return
+            if self.count == 0:
+                return
         if start is None:
             return
         pause = self.pause()
