@@ -24,8 +24,9 @@ import (
 const batchEvaluate = "/grpcgrade.v1.GradingService/BatchEvaluate"
 
 // answer is one call's outcome: its EvaluateResponse, or the engine's status (with its trailers), or
-// `relay`: the engine refused the chunk for a reason of a request's own (a bad plan, a bad sample), and
-// the call goes to the engine alone, which names what is wrong with it.
+// `relay`: the engine refused the chunk for a reason of a request's own (a bad plan, a bad sample), or its
+// answer as a batch item lost details the call's own answer keeps, and the call goes to the engine alone,
+// which answers it as its own port does.
 type answer struct {
 	response []byte
 	err      error
@@ -186,6 +187,13 @@ func (c *coalescer) run(ctx context.Context, cancel context.CancelFunc, p *plan,
 		}
 		answered[it.index] = true
 		count++
+		if size := leftOutSize(it.result); size >= 0 && size <= int64(c.maxBytes) {
+			// The engine left out this answer's details to fit it in a batch item, a few bytes more than
+			// the answer; the answer alone fits the call's message, and the engine's own Evaluate sends it
+			// whole: the call goes there (graded again, alone), so the face answers as the engine's port.
+			batch[it.index].done <- answer{relay: true}
+			return nil
+		}
 		batch[it.index].done <- answer{response: it.result}
 		return nil
 	})
