@@ -34,8 +34,7 @@ import grpc
 from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha import reflection_pb2
 
-from grpcgrade.core.coalesce import FACE_LINGER_SECONDS as FACE_LINGER_SECONDS  # the Go face's too
-from grpcgrade.core.coalesce import ServerCoalescer
+from grpcgrade.core.coalesce import FACE_LINGER_SECONDS, ServerCoalescer
 from grpcgrade.core.engine import Chunk, ChunkResult, Engine, Job
 from grpcgrade.core.samples import Limits
 from grpcgrade.v1 import admin_pb2

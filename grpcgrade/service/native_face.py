@@ -9,7 +9,7 @@ bare grpc.aio processes doing nothing. grpc-go's server answered the same crowd 
 
 The Go face does what the Python gRPC face processes do (`grpc_face`), on the same contract: unary
 Evaluate calls of the same plan gathered into BatchEvaluate calls to the engine's process on its private
-socket (the same linger rule, `grpc_face.FACE_LINGER_SECONDS`), every other method relayed as bytes with its
+socket (the same linger rule, `core.coalesce.FACE_LINGER_SECONDS`), every other method relayed as bytes with its
 deadline, metadata and cancellation, the same token check, and its counts sent here. What differs: it does
 not resolve plans (it has no registry): it splits each EvaluateRequest by field number, groups calls by the
 plan's bytes, and a call it cannot split or whose chunk the engine refused for what a request holds goes to
@@ -39,11 +39,12 @@ from pathlib import Path
 from typing import Any
 
 from grpcgrade.core.admission import PENDING_CALLS
+from grpcgrade.core.coalesce import FACE_LINGER_SECONDS
 from grpcgrade.core.config import ServerConfig
 from grpcgrade.core.engine import CHEAP_CHUNK
 from grpcgrade.core.errors import ConfigError
 
-from .grpc_face import FACE_LINGER_SECONDS, relayed_methods
+from .grpc_face import relayed_methods
 from .metrics import Metrics
 from .options import ServeOptions
 from .restarts import Restarts, started

@@ -1,7 +1,7 @@
 package main
 
 // Unary Evaluate calls gathered by plan into BatchEvaluate calls to the engine's process, with the Python
-// gRPC face's rule (grpcgrade.core.coalesce.ServerCoalescer, grpc_face.FACE_LINGER_SECONDS): a call whose
+// gRPC face's rule (grpcgrade.core.coalesce: ServerCoalescer, FACE_LINGER_SECONDS): a call whose
 // plan has no chunk being graded leaves at once (with whoever arrived meanwhile); while one is, calls of
 // that plan gather for up to `linger`; a full chunk (maxChunk samples, or half the message limit in bytes)
 // leaves at once. A call gone before its chunk leaves is left out; once every call of a chunk being graded
