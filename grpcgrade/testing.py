@@ -279,6 +279,11 @@ class ServerProcess:
         """The sum of the samples of `name` whose labels include `labels` (0 when there is none)."""
         return sum(v for (n, tags), v in self.metrics().items() if n == name and labels.items() <= dict(tags).items())
 
+    def batch_calls(self) -> float:
+        """The batch calls the server has started: BatchEvaluate's and BatchEvaluateUnary's."""
+        methods = ("BatchEvaluate", "BatchEvaluateUnary")
+        return sum(self.metric("grpc_server_started_total", grpc_method=method) for method in methods)
+
     def client(self, **kwargs: object) -> GradingClient:
         return GradingClient(self.target, **kwargs)
 

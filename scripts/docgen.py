@@ -43,7 +43,8 @@ CONFIG_KEYS = {
     "coalesce_linger_seconds": "one-sample calls (unary `Evaluate`, one-sample HTTP requests) with the same "
     "graders arriving together are graded as one chunk (unless the engine grades them inline anyway: cheap "
     "graders, a small sample); while a chunk of theirs is being graded, a call waits "
-    "at most this long for others (0: each call graded alone; see [Performance](performance.md#per-sample-callers))",
+    "at most this long for others (0: each call graded alone; the gRPC faces wait at least 10 ms: see "
+    "[Performance](performance.md#how-long-a-call-waits))",
 }
 
 #: What each setting of `cache:` and `quarantine:` means. A setting missing here fails generation.
@@ -122,7 +123,8 @@ LIMIT_DOCS = {
     "refused as above (one that finds nothing queued is admitted whatever its size)",
     "max_memory_bytes": "the server process's resident memory past which calls are refused as above; 0: no such limit",
     "max_pending_calls": "calls gRPC's core holds before the server takes them up (it cancels calls past its own "
-    "limit: 1,000 to 3,000 by default, the CANCELLED calls of a crowd)",
+    "limit: 1,000 to 3,000 by default, the CANCELLED calls of a crowd); with the native gRPC face, the calls in "
+    'flight on it, past which it refuses as above (`limit="max_pending_calls"` in the refusals\' metric)',
     "retry_after_seconds": "the retry hint of a refusal: gRPC's `grpc-retry-pushback-ms` trailer, HTTP's "
     "`Retry-After` (whole seconds, at least 1); the Python client waits about this long, longer as refusals repeat",
 }

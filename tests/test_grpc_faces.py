@@ -230,7 +230,8 @@ def test_a_killed_grpc_face_is_started_again_and_answers(face_server):
 
 def relayed_answers(channel: grpc.Channel) -> dict[str, object]:
     """What a face relays as it came, asked through `channel`: BatchEvaluate in the full and columns views,
-    ListGraders, the admin service and reflection; compared between a face and the engine's own port."""
+    BatchEvaluateUnary, ListGraders, the admin service and reflection; compared between a face and the
+    engine's own port."""
     grading = stub(channel)
     got: dict[str, object] = {}
     batch = pb.BatchEvaluateRequest(reward="valid_json", samples=[sample_to_pb(s) for s in SAMPLES * 50])
@@ -238,6 +239,8 @@ def relayed_answers(channel: grpc.Channel) -> dict[str, object]:
     batch.view = pb.RESULT_VIEW_COLUMNS
     batch.chunk_size = 16
     got["batch-columns"] = _columns(list(grading.BatchEvaluate(batch, metadata=AUTH, timeout=60)))
+    unary = grading.BatchEvaluateUnary(pb.BatchEvaluateUnaryRequest(batch=batch), metadata=AUTH, timeout=60)
+    got["batch-unary"] = _columns([unary.answer])
     got["graders"] = grading.ListGraders(pb.ListGradersRequest(), metadata=AUTH, timeout=60)
     admin = admin_pb2_grpc.AdminServiceStub(channel)  # type: ignore[no-untyped-call]
     got["quarantine"] = admin.ListQuarantine(admin_pb2.ListQuarantineRequest(), metadata=AUTH, timeout=60)

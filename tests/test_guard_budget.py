@@ -12,14 +12,19 @@ were (tests/budgets.py), each try asserted alike.
 
 from __future__ import annotations
 
+import asyncio
 import math
+import time
 from collections.abc import Callable, Iterable
 from typing import TypeVar
 
 import grpc
 import pytest
+import uvloop
 from budgets import BUDGET, doubling
 
+from grpcgrade import FunctionGrader, GraderError
+from grpcgrade.core.grading import grade_async
 from grpcgrade.core.guard import MAX_BUDGET_SECONDS, failure_limit
 from grpcgrade.service.convert import sample_to_pb, specs_to_pb
 from grpcgrade.testing import start_server
@@ -275,3 +280,25 @@ def test_the_ratio_is_read_as_written():
     assert failure_limit(0.0, 512) == 0
     assert failure_limit(1.0, 512) == 512
     assert failure_limit(None, 512) is None
+
+
+async def _sleeps_an_hour(response: str) -> float:
+    await asyncio.sleep(3600)
+    return 1.0
+
+
+def test_an_async_grader_cut_by_the_budget_is_budget_exceeded_on_uvloops_loop_too():
+    """Which bound ended an async grader's wait, its own time limit or the call's budget, is decided when the
+    wait starts (`grading._within`): uvloop's timers fire up to a millisecond before `time.monotonic()`
+    reaches their time (its clock is read once per turn of the loop, in whole milliseconds), and a sample the
+    budget cut, told apart by reading the clock after the wait, read as TIMEOUT. A host may run the graders
+    on uvloop's loop."""
+    grader = FunctionGrader.wrap(_sleeps_an_hour)()
+
+    async def graded() -> list[str]:
+        time.sleep(0.02)  # the loop busy (inline grading, say): its cached clock falls behind, and timers early
+        deadline = time.monotonic() + 0.05
+        results = await grade_async(grader, [{"response": str(i)} for i in range(20)], 30.0, deadline)
+        return [r.code for r in results if isinstance(r, GraderError)]
+
+    assert uvloop.run(graded()) == ["BUDGET_EXCEEDED"] * 20

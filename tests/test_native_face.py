@@ -3,7 +3,9 @@ the public gRPC port; a crowd of unary calls over two plans is coalesced into Ba
 engine and every call gets its own sample's answer; every other method is relayed to the engine as it is
 (the same answers as the engine's own port, errors included); a SIGKILLed face is replaced; a bad token is
 refused at the face; an engine that is away is UNAVAILABLE, never a score; deadlines and cancellation
-reach the engine's workers; past `limits.max_pending_calls` a call is refused at once with the retry hint.
+reach the engine's workers; past `limits.max_pending_calls` a call is refused at once with the retry hint,
+and counted as refused on the server's /metrics; an answer made to fit the message limit, and a call too
+large to share a chunk, are answered as the engine's own port answers them.
 Expected scores come from `json.loads` (`expected.json_score`) and from a server without a gRPC face
 answering the same requests.
 
@@ -41,6 +43,7 @@ from test_grpc_faces import (
 )
 from test_security import pki  # noqa: F401  # the module's certificates (a fixture)
 
+from grpcgrade.core.admission import PENDING_CALLS
 from grpcgrade.core.config import parse_config
 from grpcgrade.core.errors import ConfigError
 from grpcgrade.service.native_face import BINARY, BINARY_ENV, binary
@@ -247,6 +250,30 @@ def test_a_killed_go_face_is_started_again_and_answers(face_server):
 
 
 @needs_go
+def test_a_face_whose_restart_fails_is_started_again(face_server, tmp_path, monkeypatch):
+    """A face that dies is started again; one whose new start fails too (it exits before saying ready) is
+    started again after the next pause, until one starts: the port is never left without a face. Before,
+    a failed restart ended the tries. The program is a script that runs the Go face, or exits 1 while the
+    file `fail` exists."""
+    fail = tmp_path / "fail"
+    program = tmp_path / "face"
+    program.write_text(f'#!/bin/sh\n[ -e {fail} ] && exit 1\nexec {binary()} "$@"\n')
+    program.chmod(0o755)
+    monkeypatch.setenv(BINARY_ENV, str(program))
+    srv = face_server(CONFIG, token=TOKEN, more=NATIVE)
+    [victim] = native_pids(srv.proc.pid)
+    fail.touch()
+    os.kill(victim, signal.SIGKILL)
+    eventually(lambda: srv.log().count("the native gRPC face (pid ") >= 3, "two failed starts after the kill")
+    fail.unlink()
+    eventually(lambda: len(native_pids(srv.proc.pid)) == 1, "a face started again")
+    request = pb.EvaluateRequest(reward="valid_json", sample=pb.Sample(response="[1]"))
+    with grpc.insecure_channel(srv.target) as channel:
+        assert stub(channel).Evaluate(request, metadata=AUTH, timeout=60).reward == 1.0
+    assert "exited with 1; starting another" in srv.log()
+
+
+@needs_go
 def test_on_sigterm_the_face_drains_its_calls_and_ends_with_the_server(face_server):
     """SIGTERM to the server: a call in flight through the Go face is answered, the server exits 0, and
     the face is gone with it."""
@@ -379,6 +406,140 @@ def test_calls_past_the_bound_are_refused_at_once_with_the_retry_hint(tmp_path):
     for details, trailers in refused:
         assert details.startswith("server busy:") and "limits.max_pending_calls" in details
         assert (PUSHBACK_KEY, "250") in trailers
+
+
+BOUND = 3
+PENDING = f"""
+default_reward: napping
+limits: {{max_pending_calls: {BOUND}, retry_after_seconds: 0.25}}
+cache: {{enabled: false}}
+rewards:
+  napping: [{{name: napper}}]
+"""
+
+
+@needs_go
+def test_the_faces_refusals_past_its_bound_are_counted_as_refused(face_server):
+    """A crowd past `limits.max_pending_calls` at a real server's Go face: the calls within the bound are
+    held (napper never answers "hang"), the rest are refused at once, and the server's /metrics counts
+    every refusal the callers saw in `grpcgrade_calls_refused_total{limit="max_pending_calls"}`, as the
+    engine's own refusals are counted (before, they showed only in grpc_server_handled_total)."""
+    srv = face_server(PENDING, token=TOKEN, more=NATIVE)
+
+    def refused() -> float:
+        return srv.metric("grpcgrade_calls_refused_total", limit=PENDING_CALLS)
+
+    def exhausted() -> float:
+        return srv.metric("grpc_server_handled_total", grpc_method="Evaluate", grpc_code="RESOURCE_EXHAUSTED")
+
+    before, exhausted_before = refused(), exhausted()
+    request = pb.EvaluateRequest(reward="napping", sample=pb.Sample(response="hang"))
+    with grpc.insecure_channel(srv.target) as channel:
+        evaluate = stub(channel).Evaluate
+        calls = [evaluate.future(request, metadata=AUTH, timeout=300) for _ in range(40)]
+        eventually(lambda: sum(call.done() for call in calls) >= len(calls) - BOUND, "the calls past the bound ended")
+        ended = [call for call in calls if call.done()]
+        seen = Counter(call.code() for call in ended)
+        assert seen == {grpc.StatusCode.RESOURCE_EXHAUSTED: len(calls) - BOUND}
+        assert all((PUSHBACK_KEY, "250") in call.trailing_metadata() for call in ended)
+        eventually(lambda: refused() - before == len(ended), "the face's refusals in grpcgrade_calls_refused_total")
+        assert exhausted() - exhausted_before == len(ended)
+        assert srv.metric("grpcgrade_admission_limit", limit=PENDING_CALLS) == BOUND
+        for call in calls:
+            call.cancel()
+    assert refused() - before == len(ended)  # the held calls, cancelled, are not refusals
+
+
+LIMIT = 100_000
+LIMITED = f"""
+cache: {{enabled: false}}
+coalesce_linger_seconds: 0.1
+limits: {{max_message_bytes: {LIMIT}}}
+"""
+
+
+@pytest.fixture(scope="module")
+def limited(face_server) -> dict[str, ServerProcess]:
+    """A server with a 100,000-byte message limit through the Go face, and the same served by the engine's
+    own port. The longest linger (0.1 s) gathers the calls that arrive while a chunk of their plan is graded."""
+    return {
+        "native": face_server(LIMITED, workers=1, more=NATIVE),
+        "direct": face_server(LIMITED, workers=1),
+    }
+
+
+def _concurrently(srv: ServerProcess, requests: list[pb.EvaluateRequest], held: pb.EvaluateRequest | None = None):  # type: ignore[no-untyped-def]
+    """Each request's answer (or status and details), the calls made at once; with `held` first: a call
+    that never ends (cancelled at the end) keeps a chunk of its plan being graded, so the others gather."""
+    with grpc.insecure_channel(srv.target) as channel:
+        evaluate = stub(channel).Evaluate
+        hold = None
+        if held is not None:
+            hold = evaluate.future(held, timeout=300)
+            eventually(lambda: srv.metric("grpcgrade_calls_admitted") == 1, "the held call at the engine")
+        calls = [evaluate.future(r, timeout=120) for r in requests]
+        out = [_outcome(call.result) for call in calls]
+        if hold is not None:
+            hold.cancel()
+    return out
+
+
+@needs_go
+def test_an_answer_made_to_fit_the_limit_is_the_engines_own(limited):
+    """Answers around the message limit (misbehave's "long:N": a reason of N characters), in the workers
+    and inline, several calls at once (coalesced): through the Go face they are what the engine's own port
+    answers. An answer just under the limit is sent whole by the engine's Evaluate; as an item of the face's
+    BatchEvaluate, a few bytes larger, the engine left its details out: the face sends such a call to the
+    engine's Evaluate. Answers over the limit keep their scores without reasons and metadata."""
+    direct = limited["direct"]
+
+    def request(n: int, i: int, heavy: bool) -> pb.EvaluateRequest:
+        spec = pb.GraderSpec(name="misbehave")
+        spec.params.update({"heavy": heavy})
+        return pb.EvaluateRequest(graders=[spec], sample=pb.Sample(id=f"s{i}", response=f"long:{n}"))
+
+    # The answer's size for a reason of N characters, read from the engine's own answer: N plus the rest.
+    probe = 50_000
+    [rest] = [a.ByteSize() - probe for a in _concurrently(direct, [request(probe, 0, False)])]  # type: ignore[attr-defined]
+    sizes = {"under": LIMIT - 1000, "just-under": LIMIT - 2, "at": LIMIT, "over": LIMIT + 1, "far-over": 2 * LIMIT}
+    for heavy in (True, False):
+        requests = [request(size - rest, i, heavy) for i, size in enumerate(sizes.values())] * 2
+        answers = {name: _concurrently(srv, requests) for name, srv in limited.items()}
+        assert answers["native"] == answers["direct"], heavy
+        whole = dict(zip(sizes, answers["direct"], strict=False))
+        for name in ("under", "just-under", "at"):
+            assert whole[name].ByteSize() == sizes[name]  # type: ignore[attr-defined]
+            assert whole[name].results[0].reason == "long:" + "r" * (sizes[name] - rest)  # type: ignore[attr-defined]
+        for name in ("over", "far-over"):
+            result = whole[name].results[0]  # type: ignore[attr-defined]
+            assert result.score == 1.0 and result.reason.startswith("reason and metadata left out")
+
+
+@needs_go
+def test_a_call_too_large_to_share_a_chunk_is_answered_as_the_engine_does(limited):
+    """The pass-through: a call whose sample and plan take half the message limit or more goes to the engine
+    as it came. Samples of 60-99% of the limit; and a plan of 60% of it (count_word's `word`) with samples
+    of 20% each, sent while a call of that plan is held (napper's "hang"), so they gather: in one chunk
+    (two samples and the plan are over the limit) the engine could not take them, and the callers got
+    RESOURCE_EXHAUSTED where the engine's own port answers each."""
+    big = [
+        pb.EvaluateRequest(graders=[pb.GraderSpec(name="json_validator")], sample=pb.Sample(id=f"b{i}", response=text))
+        for i, text in enumerate([json.dumps("x" * int(LIMIT * 0.6)), "{" * int(LIMIT * 0.99) + "}"])
+    ]
+    word = pb.GraderSpec(name="count_word")
+    word.params.update({"word": "w" * int(LIMIT * 0.6)})
+    plan = [pb.GraderSpec(name="json_validator"), word, pb.GraderSpec(name="napper")]
+    texts = [json.dumps({"n": i, "pad": "p" * int(LIMIT * 0.2)}) for i in range(6)]
+    gathered = [pb.EvaluateRequest(graders=plan, sample=pb.Sample(id=f"g{i}", response=t)) for i, t in enumerate(texts)]
+    held = pb.EvaluateRequest(graders=plan, sample=pb.Sample(response="hang"))
+    answers = {}
+    for name, srv in limited.items():
+        answers[name] = _concurrently(srv, big) + _concurrently(srv, gathered, held)
+    assert answers["native"] == answers["direct"]
+    for answer, request in zip(answers["native"], big + gathered, strict=True):
+        assert isinstance(answer, pb.EvaluateResponse), answer
+        assert answer.id == request.sample.id
+        assert answer.results[0].score == json_score(request.sample.response)
 
 
 def test_a_missing_program_fails_the_start_naming_make_native_face(tmp_path):

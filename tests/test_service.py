@@ -42,7 +42,7 @@ def test_reflection_describes_the_service(server):
         assert "grpc.health.v1.Health" in services
         desc = db.FindFileContainingSymbol("grpcgrade.v1.GradingService")
         methods = [m.name for m in desc.service[0].method]
-    assert methods == ["Evaluate", "BatchEvaluate", "ListGraders"]
+    assert methods == ["Evaluate", "BatchEvaluate", "BatchEvaluateUnary", "ListGraders"]
 
 
 def test_list_graders_names_plugins_versions_and_params(client):

@@ -201,10 +201,10 @@ def test_several_reward_functions_from_one_server_call_add_up_to_the_reward(serv
     each returned its raw score, and TRL's sum (4 and 2.2 here) added the gate in, where it multiplies."""
     funcs = reward_functions(server.target, reward="gsm8k")
     assert [f.__name__ for f in funcs] == ["grpcgrade_math_exact", "grpcgrade_number_only", "grpcgrade_think_format"]
-    before = server.metric("grpc_server_started_total", grpc_method="BatchEvaluate")
+    before = server.batch_calls()
     inputs = [{"prompt": "q", "answer": "#### 72"}] * 2
     rows = trl_rewards(funcs, inputs, ["q", "q"], list(GSM8K), [[1], [1] * 300])
-    assert server.metric("grpc_server_started_total", grpc_method="BatchEvaluate") == before + 1
+    assert server.batch_calls() == before + 1
     assert rows[0] == pytest.approx([0.5, 0.25, 0.25]) and rows[1] == pytest.approx([0.0, 0.05, 0.05])
     whole = trl_rewards(
         [reward_function(server.target, reward="gsm8k")], inputs, ["q", "q"], list(GSM8K), [[1], [1] * 300]

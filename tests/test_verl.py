@@ -59,10 +59,6 @@ def reward_loop(fn, items):
     return [r["score"] for r in results], extra
 
 
-def batch_calls(server) -> float:
-    return server.metric("grpc_server_started_total", grpc_method="BatchEvaluate")
-
-
 def test_reward_loop_calls_are_coalesced_into_batch_calls(server):
     # A linger long enough that the whole step's calls arrive within it, however busy the machine: the
     # batches are then cut by max_batch alone (256 + 256 + 88).
@@ -71,9 +67,9 @@ def test_reward_loop_calls_are_coalesced_into_batch_calls(server):
         ("gsm8k", f"<think>\nr\n</think>\n{72 if i % 2 else 71}", "#### 72", {"index": i, "completion_tokens": 10})
         for i in range(600)
     ]
-    before = batch_calls(server)
+    before = server.batch_calls()
     rewards, extra = reward_loop(fn, items)
-    calls = batch_calls(server) - before
+    calls = server.batch_calls() - before
     assert calls == 3  # 600 samples, at most 256 per batch; never one call per sample
     assert rewards == [pytest.approx(1.0 if i % 2 else 0.5) for i in range(600)]
     assert extra["grpcgrade/failed"] == [0.0] * 600
@@ -108,11 +104,11 @@ def test_a_failed_sample_is_flagged_not_a_silent_zero(server):
 
 def test_sync_form_from_many_threads_is_coalesced_too(server):
     fn = verl_wrap(compute_score_sync, {"target": server.target, "reward": "flaky", "linger": 0.05})
-    before = batch_calls(server)
+    before = server.batch_calls()
     with ThreadPoolExecutor(16) as pool:
         results = list(pool.map(lambda i: fn("d", "OK" if i % 2 else "ok", "ok", {"index": i}), range(64)))
     assert [r["score"] for r in results] == [1.0 if i % 2 else 0.5 for i in range(64)]
-    assert batch_calls(server) - before < 64 / 4
+    assert server.batch_calls() - before < 64 / 4
 
 
 def test_configuration_errors_are_raised(server):

@@ -29,8 +29,11 @@ from .samples import Limits
 
 #: How stale the resident-memory figure may be: reading /proc on every call would cost more than the call.
 MEMORY_READ_SECONDS = 0.1
+#: The native gRPC face's bound (`limits.max_pending_calls` calls in flight on it): the face refuses past it
+#: before this process sees the call, and sends how many it refused (`service.native_face`).
+PENDING_CALLS = "max_pending_calls"
 #: The limits a call can be refused for, as the metrics label them.
-LIMITS = ("max_concurrent_calls", "max_queued_samples", "max_memory_bytes")
+LIMITS = ("max_concurrent_calls", "max_queued_samples", "max_memory_bytes", PENDING_CALLS)
 
 
 def resident_bytes() -> int:

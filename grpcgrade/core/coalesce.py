@@ -36,8 +36,25 @@ from .context import CALLER, DEFAULT_CALLER
 from .engine import CHEAP_CHUNK, Chunk, ChunkResult, Job
 from .errors import SampleProblem
 
-#: How long a call waits for others of its plan while one of its chunks is being graded (seconds).
+#: How long a call waits for others of its plan while one of its chunks is being graded (seconds): the
+#: engine's own coalescer's, and the HTTP faces' (`coalesce_linger_seconds`' default). The HTTP faces keep
+#: it though each of their chunks is a call to the engine's process, as a gRPC face's is: measured with
+#: 4,000 callers their chunks already held 230-770 samples at 2 ms (a face's loop, busy with the crowd's
+#: requests, turns slower than the linger), and 10 ms gained the crowd nothing beyond noise (7,020/7,667
+#: against 6,838/7,142 calls/s, 141-150 against 155-159 us of server CPU a call) while it cost 16 callers
+#: 21-44% of their calls/s (2,499-3,323 against 4,206-4,476; p99 13-18 against 5-7 ms), also with a face
+#: process per core (2026-11-26, load 3-6, `json_validator`; docs/performance.md, "How long a call waits").
 DEFAULT_LINGER_SECONDS = 0.002
+#: The least the gRPC faces wait: the Python face processes (`service.grpc_face`) and the Go face, given it
+#: as its `--linger` (`service.native_face`). Measured on the Python faces with 4,000 callers: at 2 ms a
+#: crowd's chunks held 5 samples, each a BatchEvaluate across processes; at 10 ms 27-36, and the crowd got
+#: 4,100/5,367 against 2,661/3,062 calls/s at 352/306 against 585/575 us of server CPU a call (two face
+#: processes, load 6-8). The price is a small crowd's: 16 callers got 1,047/1,131 against 1,935/2,669
+#: calls/s. Sending the waiting calls as soon as their plan's chunk came back (rather than at the linger)
+#: won those back (1,973-2,348/s) but shrank the crowd's chunks to 8 and cost it a quarter more CPU a call
+#: (422-450 us): a crowd is what the faces are for. A lone call never waits: with nothing of its plan in
+#: flight it leaves on the next turn of the loop.
+FACE_LINGER_SECONDS = 0.01
 #: The longest linger a configuration may set: a wait every call of a busy server may pay.
 MAX_LINGER_SECONDS = 0.1
 

@@ -535,12 +535,19 @@ def grade_sync(
     return out
 
 
-def _within(timeout: float | None, deadline: float | None) -> float | None:
-    """The time a sample may still take: its own limit, or less when the call's deadline comes first."""
+def _within(timeout: float | None, deadline: float | None) -> tuple[float | None, bool]:
+    """The time a sample may still take: its own limit, or less when the call's deadline comes first; and
+    whether the deadline is the bound (so a wait that ends at it is the budget's doing, not the grader's).
+
+    Which bound ended a wait is decided here, when it starts, never by reading the clock after it: an
+    event loop's timer may fire a little before `time.monotonic()` reaches its time (uvloop's clock counts
+    whole milliseconds), and a sample cut by the budget would read as a grader past its time limit."""
     if deadline is None:
-        return timeout
+        return timeout, False
     left = deadline - time.monotonic()
-    return left if timeout is None else min(timeout, left)
+    if timeout is None or left <= timeout:
+        return left, True
+    return timeout, False
 
 
 async def grade_async(
@@ -554,17 +561,16 @@ async def grade_async(
         SAMPLE_TIME_LIMIT.set(timeout)  # in this task's context, which each sample's task copies
         timeout = None
 
-    def timed_out() -> GraderError:
-        if deadline is not None and time.monotonic() >= deadline:
-            return budget_error(grader.name)
-        return error_from(grader, GraderTimeout(), timeout)
+    def timed_out(by_deadline: bool) -> GraderError:
+        return budget_error(grader.name) if by_deadline else error_from(grader, GraderTimeout(), timeout)
 
     async def one(kwargs: dict[str, Any]) -> GraderResult:
+        limit, by_deadline = _within(timeout, deadline)
         try:
-            result = await asyncio.wait_for(grader.aevaluate(**kwargs), _within(timeout, deadline))
+            result = await asyncio.wait_for(grader.aevaluate(**kwargs), limit)
             return check_result(grader, result, kwargs)
         except TimeoutError:
-            return timed_out()
+            return timed_out(by_deadline)
         except NOT_A_RESULT:
             raise
         except BaseException as exc:  # noqa: BLE001 - as in `grade_sync`
@@ -572,10 +578,11 @@ async def grade_async(
 
     batch_method = getattr(grader, "aevaluate_batch", None)
     if batch_method is not None:
+        limit, by_deadline = _within(timeout, deadline)
         try:
-            results = await asyncio.wait_for(batch_method(batch), _within(timeout, deadline))
+            results = await asyncio.wait_for(batch_method(batch), limit)
         except TimeoutError:
-            return [timed_out() for _ in batch]
+            return [timed_out(by_deadline) for _ in batch]
         except NOT_A_RESULT:
             raise
         except BaseException as exc:  # noqa: BLE001 - as in `grade_sync`

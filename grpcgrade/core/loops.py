@@ -5,6 +5,14 @@ loop, and not at all once that loop is closed; one dropped open keeps its connec
 collector comes. `closed_with_its_loop` closes it as its loop ends, through the one hook asyncio runs then:
 `asyncio.run` shuts down the loop's async generators before it closes the loop. A loop stopped without that
 shutdown (`loop.stop()` alone) runs no hook; its clients end with the process.
+
+Nothing else can close them (looked at for TRL, which stops its daemon loop so, at exit): asyncio has no
+hook on `stop()` or `close()`, and a finalizer for when the loop is collected would never run, because
+grpc.aio's completion queue keeps every loop it served in a dict of its own for the process's life
+(`PollerCompletionQueue.bind_loop`, grpcio 1.85), so such a loop is never collected. Closing a client from
+another thread while its loop is stopped would race its owner, who may run that loop again (a loop run
+with `run_until_complete` per batch is stopped between batches). At TRL's exit nothing is left to close:
+the process ends with no warning (`python -X dev`) and its connections with it.
 """
 
 from __future__ import annotations

@@ -5,14 +5,12 @@ The CLI's `grpcgrade graders` prints the same message, so both views always agre
 
 from __future__ import annotations
 
-from dataclasses import asdict
-
 from grpcgrade.core.registry import Registry
 from grpcgrade.core.rewards import Reward
 from grpcgrade.grader import GraderMode
 from grpcgrade.v1 import grading_pb2 as pb
 
-from .convert import spec_to_pb
+from .convert import spec_from_data
 from .structs import py_to_value
 
 _MODES = {GraderMode.POINTWISE: pb.GRADER_MODE_POINTWISE, GraderMode.LISTWISE: pb.GRADER_MODE_LISTWISE}
@@ -44,5 +42,5 @@ def list_graders(registry: Registry, rewards: dict[str, Reward]) -> pb.ListGrade
         )
     for name, reward in sorted(rewards.items()):
         reward_info = out.rewards.add(name=name, description=reward.description)
-        reward_info.graders.extend(spec_to_pb(asdict(s)) for s in reward.specs)
+        reward_info.graders.extend(spec_from_data(s) for s in reward.specs)
     return out

@@ -381,15 +381,26 @@ def spec_to_pb(spec: str | Mapping[str, Any] | pb.GraderSpec) -> pb.GraderSpec:
         return spec
     if isinstance(spec, str):
         return pb.GraderSpec(name=spec)
-    out = pb.GraderSpec(name=spec["name"], key=spec.get("key", ""), gate=bool(spec.get("gate", False)))
     params = spec.get("params")
     if params is not None and not isinstance(params, Mapping):
         hint = " (parse the JSON text first: json.loads)" if isinstance(params, (str, bytes)) else ""
         raise TypeError(f"grader {spec['name']!r}: params must be a mapping, not {type(params).__name__}{hint}")
+    return _grader_spec(spec["name"], spec.get("key", ""), bool(spec.get("gate", False)), params, spec.get("weight"))
+
+
+def spec_from_data(spec: SpecData) -> pb.GraderSpec:
+    """A resolved spec as the contract states it (the inverse of `spec_from_pb`): a face's plan sent to the
+    engine's process, a reward's graders in the catalog."""
+    return _grader_spec(spec.name, spec.key, spec.gate, spec.params, spec.weight)
+
+
+def _grader_spec(name: str, key: str, gate: bool, params: Mapping[str, Any] | None, weight: Any) -> pb.GraderSpec:
+    """The one GraderSpec builder: a client's spec and a resolved one differ only in what they check first."""
+    out = pb.GraderSpec(name=name, key=key, gate=gate)
     if params:
         out.params.update(params)
-    if spec.get("weight") is not None:
-        out.weight = float(spec["weight"])
+    if weight is not None:
+        out.weight = float(weight)
     return out
 
 
@@ -404,31 +415,52 @@ def sample_to_pb(sample: Mapping[str, Any] | pb.Sample) -> pb.Sample:
 
 #: The keys a sample dict may hold that map one to one onto a Sample's string fields.
 _TEXT_KEYS = frozenset(SAMPLE_FIELDS) - {"responses"}
-#: The keys that are a Sample's own fields (every other key of a sample dict goes into `extra`).
+#: A sample dict's keys written as the Sample's string fields, and the keys that are its own fields (every
+#: other key of a sample dict goes into `extra`, and so does the dict its own `extra` key holds).
+_DICT_TEXTS = tuple(k for k in SAMPLE_FIELDS if k != "responses")
 _MESSAGE_KEYS = frozenset((*SAMPLE_FIELDS, *AGENT_FIELDS, "extra"))
+#: The same for a face's sample, the graders' keyword arguments (`sample_kwargs`, the HTTP faces'
+#: `sample_fields`): the text fields by their own names, `sample_id` kept in the face (the engine answers
+#: by position), and every other key, one named `extra` too, is an `extra` key the engine joins back.
+_KWARGS_KEYS = frozenset(("sample_id", "responses", *TEXT_FIELDS, *AGENT_FIELDS))
 
 
 def _fill_sample(out: pb.Sample, sample: Mapping[str, Any]) -> None:
     """`sample_to_pb`'s rules, into an empty message: texts as str (None: unset), `responses`, and every
     other key joined with `extra`."""
-    for k in SAMPLE_FIELDS:
-        value = sample.get(k)
-        if value is not None and k != "responses":
-            setattr(out, k, value if type(value) is str else str(value))
+    extra = sample.get("extra")
+    if extra:
+        out.extra.update(extra)  # first: a key of the sample's own beside it wins (`_write` writes those)
+    _write(out, sample, _DICT_TEXTS, _MESSAGE_KEYS)
+
+
+def write_sample(out: pb.Sample, kwargs: Mapping[str, Any]) -> None:
+    """A face's sample (the graders' keyword arguments) written into the contract's Sample `out`, which a
+    face process sends the engine's process: texts, agent inputs, and every other key in `extra` (the
+    engine joins it back, `sample_kwargs`). Written in place (`samples.add()`): a Sample made apart is
+    copied again into its request, which took three quarters of a one-sample post's encoding."""
+    _write(out, kwargs, TEXT_FIELDS, _KWARGS_KEYS)
+
+
+def _write(out: pb.Sample, sample: Mapping[str, Any], texts: Sequence[str], own: frozenset[str]) -> None:
+    """The one Sample writer: `texts` as the Sample's string fields (str; None: unset), `responses`, the
+    agent inputs (an empty list is an input too: set, not absent), and every key not in `own` in `extra`."""
+    for name in texts:
+        value = sample.get(name)
+        if value is not None:
+            setattr(out, name, value if type(value) is str else str(value))
     if sample.get("responses"):
         out.responses.extend(sample["responses"])
-    for k in AGENT_FIELDS:
-        value = sample.get(k)
+    for name in AGENT_FIELDS:
+        value = sample.get(name)
         if value is not None:
             if not isinstance(value, (list, tuple)):
-                raise TypeError(f"sample field {k!r} must be a list of JSON objects, not {type(value).__name__}")
-            given = getattr(out, k)
-            given.SetInParent()  # an empty list is an input too (an empty conversation): set, not absent
+                raise TypeError(f"sample field {name!r} must be a list of JSON objects, not {type(value).__name__}")
+            given = getattr(out, name)
+            given.SetInParent()
             given.extend(value)
-    extra = dict(sample.get("extra") or {})
-    extra.update({k: v for k, v in sample.items() if k not in _MESSAGE_KEYS})
-    if extra:
-        out.extra.update(extra)
+    if not own.issuperset(sample):  # the usual sample has no other key
+        out.extra.update({k: v for k, v in sample.items() if k not in own})
 
 
 def all_text(values: Iterable[Any]) -> bool:

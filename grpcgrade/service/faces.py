@@ -50,7 +50,7 @@ from .metrics import Metrics
 from .native_face import NativeFace
 from .options import ServeOptions
 from .ports import reserve_port
-from .restarts import START_SECONDS, Restarts
+from .restarts import Restarts, started
 
 log = logging.getLogger("grpcgrade.service.faces")
 
@@ -112,11 +112,9 @@ class FaceProcesses:
         self.grpc_processes = 0 if self.native is not None else grpc
         self.faces = [_Face(i) for i in range(max(http, self.grpc_processes))]
         self.stopping = False
-        self.restarts = 0
         #: What the faces' coalescers gathered (`metrics.watch_coalescer` counts it with the server's).
         self.chunks = 0
         self.samples = 0
-        self._tasks: set[asyncio.Task[None]] = set()
         self._context = multiprocessing.get_context("spawn")
         self._loop: asyncio.AbstractEventLoop | None = None
         #: Held while a face's pipe is read: by the event loop, and by a scrape's thread (`drain`).
@@ -132,6 +130,15 @@ class FaceProcesses:
         return " and ".join(served)
 
     @property
+    def restarts(self) -> int:
+        """Face processes started again after one died."""
+        return sum(face.restarts.count for face in self.faces)
+
+    def what(self, face: _Face) -> str:
+        """A face process as log lines and errors name it."""
+        return f"{self.kind(face)} face process {face.index}"
+
+    @property
     def pids(self) -> list[int]:
         """The face processes' PIDs now."""
         return [f.process.pid for f in self.faces if f.process is not None and f.process.pid is not None]
@@ -144,15 +151,11 @@ class FaceProcesses:
             self._spawn(face)
         for face in self.faces:
             assert face.ready is not None
-            try:
-                await asyncio.wait_for(asyncio.shield(face.ready), START_SECONDS)
-            except TimeoutError:
-                what = f"{self.kind(face)} face process {face.index}"
-                raise ConfigError(f"{what} did not start within {START_SECONDS:g} s") from None
+            await started(face.ready, self.what(face))
         if self.native is not None:
             await self.native.start()
 
-    def _spawn(self, face: _Face) -> None:
+    def _spawn(self, face: _Face) -> asyncio.Future[int]:
         levels, formatter = logs.current()
         http = self.port if face.index < self.http else None
         grpc = self.grpc_port if face.index < self.grpc_processes else None
@@ -169,6 +172,7 @@ class FaceProcesses:
         loop = asyncio.get_running_loop()
         loop.add_reader(ours.fileno(), self._read, face, ours)
         loop.add_reader(process.sentinel, self._ended, face, process)
+        return face.ready
 
     def _read(self, face: _Face, conn: Connection) -> None:
         """The event loop's reader of a face's pipe: what it sent so far."""
@@ -272,37 +276,15 @@ class FaceProcesses:
         if face.process is not process:
             return
         self._hang_up(face, loop)
-        if face.ready is not None and not face.ready.done():
-            what = f"{self.kind(face)} face process {face.index}"
-            face.ready.set_exception(ConfigError(f"{what} exited ({process.exitcode})"))
-            return
-        if self.stopping:
-            return
-        pause = face.restarts.pause()
-        log.error(
-            "%s face process %d (pid %s) exited with %s; starting another in %.1f s",
-            self.kind(face), face.index, process.pid, process.exitcode, pause,
-        )  # fmt: skip
-        task = loop.create_task(self._restart(face, pause))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _restart(self, face: _Face, pause: float) -> None:
-        await asyncio.sleep(pause)
-        if self.stopping:
-            return
-        self.restarts += 1
-        self._spawn(face)
-        assert face.ready is not None
-        with contextlib.suppress(Exception):  # a failed start ends the process: `_ended` tries again
-            await face.ready
+        again = None if self.stopping else lambda: self._spawn(face)
+        face.restarts.ended(self.what(face), process.pid, process.exitcode, face.ready, again)
 
     async def stop(self, grace: float) -> None:
         """Each face process drains (SIGTERM: no new connection, in-flight requests finish for up to
         `grace`), within `grace` and a second more; one still there then is killed."""
         self.stopping = True
-        for task in self._tasks:
-            task.cancel()
+        for face in self.faces:
+            face.restarts.cancel()
         alive = [f.process for f in self.faces if f.process is not None and f.process.exitcode is None]
         for process in alive:
             with contextlib.suppress(ProcessLookupError):
@@ -330,6 +312,7 @@ class FaceProcesses:
         self.stopping = True
         loop = asyncio.get_running_loop()
         for face in self.faces:
+            face.restarts.cancel()
             process = face.process
             if process is not None:
                 if process.exitcode is None:

@@ -34,7 +34,7 @@ import grpc
 from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha import reflection_pb2
 
-from grpcgrade.core.coalesce import ServerCoalescer
+from grpcgrade.core.coalesce import FACE_LINGER_SECONDS, ServerCoalescer
 from grpcgrade.core.engine import Chunk, ChunkResult, Engine, Job
 from grpcgrade.core.samples import Limits
 from grpcgrade.v1 import admin_pb2
@@ -51,12 +51,6 @@ if TYPE_CHECKING:  # generic only to the type checker
     Handler = grpc.RpcMethodHandler[Any, Any]
 
 EVALUATE = f"/{pb.DESCRIPTOR.services_by_name['GradingService'].full_name}/Evaluate"
-
-#: The least a face's coalescers wait for more calls of a plan while one of its chunks is being graded (the
-#: configuration's `coalesce_linger_seconds` when longer). A chunk costs a BatchEvaluate across processes,
-#: far more than the engine's own coalescer pays for one: measured with 4,000 callers, 2 ms gathered 5
-#: samples a chunk (2,780 calls/s), 10 ms 24 (4,200-4,500 calls/s), 20 ms no more. A lone call never waits.
-FACE_LINGER_SECONDS = 0.01
 
 #: Request metadata a relayed call does not carry: HTTP/2's and gRPC's own, which the face's channel sets.
 _NOT_CARRIED = frozenset(("user-agent", "te", "content-type", "host"))
@@ -204,7 +198,8 @@ def build_grpc_face(
     options: list[tuple[str, int]],
 ) -> grpc.aio.Server:
     """A face process's gRPC server (not yet bound): Evaluate coalesced through `link`, everything else
-    relayed on the link's channel; `linger`: the configuration's (`FACE_LINGER_SECONDS` at least)."""
+    relayed on the link's channel; `linger`: the configuration's (`coalesce.FACE_LINGER_SECONDS` at least,
+    which says why)."""
     servicer = FaceServicer(engine, limits, link, max(linger, FACE_LINGER_SECONDS))
     metrics.watch([servicer.coalescer, servicer.full])
     metrics.watch_refusals(servicer.admission)

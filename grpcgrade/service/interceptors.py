@@ -213,63 +213,71 @@ async def _refuse_stream(request: Any, context: grpc.aio.ServicerContext[Any, An
     yield  # pragma: no cover - abort raises; the yield makes this an async generator
 
 
+class _Call:
+    """One call as every wrapper runs it, around its behaviour (the module's docstring, steps 1, 4 and 5):
+    counted on arrival (`request`: the request as the behaviour reads it, a counted stream for a streamed
+    one), `CALLER` set in the call's own task, and on leaving its status counted and logged; a
+    BaseException that would leave the call without a status leaves as an Exception naming it
+    (`_with_status`). A `with` block, so a response stream (an async generator) and a unary behaviour
+    share it: a plain class, not `contextlib.contextmanager`, whose generator would cost each call more
+    than the block itself."""
+
+    __slots__ = ("context", "observer", "request", "t0")
+
+    def __init__(self, observer: _Observer | None, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        self.observer, self.context, self.t0 = observer, context, 0.0
+        if observer is not None:
+            request, self.t0 = observer.arrive(request)
+        self.request = request
+        CALLER.set(caller_name(metadata_value(context, CALLER_HEADER)))
+
+    def __enter__(self) -> Any:
+        return self.request
+
+    def __exit__(self, kind: type[BaseException] | None, e: BaseException | None, tb: object) -> None:
+        exc = None if e is None else _with_status(e)
+        if self.observer is not None:
+            self.observer.finish(self.context, self.t0, exc)
+        if exc is not e:
+            raise exc from e  # type: ignore[misc]  # exc is an Exception here: e is not None
+
+
+async def _refuse_unparsable(request: _Unparsable, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+    """INVALID_ARGUMENT saying why protobuf refused the request's bytes (step 3 of the module's docstring)."""
+    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"unparsable request: {request.error}")
+
+
 def _wrap(behavior: Callable[..., Any], observer: _Observer | None, guarded: bool) -> Callable[..., Any]:
-    """`behavior` run as the module's docstring says: counted and logged (with an `observer`), its request
-    checked for parsing (`guarded`), with `CALLER` set."""
-    m = observer.m if observer is not None else None
-    streaming_out = observer is not None and observer.streaming_out
+    """`behavior` run as the module's docstring says (`_Call`): counted and logged (with an `observer`),
+    its request checked for parsing (`guarded`), with `CALLER` set."""
+    sent = observer.sent if observer is not None and observer.m is not None else None
 
     if inspect.isasyncgenfunction(behavior):
 
         async def stream_behavior(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
-            t0 = 0.0
-            if observer is not None:
-                request, t0 = observer.arrive(request)
-            exc: BaseException | None = None
-            try:
+            with _Call(observer, request, context) as request:
                 if guarded and isinstance(request, _Unparsable):
-                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"unparsable request: {request.error}")
-                CALLER.set(caller_name(metadata_value(context, CALLER_HEADER)))
+                    await _refuse_unparsable(request, context)
                 async for item in behavior(request, context):
-                    if m is not None:
-                        observer.sent.inc()  # type: ignore[union-attr]
+                    if sent is not None:
+                        sent.inc()
                     yield item
-            except BaseException as e:
-                exc = _with_status(e)
-                if exc is e:
-                    raise
-                raise exc from e
-            finally:
-                if observer is not None:
-                    observer.finish(context, t0, exc)
 
         return stream_behavior
 
+    writes = sent is not None and observer is not None and observer.streaming_out
+
     async def unary_behavior(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         """Also runs a stream written with `context.write`, counting the messages written."""
-        t0 = 0.0
-        if observer is not None:
-            request, t0 = observer.arrive(request)
-        exc: BaseException | None = None
-        try:
+        with _Call(observer, request, context) as request:
             if guarded and isinstance(request, _Unparsable):
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"unparsable request: {request.error}")
-            CALLER.set(caller_name(metadata_value(context, CALLER_HEADER)))
-            if m is not None and streaming_out:
-                response = await behavior(request, _CountingWrites(context, observer.sent))  # type: ignore[union-attr]
-            else:
-                response = await behavior(request, context)
-                if m is not None:
-                    observer.sent.inc()  # type: ignore[union-attr]
+                await _refuse_unparsable(request, context)
+            if writes:
+                return await behavior(request, _CountingWrites(context, sent))
+            response = await behavior(request, context)
+            if sent is not None:
+                sent.inc()
             return response
-        except BaseException as e:
-            exc = _with_status(e)
-            if exc is e:
-                raise
-            raise exc from e
-        finally:
-            if observer is not None:
-                observer.finish(context, t0, exc)
 
     return unary_behavior
 

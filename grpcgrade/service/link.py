@@ -35,11 +35,11 @@ from grpcgrade.core.errors import ErrorCode, SampleProblem
 from grpcgrade.core.grading import Stats, problem_stats
 from grpcgrade.core.guard import FailureTally
 from grpcgrade.core.rewards import reward_stats
-from grpcgrade.core.samples import AGENT_FIELDS, TEXT_FIELDS
 from grpcgrade.grader import GraderError, GraderMode, GraderRank, GraderResult, GraderScore
 from grpcgrade.v1 import grading_pb2 as pb
 from grpcgrade.v1 import grading_pb2_grpc
 
+from .convert import spec_from_data, write_sample
 from .structs import struct_to_dict
 
 #: Samples per forwarded BatchEvaluate: the engine's loop parses one piece per step (a few ms).
@@ -47,8 +47,6 @@ FORWARD_PIECE = 4096
 #: Pieces of one request in flight at once.
 FORWARD_WINDOW = 2
 
-#: The keys of a sample's keyword arguments that are a Sample's own fields; every other one is `extra`.
-_OWN_KEYS = frozenset(("sample_id", "responses", *TEXT_FIELDS, *AGENT_FIELDS))
 
 Kwargs = dict[str, Any] | SampleProblem
 #: gRPC metadata as (key, value) pairs.
@@ -62,27 +60,6 @@ class EngineFailed(Exception):
     def __init__(self, code: grpc.StatusCode, details: str, trailing: Metadata = ()) -> None:
         super().__init__(f"{code.name}: {details}")
         self.code, self.details, self.trailing = code, details, tuple(trailing)
-
-
-def write_sample(out: pb.Sample, kwargs: dict[str, Any]) -> None:
-    """A face's sample (the graders' keyword arguments) written into the contract's Sample `out`: texts,
-    agent inputs, and every other key in `extra` (the engine joins it back, `convert.sample_kwargs`).
-    Written in place (`samples.add()`): a Sample made apart is copied again into its request, which took
-    three quarters of a one-sample post's encoding."""
-    for name in TEXT_FIELDS:
-        value = kwargs.get(name)
-        if value is not None:
-            setattr(out, name, value)
-    if kwargs.get("responses"):
-        out.responses.extend(kwargs["responses"])
-    for name in AGENT_FIELDS:
-        value = kwargs.get(name)
-        if value is not None:
-            given = getattr(out, name)
-            given.SetInParent()  # an empty list is an input too
-            given.extend(value)
-    if not _OWN_KEYS.issuperset(kwargs):  # the usual sample has no extra key
-        out.extra.update({k: v for k, v in kwargs.items() if k not in _OWN_KEYS})
 
 
 def cache_of(jobs: Sequence[Job]) -> pb.CacheMode:
@@ -99,18 +76,6 @@ def cache_of(jobs: Sequence[Job]) -> pb.CacheMode:
 def pointwise(jobs: Sequence[Job]) -> bool:
     """Whether every grader is pointwise (the columns view holds no ranks)."""
     return all(job.grader.mode is GraderMode.POINTWISE for job in jobs)
-
-
-def _specs(jobs: Sequence[Job]) -> list[pb.GraderSpec]:
-    out = []
-    for job in jobs:
-        spec = pb.GraderSpec(name=job.spec.name, key=job.spec.label, gate=job.spec.gate)
-        if job.spec.params:
-            spec.params.update(dict(job.spec.params))
-        if job.spec.weight is not None:
-            spec.weight = job.spec.weight
-        out.append(spec)
-    return out
 
 
 def _result(message: pb.GraderResult) -> GraderResult:
@@ -279,7 +244,7 @@ class EngineLink:
         if reward:
             request.reward = reward
         else:
-            request.graders.extend(_specs(jobs))
+            request.graders.extend(spec_from_data(job.spec) for job in jobs)
         if timeout:
             request.grader_timeout_seconds = timeout
         if deadline is not None:

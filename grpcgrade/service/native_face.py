@@ -9,7 +9,7 @@ bare grpc.aio processes doing nothing. grpc-go's server answered the same crowd 
 
 The Go face does what the Python gRPC face processes do (`grpc_face`), on the same contract: unary
 Evaluate calls of the same plan gathered into BatchEvaluate calls to the engine's process on its private
-socket (the same linger rule, `grpc_face.FACE_LINGER_SECONDS`), every other method relayed as bytes with its
+socket (the same linger rule, `core.coalesce.FACE_LINGER_SECONDS`), every other method relayed as bytes with its
 deadline, metadata and cancellation, the same token check, and its counts sent here. What differs: it does
 not resolve plans (it has no registry): it splits each EvaluateRequest by field number, groups calls by the
 plan's bytes, and a call it cannot split or whose chunk the engine refused for what a request holds goes to
@@ -38,17 +38,21 @@ import time
 from pathlib import Path
 from typing import Any
 
+from grpcgrade.core.admission import PENDING_CALLS
+from grpcgrade.core.coalesce import FACE_LINGER_SECONDS
 from grpcgrade.core.config import ServerConfig
 from grpcgrade.core.engine import CHEAP_CHUNK
 from grpcgrade.core.errors import ConfigError
 
-from .grpc_face import FACE_LINGER_SECONDS, relayed_methods
+from .grpc_face import relayed_methods
 from .metrics import Metrics
 from .options import ServeOptions
-from .restarts import START_SECONDS, Restarts
+from .restarts import Restarts, started
 
 log = logging.getLogger("grpcgrade.service.faces")
 
+#: The face as log lines and errors name it.
+WHAT = "the native gRPC face"
 #: The program's name, and the environment variable that may give its path.
 BINARY = "grpcgrade-grpc-face"
 BINARY_ENV = "GRPCGRADE_GRPC_FACE"
@@ -144,7 +148,6 @@ class NativeFace:
         self._pending = b""
         self._pidfd = -1
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
         #: Held while its stdout is read: by the event loop, and by a scrape's thread (`drain`).
         self._reading = threading.Lock()
 
@@ -156,14 +159,9 @@ class NativeFace:
         """The face started and serving; ConfigError saying why it could not start."""
         self._loop = asyncio.get_running_loop()
         self.sock.listen(BACKLOG)
-        self._spawn()
-        assert self.ready is not None
-        try:
-            await asyncio.wait_for(asyncio.shield(self.ready), START_SECONDS)
-        except TimeoutError:
-            raise ConfigError(f"the native gRPC face did not start within {START_SECONDS:g} s") from None
+        await started(self._spawn(), WHAT)
 
-    def _spawn(self) -> None:
+    def _spawn(self) -> asyncio.Future[int]:
         loop = asyncio.get_running_loop()
         fd = self.sock.fileno()
         env = {**os.environ, "GOMAXPROCS": str(self.cores)}
@@ -179,6 +177,7 @@ class NativeFace:
         loop.add_reader(self.process.stdout.fileno(), self._read)
         self._pidfd = os.pidfd_open(self.process.pid)
         loop.add_reader(self._pidfd, self._ended, self.process)
+        return self.ready
 
     def _lines(self) -> list[dict[str, Any]]:
         """Every whole line the face has written so far, parsed (under the lock)."""
@@ -220,7 +219,7 @@ class NativeFace:
         if "ready" in message:
             self.ready.set_result(int(message["ready"]))
         elif "error" in message:
-            self.ready.set_exception(ConfigError(f"the native gRPC face: {message['error']}"))
+            self.ready.set_exception(ConfigError(f"{WHAT}: {message['error']}"))
 
     def _count(self, message: dict[str, Any]) -> None:
         """A line's counts into the server's counters of the same names and labels."""
@@ -228,6 +227,9 @@ class NativeFace:
         self.samples += int(message.get("samples", 0))
         if self.metrics is None:
             return
+        refused = int(message.get("refused", 0))  # past its in-flight bound, as the server's own are counted
+        if refused:
+            self.metrics.calls_refused.labels(PENDING_CALLS).inc(refused)
         for name, labels, amount in message.get("count", ()):
             if name in ("started", "received", "sent", "handled"):
                 getattr(self.metrics, name).labels(*labels).inc(amount)
@@ -240,21 +242,9 @@ class NativeFace:
         self._read()  # its last counts
         self._close_pipes(loop, process)
         process.wait()
-        if self.process is not process:
-            return
-        if self.ready is not None and not self.ready.done():
-            self.ready.set_exception(ConfigError(f"the native gRPC face exited ({process.returncode})"))
-            return
-        if self.stopping:
-            return
-        pause = self.restarts.pause()
-        log.error(
-            "the native gRPC face (pid %s) exited with %s; starting another in %.1f s", process.pid,
-            process.returncode, pause,
-        )  # fmt: skip
-        task = loop.create_task(self._restart(pause))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        if self.process is process:
+            again = None if self.stopping else self._spawn
+            self.restarts.ended(WHAT, process.pid, process.returncode, self.ready, again)
 
     def _close_pipes(self, loop: asyncio.AbstractEventLoop, process: subprocess.Popen[bytes]) -> None:
         if self._pidfd >= 0 and process is self.process:
@@ -269,22 +259,11 @@ class NativeFace:
                         loop.remove_reader(pipe.fileno())
                     pipe.close()
 
-    async def _restart(self, pause: float) -> None:
-        await asyncio.sleep(pause)
-        if self.stopping:
-            return
-        self.restarts.count += 1
-        self._spawn()
-        assert self.ready is not None
-        with contextlib.suppress(Exception):  # a failed start ends the process: `_ended` tries again
-            await self.ready
-
     async def stop(self, grace: float) -> None:
         """The face drains (SIGTERM: no new connection, in-flight calls finish for up to `grace`), within
         `grace` and a second more; killed if still there then."""
         self.stopping = True
-        for task in self._tasks:
-            task.cancel()
+        self.restarts.cancel()
         process = self.process
         if process is not None and process.returncode is None:
             with contextlib.suppress(ProcessLookupError):
@@ -293,7 +272,7 @@ class NativeFace:
             while process.poll() is None and time.monotonic() < end:
                 await asyncio.sleep(0.05)
             if process.poll() is None:
-                log.warning("the native gRPC face (pid %s) did not drain in time: killed", process.pid)
+                log.warning("%s (pid %s) did not drain in time: killed", WHAT, process.pid)
                 process.kill()
         await asyncio.sleep(0)  # its pidfd's callback: the last counts read
         self.close()
@@ -301,6 +280,7 @@ class NativeFace:
     def close(self) -> None:
         """Everything released at once (a failed start, or after `stop`)."""
         self.stopping = True
+        self.restarts.cancel()
         process = self.process
         if process is None:
             return

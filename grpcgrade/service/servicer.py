@@ -42,7 +42,7 @@ from .convert import (
 )
 from .metrics import Metrics
 from .overload import refuse_overloaded
-from .wire import ReceivedBatch, encoded
+from .wire import WIRE, ReceivedBatch, encoded, unwrapped_batch, wrapped_answer
 
 Request = pb.EvaluateRequest | ReceivedBatch
 
@@ -70,6 +70,8 @@ Message = pb.BatchEvaluateResponse | bytes
 #: that peer takes no status either. Headers on their own cost a batch of gRPC operations and a `sendmsg`:
 #: 0.1-0.15 ms of an 8-sample step (measured on a bare grpc.aio server).
 HEADERS_WITH_MESSAGE_BYTES = 16 * 1024
+#: BatchEvaluateUnaryResponse's own bytes around the answer it holds: a tag and a length (at most 5 bytes).
+UNARY_FRAMING_BYTES = 6
 
 
 def _serialize(message: Message) -> bytes:
@@ -111,7 +113,8 @@ def _answered(message: pb.BatchEvaluateResponse) -> int:
 
 
 def add_to_server(servicer: GradingServicer, server: grpc.aio.Server) -> None:
-    """The generated `add_GradingServiceServicer_to_server`, but BatchEvaluate may yield bytes."""
+    """The generated `add_GradingServiceServicer_to_server`, but BatchEvaluate may yield bytes, and the two
+    batch methods take their requests as they arrived (`wire.ReceivedBatch`)."""
     handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {
         "Evaluate": grpc.unary_unary_rpc_method_handler(
             servicer.Evaluate,
@@ -121,6 +124,11 @@ def add_to_server(servicer: GradingServicer, server: grpc.aio.Server) -> None:
         "BatchEvaluate": grpc.unary_stream_rpc_method_handler(
             servicer.BatchEvaluate,
             request_deserializer=ReceivedBatch,
+            response_serializer=_serialize,
+        ),
+        "BatchEvaluateUnary": grpc.unary_unary_rpc_method_handler(
+            servicer.BatchEvaluateUnary,
+            request_deserializer=unwrapped_batch,
             response_serializer=_serialize,
         ),
         "ListGraders": grpc.unary_unary_rpc_method_handler(
@@ -210,15 +218,9 @@ class GradingServicer(pb_grpc.GradingServiceServicer):
             leave_out_details(response, self.limits.max_message_bytes)
         return response
 
-    async def BatchEvaluate(self, request: ReceivedBatch, context: grpc.aio.ServicerContext) -> None:
-        """Streams the answers with `context.write`, each write timed: a client that takes no message for
-        `send_timeout_seconds` has its call ended (RESOURCE_EXHAUSTED), its running chunks cancelled and its
-        graded answers dropped, so a reader that never reads cannot hold the server's memory.
-
-        The call's guards (`budget_seconds` from now, `max_failure_ratio`) are the engine's: past the budget
-        the rest comes back as BUDGET_EXCEEDED results and the stream ends OK; past the failure budget the
-        call ends FAILED_PRECONDITION."""
-        started = time.monotonic()
+    async def _admitted(self, request: ReceivedBatch, context: grpc.aio.ServicerContext) -> int:
+        """The batch's sample count, once the call is within the batch limit and admitted (`admission.enter`:
+        the caller leaves); aborts the call otherwise."""
         try:
             n = request.rows.n
         except InvalidParams as exc:
@@ -233,15 +235,13 @@ class GradingServicer(pb_grpc.GradingServiceServicer):
             self.admission.enter(n)
         except Overloaded as exc:
             await refuse_overloaded(context, exc)
-        try:
-            await self._answer_batch(request, context, n, started)
-        finally:
-            self.admission.leave(n)
+        return n
 
-    async def _answer_batch(
+    async def _batch_plan(
         self, request: ReceivedBatch, context: grpc.aio.ServicerContext, n: int, started: float
-    ) -> None:
-        """BatchEvaluate's work once the call is admitted."""
+    ) -> tuple[Plan, float | None, Iterator[tuple[int, int]], float | None, FailureTally | None]:
+        """An admitted batch's plan, time limit, chunks and guards (deadline, failure tally); aborts the call
+        for a bad request."""
         jobs, timeout = await self._resolve(request, context)
         request.rows.required = required_inputs(jobs)
         if request.view == pb.RESULT_VIEW_COLUMNS:
@@ -257,9 +257,66 @@ class GradingServicer(pb_grpc.GradingServiceServicer):
             deadline, failures = call_guards(request.budget_seconds, ratio, n, started)
         except InvalidParams as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        chunks = self.engine.chunks(jobs, n, request.chunk_size)
         if self.metrics is not None:
             self.metrics.batch_samples.observe(n)
+        return jobs, timeout, self.engine.chunks(jobs, n, request.chunk_size), deadline, failures
+
+    async def BatchEvaluate(self, request: ReceivedBatch, context: grpc.aio.ServicerContext) -> None:
+        """Streams the answers with `context.write`, each write timed: a client that takes no message for
+        `send_timeout_seconds` has its call ended (RESOURCE_EXHAUSTED), its running chunks cancelled and its
+        graded answers dropped, so a reader that never reads cannot hold the server's memory.
+
+        The call's guards (`budget_seconds` from now, `max_failure_ratio`) are the engine's: past the budget
+        the rest comes back as BUDGET_EXCEEDED results and the stream ends OK; past the failure budget the
+        call ends FAILED_PRECONDITION."""
+        started = time.monotonic()
+        n = await self._admitted(request, context)
+        try:
+            await self._answer_batch(request, context, n, started)
+        finally:
+            self.admission.leave(n)
+
+    async def BatchEvaluateUnary(self, request: ReceivedBatch, context: grpc.aio.ServicerContext) -> bytes:
+        """BatchEvaluate answered in one message (a serialized BatchEvaluateUnaryResponse): the chunks' answers
+        joined as they finish. One over `max_message_bytes` ends the call RESOURCE_EXHAUSTED, naming
+        BatchEvaluate; past the failure budget the call ends FAILED_PRECONDITION, as BatchEvaluate's does."""
+        started = time.monotonic()
+        n = await self._admitted(request, context)
+        try:
+            jobs, timeout, chunks, deadline, failures = await self._batch_plan(request, context, n, started)
+            limit = self.limits.max_message_bytes - UNARY_FRAMING_BYTES
+            parts: list[bytes] = []
+            size = 0
+            self._in_flight(n)
+            messages = self._graded(request, jobs, chunks, timeout, deadline, failures)
+            try:
+                async for message, _count in messages:
+                    parts.append(message)
+                    size += len(message)
+                    if size > limit:
+                        break
+            except TooManyFailures as exc:
+                if self.metrics is not None:
+                    self.metrics.failure_budget_calls.inc()
+                await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+            finally:  # done, over the size or failed: running chunks stop, graded ones are dropped
+                await messages.aclose()
+                self._in_flight(-n)
+        finally:
+            self.admission.leave(n)
+        if size > limit:
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"the answer of {n} samples is over one message (max_message_bytes="
+                f"{self.limits.max_message_bytes}); call BatchEvaluate, which streams it in parts",
+            )
+        return wrapped_answer(parts[0] if len(parts) == 1 else WIRE.concat(parts))
+
+    async def _answer_batch(
+        self, request: ReceivedBatch, context: grpc.aio.ServicerContext, n: int, started: float
+    ) -> None:
+        """BatchEvaluate's work once the call is admitted."""
+        jobs, timeout, chunks, deadline, failures = await self._batch_plan(request, context, n, started)
         wait = self.limits.send_timeout_seconds
         unanswered, stalled, failed = n, False, ""
         self._in_flight(n)

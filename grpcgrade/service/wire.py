@@ -41,6 +41,8 @@ from .convert import (
 from .items import items_bytes
 
 SAMPLE_TAG = 0x12  # field 2 (`samples`), wire type 2 (length-delimited)
+#: BatchEvaluateUnaryRequest.batch and BatchEvaluateUnaryResponse.answer: field 1, length-delimited.
+UNARY_TAG = 0x0A
 
 
 def _varint(data: bytes, pos: int) -> tuple[int, int]:
@@ -53,6 +55,34 @@ def _varint(data: bytes, pos: int) -> tuple[int, int]:
         if byte < 0x80:
             return value, pos
         shift += 7
+
+
+def _varint_bytes(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def unwrapped_batch(data: bytes) -> ReceivedBatch:
+    """BatchEvaluateUnary's request deserializer: the BatchEvaluateRequest it wraps, as `ReceivedBatch`. The
+    batch's bytes are taken as they are when they are the message's one field (as every protobuf library
+    writes it); otherwise the message is parsed, and the batch written again."""
+    if data[:1] == bytes((UNARY_TAG,)):
+        try:
+            length, start = _varint(data, 1)
+        except IndexError:
+            length, start = -1, 0
+        if start + length == len(data):
+            return ReceivedBatch(data[start:])
+    return ReceivedBatch(pb.BatchEvaluateUnaryRequest.FromString(data).batch.SerializeToString())
+
+
+def wrapped_answer(answer: bytes) -> bytes:
+    """A serialized BatchEvaluateResponse as the BatchEvaluateUnaryResponse holding it."""
+    return bytes((UNARY_TAG,)) + _varint_bytes(len(answer)) + answer
 
 
 def sample_offsets(data: bytes) -> list[int] | None:

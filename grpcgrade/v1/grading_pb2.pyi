@@ -212,6 +212,18 @@ class BatchEvaluateResponse(_message.Message):
     columns: ResultColumns
     def __init__(self, items: _Optional[_Iterable[_Union[BatchItem, _Mapping]]] = ..., columns: _Optional[_Union[ResultColumns, _Mapping]] = ...) -> None: ...
 
+class BatchEvaluateUnaryRequest(_message.Message):
+    __slots__ = ("batch",)
+    BATCH_FIELD_NUMBER: _ClassVar[int]
+    batch: BatchEvaluateRequest
+    def __init__(self, batch: _Optional[_Union[BatchEvaluateRequest, _Mapping]] = ...) -> None: ...
+
+class BatchEvaluateUnaryResponse(_message.Message):
+    __slots__ = ("answer",)
+    ANSWER_FIELD_NUMBER: _ClassVar[int]
+    answer: BatchEvaluateResponse
+    def __init__(self, answer: _Optional[_Union[BatchEvaluateResponse, _Mapping]] = ...) -> None: ...
+
 class ListGradersRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

@@ -24,6 +24,11 @@ class GradingServiceStub(object):
                 request_serializer=grpcgrade_dot_v1_dot_grading__pb2.BatchEvaluateRequest.SerializeToString,
                 response_deserializer=grpcgrade_dot_v1_dot_grading__pb2.BatchEvaluateResponse.FromString,
                 )
+        self.BatchEvaluateUnary = channel.unary_unary(
+                '/grpcgrade.v1.GradingService/BatchEvaluateUnary',
+                request_serializer=grpcgrade_dot_v1_dot_grading__pb2.BatchEvaluateUnaryRequest.SerializeToString,
+                response_deserializer=grpcgrade_dot_v1_dot_grading__pb2.BatchEvaluateUnaryResponse.FromString,
+                )
         self.ListGraders = channel.unary_unary(
                 '/grpcgrade.v1.GradingService/ListGraders',
                 request_serializer=grpcgrade_dot_v1_dot_grading__pb2.ListGradersRequest.SerializeToString,
@@ -48,6 +53,16 @@ class GradingServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def BatchEvaluateUnary(self, request, context):
+        """Grade a small batch, a trainer's step, and answer it in one message: BatchEvaluate's request and
+        results (each sample exactly once, with its index) without a stream, which costs both ends less for a
+        call of one chunk. The answer must fit in one message (the server's max_message_bytes): past it the
+        call is RESOURCE_EXHAUSTED, and BatchEvaluate, which streams it in parts, is the call to make.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListGraders(self, request, context):
         """Every grader the server can run, the plugins that registered them, and the configured rewards.
         """
@@ -67,6 +82,11 @@ def add_GradingServiceServicer_to_server(servicer, server):
                     servicer.BatchEvaluate,
                     request_deserializer=grpcgrade_dot_v1_dot_grading__pb2.BatchEvaluateRequest.FromString,
                     response_serializer=grpcgrade_dot_v1_dot_grading__pb2.BatchEvaluateResponse.SerializeToString,
+            ),
+            'BatchEvaluateUnary': grpc.unary_unary_rpc_method_handler(
+                    servicer.BatchEvaluateUnary,
+                    request_deserializer=grpcgrade_dot_v1_dot_grading__pb2.BatchEvaluateUnaryRequest.FromString,
+                    response_serializer=grpcgrade_dot_v1_dot_grading__pb2.BatchEvaluateUnaryResponse.SerializeToString,
             ),
             'ListGraders': grpc.unary_unary_rpc_method_handler(
                     servicer.ListGraders,
@@ -114,6 +134,23 @@ class GradingService(object):
         return grpc.experimental.unary_stream(request, target, '/grpcgrade.v1.GradingService/BatchEvaluate',
             grpcgrade_dot_v1_dot_grading__pb2.BatchEvaluateRequest.SerializeToString,
             grpcgrade_dot_v1_dot_grading__pb2.BatchEvaluateResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def BatchEvaluateUnary(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/grpcgrade.v1.GradingService/BatchEvaluateUnary',
+            grpcgrade_dot_v1_dot_grading__pb2.BatchEvaluateUnaryRequest.SerializeToString,
+            grpcgrade_dot_v1_dot_grading__pb2.BatchEvaluateUnaryResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 

@@ -1,7 +1,7 @@
 package main
 
 // Unary Evaluate calls gathered by plan into BatchEvaluate calls to the engine's process, with the Python
-// gRPC face's rule (grpcgrade.core.coalesce.ServerCoalescer, grpc_face.FACE_LINGER_SECONDS): a call whose
+// gRPC face's rule (grpcgrade.core.coalesce: ServerCoalescer, FACE_LINGER_SECONDS): a call whose
 // plan has no chunk being graded leaves at once (with whoever arrived meanwhile); while one is, calls of
 // that plan gather for up to `linger`; a full chunk (maxChunk samples, or half the message limit in bytes)
 // leaves at once. A call gone before its chunk leaves is left out; once every call of a chunk being graded
@@ -24,8 +24,9 @@ import (
 const batchEvaluate = "/grpcgrade.v1.GradingService/BatchEvaluate"
 
 // answer is one call's outcome: its EvaluateResponse, or the engine's status (with its trailers), or
-// `relay`: the engine refused the chunk for a reason of a request's own (a bad plan, a bad sample), and
-// the call goes to the engine alone, which names what is wrong with it.
+// `relay`: the engine refused the chunk for a reason of a request's own (a bad plan, a bad sample), or its
+// answer as a batch item lost details the call's own answer keeps, and the call goes to the engine alone,
+// which answers it as its own port does.
 type answer struct {
 	response []byte
 	err      error
@@ -186,6 +187,13 @@ func (c *coalescer) run(ctx context.Context, cancel context.CancelFunc, p *plan,
 		}
 		answered[it.index] = true
 		count++
+		if size := leftOutSize(it.result); size >= 0 && size <= int64(c.maxBytes) {
+			// The engine left out this answer's details to fit it in a batch item, a few bytes more than
+			// the answer; the answer alone fits the call's message, and the engine's own Evaluate sends it
+			// whole: the call goes there (graded again, alone), so the face answers as the engine's port.
+			batch[it.index].done <- answer{relay: true}
+			return nil
+		}
 		batch[it.index].done <- answer{response: it.result}
 		return nil
 	})

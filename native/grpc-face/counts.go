@@ -4,7 +4,9 @@ package main
 // face processes' `counters.BATCH_SECONDS`): the same go-grpc-prometheus series the server's own port
 // counts (started, received, sent, handled by code, the handling-time histogram), and the coalescer's
 // chunks and samples. Each line holds what changed since the last: counters as increments, the histogram
-// as per-bucket increments and the sum, so a crowd of calls is one line, not a message a call.
+// as per-bucket increments and the sum, so a crowd of calls is one line, not a message a call. The calls the
+// face refused for its in-flight bound go as `refused`: the server's process counts them in
+// grpcgrade_calls_refused_total under the bound's own label (core/admission.py's PENDING_CALLS).
 
 import (
 	"encoding/json"
@@ -51,7 +53,8 @@ type counts struct {
 	order   []string
 	chunks  int64
 	samples int64
-	sentAt  [2]int64 // chunks, samples at the last line
+	refused int64    // calls refused for the in-flight bound (--max-calls)
+	sentAt  [3]int64 // chunks, samples, refused at the last line
 	mu      sync.Mutex
 }
 
@@ -104,6 +107,7 @@ type line struct {
 	Hist    [][4]interface{} `json:"hist,omitempty"`  // [name, labels, per-bucket increments, sum]
 	Chunks  int64            `json:"chunks,omitempty"`
 	Samples int64            `json:"samples,omitempty"`
+	Refused int64            `json:"refused,omitempty"`
 	Ready   int              `json:"ready,omitempty"`
 	Error   string           `json:"error,omitempty"`
 }
@@ -143,14 +147,15 @@ func (c *counts) delta() line {
 			out.Hist = append(out.Hist, [4]interface{}{"handling", labels, increments, seconds})
 		}
 	}
-	chunks, samples := atomic.LoadInt64(&c.chunks), atomic.LoadInt64(&c.samples)
-	out.Chunks, out.Samples = chunks-c.sentAt[0], samples-c.sentAt[1]
-	c.sentAt = [2]int64{chunks, samples}
+	chunks, samples, refused := atomic.LoadInt64(&c.chunks), atomic.LoadInt64(&c.samples), atomic.LoadInt64(&c.refused)
+	out.Chunks, out.Samples, out.Refused = chunks-c.sentAt[0], samples-c.sentAt[1], refused-c.sentAt[2]
+	c.sentAt = [3]int64{chunks, samples, refused}
 	return out
 }
 
 func (l line) empty() bool {
-	return len(l.Count) == 0 && len(l.Hist) == 0 && l.Chunks == 0 && l.Samples == 0 && l.Ready == 0 && l.Error == ""
+	return len(l.Count) == 0 && len(l.Hist) == 0 && l.Chunks == 0 && l.Samples == 0 && l.Refused == 0 &&
+		l.Ready == 0 && l.Error == ""
 }
 
 // reporter writes lines to the server's process, one writer at a time.

@@ -67,6 +67,7 @@ func (f *face) admitted(method string, m *methodCounts, stream grpc.ServerStream
 	}
 	if atomic.AddInt64(&f.inFlight, 1) > f.maxCalls {
 		atomic.AddInt64(&f.inFlight, -1)
+		atomic.AddInt64(&f.counts.refused, 1) // as the server's own refusals are: grpcgrade_calls_refused_total
 		hint := int64(f.retryAfter*1000 + 0.5)
 		if hint < 1 {
 			hint = 1

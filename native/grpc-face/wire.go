@@ -188,3 +188,55 @@ func batchItem(raw []byte) (item, error) {
 	}
 	return out, nil
 }
+
+// leftOutNote is how the engine's first result's reason begins when it left out an answer's reasons and
+// metadata to fit it in a message (service/convert.py's leave_out_details), followed by the answer's size.
+// The same words as there: tests/test_native_face.py fails when they part.
+const leftOutNote = "reason and metadata left out: this sample's answer is "
+
+// leftOutSize is the size, in bytes, the engine gave an EvaluateResponse whose details it left out (its
+// first result's reason says so), or -1 for an answer it sent whole (or that is not one it wrote).
+func leftOutSize(response []byte) int64 {
+	results, ok := firstField(response, 2) // EvaluateResponse.results
+	if !ok {
+		return -1
+	}
+	reason, ok := firstField(results, 4) // GraderResult.reason
+	if !ok || len(reason) <= len(leftOutNote) || string(reason[:len(leftOutNote)]) != leftOutNote {
+		return -1
+	}
+	size := int64(0)
+	digits := reason[len(leftOutNote):]
+	for i, b := range digits {
+		if b < '0' || b > '9' || size > 1<<40 {
+			if i == 0 {
+				return -1
+			}
+			return size
+		}
+		size = size*10 + int64(b-'0')
+	}
+	return -1 // the note always goes on past the size
+}
+
+// firstField is the value of the first length-delimited field `num` of a message.
+func firstField(message []byte, num protowire.Number) ([]byte, bool) {
+	b := message
+	for len(b) > 0 {
+		n, typ, k := protowire.ConsumeTag(b)
+		if k < 0 {
+			return nil, false
+		}
+		b = b[k:]
+		if n == num && typ == protowire.BytesType {
+			v, m := protowire.ConsumeBytes(b)
+			return v, m >= 0
+		}
+		m := protowire.ConsumeFieldValue(n, typ, b)
+		if m < 0 {
+			return nil, false
+		}
+		b = b[m:]
+	}
+	return nil, false
+}

@@ -73,3 +73,25 @@ func TestBatchRequestAndItemsRoundTrip(t *testing.T) {
 		t.Fatal("columns read as items")
 	}
 }
+
+func TestLeftOutSizeReadsTheEnginesNote(t *testing.T) {
+	answer := func(reason string) []byte {
+		result := field(field(nil, 1, []byte("k")), 4, []byte(reason))
+		return field(field(nil, 1, []byte("id")), 2, result)
+	}
+	note := leftOutNote + "99998 bytes, over the 100000-byte message limit (max_message_bytes)"
+	for reason, want := range map[string]int64{
+		note:                    99998,
+		"a reason":              -1,
+		leftOutNote:             -1,
+		leftOutNote + "x bytes": -1,
+		leftOutNote + "12":      -1,
+	} {
+		if got := leftOutSize(answer(reason)); got != want {
+			t.Errorf("%q: %d, want %d", reason, got, want)
+		}
+	}
+	if got := leftOutSize(field(nil, 1, []byte("no results"))); got != -1 {
+		t.Errorf("no results: %d", got)
+	}
+}
