@@ -14,7 +14,11 @@ from expected import json_score
 from test_columns import TEXTS, OldServer, serve, texts
 
 from grpcgrade.client import PUSHBACK_KEY, AsyncGradingClient, GradingClient, SampleColumns
+from grpcgrade.core.engine import Engine
+from grpcgrade.core.registry import get_registry
+from grpcgrade.core.rewards import SpecData
 from grpcgrade.service.convert import join_columns
+from grpcgrade.service.link import EngineLink
 from grpcgrade.testing import ServerProcess, start_server
 from grpcgrade.v1 import grading_pb2 as pb
 from grpcgrade.v1 import grading_pb2_grpc as pb_grpc
@@ -216,3 +220,29 @@ def test_a_server_without_the_method_is_asked_with_batch_evaluate_from_then_on()
     sent = ["columns" if r.HasField("columns") else "samples" for r in old.requests]
     # a server older than columns too: each client's first step is sent again as samples (test_columns)
     assert sent == ["columns", "samples", "samples", "samples", "columns", "samples"]
+
+
+def test_a_faces_chunk_whose_answer_is_over_one_message_is_asked_again_as_batch_evaluate(
+    small_messages: ServerProcess,
+):
+    """A face's link asks a coalesced chunk as BatchEvaluateUnary; the columns of 6,000 samples are over one
+    message of this server's: the link asks again as BatchEvaluate, which streams them in parts, and every
+    sample is answered as `json.loads` says."""
+    responses = texts(6000)
+    handled = lambda method, code: small_messages.metric(  # noqa: E731
+        "grpc_server_handled_total", grpc_method=method, grpc_code=code
+    )
+    before = handled("BatchEvaluateUnary", "RESOURCE_EXHAUSTED"), handled("BatchEvaluate", "OK")
+    jobs = Engine(get_registry(), None).resolve([SpecData("json_validator")])
+
+    async def graded() -> list[float | None]:
+        link = EngineLink(small_messages.target, None, 100_000)
+        try:
+            chunk = [(i, {"response": r}) for i, r in enumerate(responses)]
+            return (await link.grade_chunk(jobs, chunk)).rewards
+        finally:
+            await link.close()
+
+    assert asyncio.run(graded()) == [json_score(r) for r in responses]
+    after = handled("BatchEvaluateUnary", "RESOURCE_EXHAUSTED"), handled("BatchEvaluate", "OK")
+    assert after == (before[0] + 1, before[1] + 1)

@@ -151,8 +151,12 @@ def auth_server(tmp_path_factory: pytest.TempPathFactory, tokens: list[str]) -> 
     srv.stop()
 
 
+#: Every method of GradingService, from the contract: a method added there is called here, or the tests fail.
+METHODS = tuple(m.name for m in pb.DESCRIPTOR.services_by_name["GradingService"].methods)
+
+
 def _call_each_method(target: str, metadata: tuple[tuple[str, str], ...]) -> dict[str, grpc.StatusCode]:
-    """The status of Evaluate, BatchEvaluate and ListGraders called with `metadata`."""
+    """The status of each GradingService method called with `metadata`."""
     codes = {}
     with grpc.insecure_channel(target) as channel:
         stub = pb_grpc.GradingServiceStub(channel)
@@ -165,8 +169,14 @@ def _call_each_method(target: str, metadata: tuple[tuple[str, str], ...]) -> dic
                     pb.BatchEvaluateRequest(graders=GRADERS, samples=[SAMPLE] * 3), timeout=10, metadata=metadata
                 )
             ),
+            "BatchEvaluateUnary": lambda: stub.BatchEvaluateUnary(
+                pb.BatchEvaluateUnaryRequest(batch=pb.BatchEvaluateRequest(graders=GRADERS, samples=[SAMPLE] * 3)),
+                timeout=10,
+                metadata=metadata,
+            ),
             "ListGraders": lambda: stub.ListGraders(pb.ListGradersRequest(), timeout=10, metadata=metadata),
         }
+        assert set(calls) == set(METHODS)
         for name, call in calls.items():
             try:
                 call()
@@ -202,7 +212,7 @@ def _call_each_method(target: str, metadata: tuple[tuple[str, str], ...]) -> dic
 def test_calls_without_a_valid_bearer_token_are_unauthenticated(auth_server, tokens, header):
     metadata = () if header is None else (("authorization", header.format(token=tokens[0], prefix=tokens[0][:-1])),)
     codes = _call_each_method(auth_server.target, metadata)
-    assert codes == dict.fromkeys(("Evaluate", "BatchEvaluate", "ListGraders"), grpc.StatusCode.UNAUTHENTICATED)
+    assert codes == dict.fromkeys(METHODS, grpc.StatusCode.UNAUTHENTICATED)
 
 
 def test_a_refused_call_is_not_parsed(auth_server):
@@ -233,7 +243,7 @@ def test_a_request_id_is_logged_safe_and_short(auth_server, tokens):
 @pytest.mark.parametrize("which", [0, 1])
 def test_every_token_in_the_file_is_accepted(auth_server, tokens, which):
     codes = _call_each_method(auth_server.target, (("authorization", f"Bearer {tokens[which]}"),))
-    assert codes == dict.fromkeys(("Evaluate", "BatchEvaluate", "ListGraders"), grpc.StatusCode.OK)
+    assert codes == dict.fromkeys(METHODS, grpc.StatusCode.OK)
     with auth_server.client(token=tokens[which]) as client:
         assert client.evaluate({"response": "[1, 2]"}, ["json_validator"]).results[0].score == 1.0
         replies = client.batch_evaluate([{"response": "{"}, {"response": "null"}], ["json_validator"])

@@ -40,6 +40,7 @@ from grpcgrade.v1 import grading_pb2 as pb
 from grpcgrade.v1 import grading_pb2_grpc
 
 from .convert import spec_from_data, write_sample
+from .overload import PUSHBACK_KEY
 from .structs import struct_to_dict
 
 #: Samples per forwarded BatchEvaluate: the engine's loop parses one piece per step (a few ms).
@@ -158,7 +159,8 @@ class EngineLink:
     ) -> ChunkResult:  # fmt: skip
         """One chunk graded by one BatchEvaluate (its unusable samples answered here); `full`: with each
         result's reason and metadata (the scores view otherwise)."""
-        parts = [part async for part in self._call(jobs, chunk, reward, timeout, deadline, full=full)]
+        calls = self._call(jobs, chunk, reward, timeout, deadline, full=full, one_message=True)
+        parts = [part async for part in calls]
         return _joined(parts, [index for index, _ in chunk], len(jobs))
 
     async def grade_pieces(
@@ -222,9 +224,13 @@ class EngineLink:
         deadline: float | None,
         *,
         full: bool = False,
+        one_message: bool = False,
     ) -> AsyncIterator[ChunkResult]:
         """One BatchEvaluate of `chunk`'s usable samples; yields its answer's messages (and the unusable
-        samples' answer) with the face's indices."""
+        samples' answer) with the face's indices. `one_message`: a chunk answered whole (a coalesced crowd's)
+        is asked as BatchEvaluateUnary when its answer is columns (one message each way costs the engine's
+        process less than a stream), and as BatchEvaluate when that answer was
+        over one message."""
         good = [(i, kw) for i, kw in chunk if not isinstance(kw, SampleProblem)]
         bad = [(i, kw) for i, kw in chunk if isinstance(kw, SampleProblem)]
         if bad:
@@ -234,10 +240,10 @@ class EngineLink:
             yield unusable_result(jobs, [i for i, _ in bad], [p for _, p in bad])
         if not good:
             return
-        request = pb.BatchEvaluateRequest(
-            view=pb.RESULT_VIEW_FULL if full or not pointwise(jobs) else pb.RESULT_VIEW_COLUMNS,
-            cache=cache_of(jobs),
-        )
+        wrapped = pb.BatchEvaluateUnaryRequest()  # the request is written in place, for either method
+        request = wrapped.batch
+        request.view = pb.RESULT_VIEW_FULL if full or not pointwise(jobs) else pb.RESULT_VIEW_COLUMNS
+        request.cache = cache_of(jobs)
         add = request.samples.add
         for _, kw in good:
             write_sample(add(), kw)
@@ -252,6 +258,18 @@ class EngineLink:
         caller = CALLER.get()  # the HTTP request's (`http.app`'s middleware): the judges' fair share
         metadata = self.metadata + (((CALLER_HEADER, caller),) if caller != DEFAULT_CALLER else ())
         positions = [i for i, _ in good]
+        if one_message and request.view == pb.RESULT_VIEW_COLUMNS:
+            try:
+                answer = await self.stub.BatchEvaluateUnary(wrapped, metadata=metadata)
+            except grpc.aio.AioRpcError as exc:
+                trailing = tuple(exc.trailing_metadata() or ())
+                over = exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and all(k != PUSHBACK_KEY for k, _ in trailing)
+                if not over:  # a refusal for load, or any other failure: the face's, as the engine said it
+                    raise self.failed(exc.code(), exc.details() or "", trailing) from None
+            else:
+                part = _from_columns(answer.answer.columns, 0)
+                yield ChunkResult([positions[k] for k in part.indices], part.columns, part.rewards)
+                return
         try:
             async for message in self.stub.BatchEvaluate(request, metadata=metadata):
                 part = (
