@@ -35,6 +35,7 @@ from grpcgrade.service.convert import SampleColumns as SampleColumns  # a batch 
 from grpcgrade.service.convert import add_samples, as_columns, graders_list, sample_to_pb, specs_to_pb
 
 from .batch_scores import BatchScores as BatchScores  # what batch_scores returns
+from .core.admission import PUSHBACK_KEY as PUSHBACK_KEY  # a refusal for load's retry hint (docs/security.md)
 from .core.context import CALLER_HEADER
 from .core.retry import backoff
 from .errors import FailureBudgetExceeded as FailureBudgetExceeded
@@ -137,10 +138,6 @@ def _aretrying(method: Callable[..., Any]) -> Callable[..., Any]:
             pause = min(pause * 2, RETRY_PAUSES[1])
 
     return call
-
-
-#: The trailer a server's refusal for load carries (`grpc-retry-pushback-ms`, see docs/security.md).
-PUSHBACK_KEY = "grpc-retry-pushback-ms"
 
 
 def _pushback(exc: grpc.RpcError) -> Any:

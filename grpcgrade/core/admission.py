@@ -32,6 +32,9 @@ MEMORY_READ_SECONDS = 0.1
 #: The native gRPC face's bound (`limits.max_pending_calls` calls in flight on it): the face refuses past it
 #: before this process sees the call, and sends how many it refused (`service.native_face`).
 PENDING_CALLS = "max_pending_calls"
+#: The trailer of a refusal for load: gRPC's retry hint in milliseconds (`grpc-retry-pushback-ms`, gRFC A6),
+#: which gRPC's own retry policy reads; the server sends it, the Python client and the faces' link read it.
+PUSHBACK_KEY = "grpc-retry-pushback-ms"
 #: The limits a call can be refused for, as the metrics label them.
 LIMITS = ("max_concurrent_calls", "max_queued_samples", "max_memory_bytes", PENDING_CALLS)
 

@@ -540,8 +540,9 @@ def _within(timeout: float | None, deadline: float | None) -> tuple[float | None
     whether the deadline is the bound (so a wait that ends at it is the budget's doing, not the grader's).
 
     Which bound ended a wait is decided here, when it starts, never by reading the clock after it: an
-    event loop's timer may fire a little before `time.monotonic()` reaches its time (uvloop's clock counts
-    whole milliseconds), and a sample cut by the budget would read as a grader past its time limit."""
+    event loop's timer may fire a little before `time.monotonic()` reaches its time (uvloop's, by up to the
+    age of the clock it reads once a turn), and a sample cut by the budget would read as a grader past its
+    time limit."""
     if deadline is None:
         return timeout, False
     left = deadline - time.monotonic()

@@ -29,6 +29,7 @@ from typing import Any
 
 import grpc
 
+from grpcgrade.client import unary_refused
 from grpcgrade.core.context import CALLER, CALLER_HEADER, DEFAULT_CALLER
 from grpcgrade.core.engine import Chunk, ChunkResult, Job
 from grpcgrade.core.errors import ErrorCode, SampleProblem
@@ -40,7 +41,6 @@ from grpcgrade.v1 import grading_pb2 as pb
 from grpcgrade.v1 import grading_pb2_grpc
 
 from .convert import spec_from_data, write_sample
-from .overload import PUSHBACK_KEY
 from .structs import struct_to_dict
 
 #: Samples per forwarded BatchEvaluate: the engine's loop parses one piece per step (a few ms).
@@ -229,8 +229,8 @@ class EngineLink:
         """One BatchEvaluate of `chunk`'s usable samples; yields its answer's messages (and the unusable
         samples' answer) with the face's indices. `one_message`: a chunk answered whole (a coalesced crowd's)
         is asked as BatchEvaluateUnary when its answer is columns (one message each way costs the engine's
-        process less than a stream), and as BatchEvaluate when that answer was
-        over one message."""
+        process less than a stream), and as BatchEvaluate when that answer was over one message (the
+        client's rule, `client.unary_refused`; the engine is never older than its face)."""
         good = [(i, kw) for i, kw in chunk if not isinstance(kw, SampleProblem)]
         bad = [(i, kw) for i, kw in chunk if isinstance(kw, SampleProblem)]
         if bad:
@@ -262,10 +262,8 @@ class EngineLink:
             try:
                 answer = await self.stub.BatchEvaluateUnary(wrapped, metadata=metadata)
             except grpc.aio.AioRpcError as exc:
-                trailing = tuple(exc.trailing_metadata() or ())
-                over = exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and all(k != PUSHBACK_KEY for k, _ in trailing)
-                if not over:  # a refusal for load, or any other failure: the face's, as the engine said it
-                    raise self.failed(exc.code(), exc.details() or "", trailing) from None
+                if exc.code() == grpc.StatusCode.UNIMPLEMENTED or not unary_refused(exc):  # the face's failure
+                    raise self.failed(exc.code(), exc.details() or "", tuple(exc.trailing_metadata() or ())) from None
             else:
                 part = _from_columns(answer.answer.columns, 0)
                 yield ChunkResult([positions[k] for k in part.indices], part.columns, part.rewards)

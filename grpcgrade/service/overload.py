@@ -9,10 +9,8 @@ import math
 import grpc
 from aiohttp import web
 
+from grpcgrade.core.admission import PUSHBACK_KEY as PUSHBACK_KEY
 from grpcgrade.core.errors import Overloaded
-
-#: The trailer gRPC's retry policy reads as the server's retry hint, in milliseconds.
-PUSHBACK_KEY = "grpc-retry-pushback-ms"
 
 
 async def refuse_overloaded(context: grpc.aio.ServicerContext, exc: Overloaded) -> None:
