@@ -119,3 +119,26 @@ def test_a_cheap_graders_common_results_are_written_directly_and_equal(full, mon
         with monkeypatch.context() as patched:
             patched.setattr(items, "_by_protobuf", lambda *a: pytest.fail("a common result left to protobuf"))
             assert by_bytes(*args) == expected
+
+
+@pytest.mark.parametrize("full", [True, False])
+def test_varint_and_kept_reason_boundaries_equal_protobufs_message(full):
+    """Indices and lengths on each side of the written varints' table and of their three-byte case, and a
+    reason written twice (the second time from the kept records) beside one too long to be kept: the
+    message protobuf's API builds, each time."""
+    indices = [0, 127, 128, 16_383, 16_384, 2**21 - 1, 2**21, 2**28]
+    kept = "short, and repeated"
+    reasons = [
+        kept,
+        kept,
+        "y" * (items.REASON_KEPT_CHARS + 1),
+        "y" * (items.REASON_KEPT_CHARS + 1),
+        "",
+        kept,
+        "z" * 300,
+        kept,
+    ]
+    column = [GraderScore("g", 0.5, reason, {"n": k}) for k, reason in enumerate(reasons)]
+    args = (indices, [""] * 8, [("g", "g")], [column], [0.5] * 8, full)
+    for _ in range(2):  # the second pass writes every reason from what the first one kept
+        assert by_bytes(*args) == by_protobuf(*args)
