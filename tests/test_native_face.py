@@ -22,8 +22,10 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import urllib.request
 from collections import Counter
+from concurrent import futures
 from pathlib import Path
 
 import grpc
@@ -55,6 +57,7 @@ from grpcgrade.testing import (
     health_status,
 )
 from grpcgrade.v1 import grading_pb2 as pb
+from grpcgrade.v1 import grading_pb2_grpc as pb_grpc
 
 #: The tests that run the Go face (the last two do not: `make test` runs them).
 needs_go = pytest.mark.native
@@ -342,6 +345,94 @@ def test_an_engine_that_is_away_is_unavailable_never_a_score(tmp_path):
         assert "the grading engine is not reachable now" in details
     for name in ("evaluate-bad-token", "batch-bad-token"):
         assert outcomes[name][0] == grpc.StatusCode.UNAUTHENTICATED  # type: ignore[index]
+
+
+class CountingEngine(pb_grpc.GradingServiceServicer):
+    """A real gRPC server in the engine's place, counting its calls per method and scoring each sample by
+    `json.loads`. BatchEvaluateUnary refuses a chunk holding "over" as the engine refuses an answer over one
+    message (RESOURCE_EXHAUSTED, no retry hint), and one holding "busy" as it refuses for load (with the
+    hint): the first is to be asked again as BatchEvaluate, the second is its calls' answer."""
+
+    def __init__(self) -> None:
+        self.calls: Counter[str] = Counter()
+        self.lock = threading.Lock()
+
+    def _counted(self, method: str, request: pb.BatchEvaluateRequest) -> list[pb.BatchItem]:
+        with self.lock:
+            self.calls[method] += 1
+        items = []
+        for index, sample in enumerate(request.samples):
+            result = pb.EvaluateResponse(id=sample.id, results=[pb.GraderResult(score=json_score(sample.response))])
+            items.append(pb.BatchItem(index=index, result=result))
+        return items
+
+    def BatchEvaluateUnary(self, request, context):  # type: ignore[no-untyped-def]
+        items = self._counted("BatchEvaluateUnary", request.batch)
+        texts = {sample.response for sample in request.batch.samples}
+        if "busy" in texts:
+            context.set_trailing_metadata(((PUSHBACK_KEY, "250"),))
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "server busy")
+        if "over" in texts:
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "the answer is over one message")
+        return pb.BatchEvaluateUnaryResponse(answer=pb.BatchEvaluateResponse(items=items))
+
+    def BatchEvaluate(self, request, context):  # type: ignore[no-untyped-def]
+        for item in self._counted("BatchEvaluate", request):
+            yield pb.BatchEvaluateResponse(items=[item])
+
+
+@needs_go
+def test_a_chunk_goes_to_the_engine_as_batch_evaluate_unary_and_as_batch_evaluate_when_over_one_message(tmp_path):
+    """The face's chunks are BatchEvaluateUnary calls (one message each way: less of the engine's CPU than a
+    stream); a chunk whose answer the engine says is over one message is asked again as BatchEvaluate; a
+    refusal for load is the calls' answer, with its retry hint, and is not asked again. The engine's calls
+    counted per method at a real gRPC server in its place."""
+    engine = CountingEngine()
+    server = grpc.server(futures.ThreadPoolExecutor(8))
+    pb_grpc.add_GradingServiceServicer_to_server(engine, server)
+    server.add_insecure_port(f"unix:{tmp_path / 'engine.sock'}")
+    server.start()
+    proc, target, listener = _face_alone(tmp_path, f"--engine=unix:{tmp_path / 'engine.sock'}")
+    texts = responses(300)
+    try:
+        with grpc.insecure_channel(target) as channel:
+            evaluate = stub(channel).Evaluate.with_call
+
+            def call(i: int, text: str) -> object:
+                request = pb.EvaluateRequest(graders=[pb.GraderSpec(name="json_validator")])
+                request.sample.CopyFrom(pb.Sample(id=f"s{i}", response=text))
+                try:
+                    answer, _ = evaluate(request, metadata=AUTH, timeout=60)
+                except grpc.RpcError as exc:
+                    return exc.code(), exc.details(), dict(exc.trailing_metadata() or ()).get(PUSHBACK_KEY)
+                return answer.id, answer.results[0].score
+
+            alone = [call(0, "[1]")]
+            counted = [+engine.calls]
+            alone.append(call(1, "over"))
+            counted.append(+engine.calls)
+            alone.append(call(2, "busy"))
+            counted.append(+engine.calls)
+            with futures.ThreadPoolExecutor(32) as pool:
+                crowd = list(pool.map(call, range(len(texts)), texts))
+    finally:
+        proc.stdin.close()  # type: ignore[union-attr]
+        assert proc.wait(30) == 0
+        listener.close()
+        server.stop(None)
+    assert alone == [
+        ("s0", json_score("[1]")),
+        ("s1", json_score("over")),
+        (grpc.StatusCode.RESOURCE_EXHAUSTED, "server busy", "250"),
+    ]
+    assert counted == [
+        {"BatchEvaluateUnary": 1},
+        {"BatchEvaluateUnary": 2, "BatchEvaluate": 1},  # refused for its size: asked again, streamed
+        {"BatchEvaluateUnary": 3, "BatchEvaluate": 1},  # refused for load: answered so
+    ]
+    assert crowd == [(f"s{i}", json_score(t)) for i, t in enumerate(texts)]
+    assert engine.calls["BatchEvaluate"] == 1  # the crowd's chunks: every one a BatchEvaluateUnary
+    assert 3 < engine.calls["BatchEvaluateUnary"] <= 3 + len(texts)
 
 
 @needs_go

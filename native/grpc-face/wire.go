@@ -99,19 +99,56 @@ func splitEvaluate(request []byte) (split, error) {
 	return out, nil
 }
 
-// batchRequest is a BatchEvaluateRequest of `plan` and `samples`, in their order.
-func batchRequest(plan []byte, samples [][]byte) []byte {
+// unaryBatch is BatchEvaluateUnaryRequest's field and BatchEvaluateUnaryResponse's: the batch request, and
+// the answer (a BatchEvaluateResponse), each wrapped in a message of its own.
+const unaryBatch = 1
+
+// batchRequest is a BatchEvaluateUnaryRequest of `plan` and `samples` (in their order), and the
+// BatchEvaluateRequest it wraps: the same bytes past the wrapper's tag and length, so the request is
+// written once for either method (BatchEvaluate takes `batch` when the unary answer would be over one message).
+func batchRequest(plan []byte, samples [][]byte) (wrapped, batch []byte) {
 	size := len(plan)
 	for _, s := range samples {
 		size += 1 + protowire.SizeBytes(len(s))
 	}
-	out := make([]byte, 0, size)
+	out := make([]byte, 0, 1+protowire.SizeVarint(uint64(size))+size)
+	out = protowire.AppendTag(out, unaryBatch, protowire.BytesType)
+	out = protowire.AppendVarint(out, uint64(size))
+	head := len(out)
 	out = append(out, plan...)
 	for _, s := range samples {
 		out = protowire.AppendTag(out, batchSamples, protowire.BytesType)
 		out = protowire.AppendBytes(out, s)
 	}
-	return out
+	return out, out[head:]
+}
+
+// unaryAnswer is the BatchEvaluateResponse a BatchEvaluateUnaryResponse holds (its `answer`, merged as
+// protobuf merges a message field given twice); an error for a message that is not one.
+func unaryAnswer(message []byte) ([]byte, error) {
+	var out []byte
+	b := message
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return nil, protowire.ParseError(n)
+		}
+		b = b[n:]
+		if num == unaryBatch && typ == protowire.BytesType {
+			v, m := protowire.ConsumeBytes(b)
+			if m < 0 {
+				return nil, protowire.ParseError(m)
+			}
+			out, b = append(out, v...), b[m:]
+			continue
+		}
+		m := protowire.ConsumeFieldValue(num, typ, b)
+		if m < 0 {
+			return nil, protowire.ParseError(m)
+		}
+		b = b[m:]
+	}
+	return out, nil
 }
 
 // An item of a BatchEvaluateResponse: the sample's position in the request, and its EvaluateResponse.
