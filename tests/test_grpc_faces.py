@@ -20,6 +20,7 @@ from collections import Counter
 import grpc
 import pytest
 from expected import json_score
+from faces import LIMITED, check_answers_around_the_limit
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
@@ -282,6 +283,23 @@ def check_deadlines_and_cancellation_reach_the_engine(server: ServerProcess, met
 @pytest.mark.parametrize("method", ["Evaluate", "BatchEvaluate"])
 def test_deadlines_and_cancellation_reach_the_engine(faces, method):
     check_deadlines_and_cancellation_reach_the_engine(faces, method)
+
+
+@pytest.fixture(scope="module")
+def limited(face_server) -> dict[str, ServerProcess]:
+    """A server with a 100,000-byte message limit through two face processes, and the same served by the
+    engine's own port."""
+    return {
+        "faces": face_server(LIMITED, workers=1, more=["--grpc-processes", "2"]),
+        "direct": face_server(LIMITED, workers=1),
+    }
+
+
+def test_an_answer_made_to_fit_the_limit_is_the_engines_own(limited):
+    """Through the face processes, answers around the message limit are the engine's own port's: an answer
+    the engine left out the details of as an item of the link's BatchEvaluate, which fits the call's own
+    message, the face asks again of the engine's Evaluate (`faces.check_answers_around_the_limit`)."""
+    check_answers_around_the_limit(limited["faces"], limited["direct"])
 
 
 def test_an_engine_that_is_away_is_unavailable_never_a_score(tmp_path):

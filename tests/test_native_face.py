@@ -31,6 +31,7 @@ from pathlib import Path
 import grpc
 import pytest
 from expected import json_score
+from faces import LIMIT, LIMITED, check_answers_around_the_limit, concurrently, outcome
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from test_grpc_faces import (
     AUTH,
@@ -153,14 +154,6 @@ def test_a_crowd_of_unary_calls_over_two_plans_is_answered_every_call(native):
     assert native.metric("grpc_server_handling_seconds_count", grpc_method="Evaluate") >= CROWD
 
 
-def _outcome(call) -> object:  # type: ignore[no-untyped-def]
-    """A call's answer, or its status and details."""
-    try:
-        return call()
-    except grpc.RpcError as exc:
-        return (exc.code(), exc.details())
-
-
 @needs_go
 def test_calls_through_the_native_face_answer_as_the_engine_itself_does(native, direct):
     """Evaluate in every view (the coalesced path), bad samples and bad plans (refused by the engine, then
@@ -192,7 +185,7 @@ def test_calls_through_the_native_face_answer_as_the_engine_itself_does(native, 
                                                 cache=pb.CACHE_MODE_OFF),
             }  # fmt: skip
             for what, request in bad.items():
-                got[what] = _outcome(lambda r=request, g=grading: g.Evaluate(r, metadata=AUTH, timeout=60))
+                got[what] = outcome(lambda r=request, g=grading: g.Evaluate(r, metadata=AUTH, timeout=60))
             # a field EvaluateRequest does not define (99, a varint): the face relays the call as it came
             unknown = pb.EvaluateRequest(reward="valid_json", sample=pb.Sample(response="[1]")).SerializeToString()
             raw = channel.unary_unary("/grpcgrade.v1.GradingService/Evaluate")
@@ -334,7 +327,7 @@ def test_an_engine_that_is_away_is_unavailable_never_a_score(tmp_path):
             outcomes = {}
             for name, call in calls.items():
                 for who, metadata in (("", AUTH), ("-bad-token", (("authorization", "Bearer no"),))):
-                    outcomes[name + who] = _outcome(lambda c=call, m=metadata: c(m))
+                    outcomes[name + who] = outcome(lambda c=call, m=metadata: c(m))
     finally:
         proc.stdin.close()  # type: ignore[union-attr]  # as when the server's process ends: the face ends too
         assert proc.wait(30) == 0
@@ -447,7 +440,7 @@ def test_the_face_serves_mutual_tls_with_the_servers_files(tmp_path, pki):  # no
         for who in ("client", "stranger"):
             with grpc.secure_channel(target, pki.credentials(client=who)) as channel:
                 check = health_pb2_grpc.HealthStub(channel).Check  # type: ignore[no-untyped-call]
-                outcomes[who] = _outcome(lambda c=check: c(health_pb2.HealthCheckRequest(), timeout=10))
+                outcomes[who] = outcome(lambda c=check: c(health_pb2.HealthCheckRequest(), timeout=10))
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
@@ -541,14 +534,6 @@ def test_the_faces_refusals_past_its_bound_are_counted_as_refused(face_server):
     assert refused() - before == len(ended)  # the held calls, cancelled, are not refusals
 
 
-LIMIT = 100_000
-LIMITED = f"""
-cache: {{enabled: false}}
-coalesce_linger_seconds: 0.1
-limits: {{max_message_bytes: {LIMIT}}}
-"""
-
-
 @pytest.fixture(scope="module")
 def limited(face_server) -> dict[str, ServerProcess]:
     """A server with a 100,000-byte message limit through the Go face, and the same served by the engine's
@@ -559,51 +544,12 @@ def limited(face_server) -> dict[str, ServerProcess]:
     }
 
 
-def _concurrently(srv: ServerProcess, requests: list[pb.EvaluateRequest], held: pb.EvaluateRequest | None = None):  # type: ignore[no-untyped-def]
-    """Each request's answer (or status and details), the calls made at once; with `held` first: a call
-    that never ends (cancelled at the end) keeps a chunk of its plan being graded, so the others gather."""
-    with grpc.insecure_channel(srv.target) as channel:
-        evaluate = stub(channel).Evaluate
-        hold = None
-        if held is not None:
-            hold = evaluate.future(held, timeout=300)
-            eventually(lambda: srv.metric("grpcgrade_calls_admitted") == 1, "the held call at the engine")
-        calls = [evaluate.future(r, timeout=120) for r in requests]
-        out = [_outcome(call.result) for call in calls]
-        if hold is not None:
-            hold.cancel()
-    return out
-
-
 @needs_go
 def test_an_answer_made_to_fit_the_limit_is_the_engines_own(limited):
-    """Answers around the message limit (misbehave's "long:N": a reason of N characters), in the workers
-    and inline, several calls at once (coalesced): through the Go face they are what the engine's own port
-    answers. An answer just under the limit is sent whole by the engine's Evaluate; as an item of the face's
-    BatchEvaluate, a few bytes larger, the engine left its details out: the face sends such a call to the
-    engine's Evaluate. Answers over the limit keep their scores without reasons and metadata."""
-    direct = limited["direct"]
-
-    def request(n: int, i: int, heavy: bool) -> pb.EvaluateRequest:
-        spec = pb.GraderSpec(name="misbehave")
-        spec.params.update({"heavy": heavy})
-        return pb.EvaluateRequest(graders=[spec], sample=pb.Sample(id=f"s{i}", response=f"long:{n}"))
-
-    # The answer's size for a reason of N characters, read from the engine's own answer: N plus the rest.
-    probe = 50_000
-    [rest] = [a.ByteSize() - probe for a in _concurrently(direct, [request(probe, 0, False)])]  # type: ignore[attr-defined]
-    sizes = {"under": LIMIT - 1000, "just-under": LIMIT - 2, "at": LIMIT, "over": LIMIT + 1, "far-over": 2 * LIMIT}
-    for heavy in (True, False):
-        requests = [request(size - rest, i, heavy) for i, size in enumerate(sizes.values())] * 2
-        answers = {name: _concurrently(srv, requests) for name, srv in limited.items()}
-        assert answers["native"] == answers["direct"], heavy
-        whole = dict(zip(sizes, answers["direct"], strict=False))
-        for name in ("under", "just-under", "at"):
-            assert whole[name].ByteSize() == sizes[name]  # type: ignore[attr-defined]
-            assert whole[name].results[0].reason == "long:" + "r" * (sizes[name] - rest)  # type: ignore[attr-defined]
-        for name in ("over", "far-over"):
-            result = whole[name].results[0]  # type: ignore[attr-defined]
-            assert result.score == 1.0 and result.reason.startswith("reason and metadata left out")
+    """Through the Go face, answers around the message limit are the engine's own port's: an answer the
+    engine left out the details of as a batch item, which fits the call's message, the face asks again of
+    the engine's Evaluate (`faces.check_answers_around_the_limit` says how)."""
+    check_answers_around_the_limit(limited["native"], limited["direct"])
 
 
 @needs_go
@@ -625,7 +571,7 @@ def test_a_call_too_large_to_share_a_chunk_is_answered_as_the_engine_does(limite
     held = pb.EvaluateRequest(graders=plan, sample=pb.Sample(response="hang"))
     answers = {}
     for name, srv in limited.items():
-        answers[name] = _concurrently(srv, big) + _concurrently(srv, gathered, held)
+        answers[name] = concurrently(srv, big) + concurrently(srv, gathered, held)
     assert answers["native"] == answers["direct"]
     for answer, request in zip(answers["native"], big + gathered, strict=True):
         assert isinstance(answer, pb.EvaluateResponse), answer

@@ -227,8 +227,8 @@ func batchItem(raw []byte) (item, error) {
 }
 
 // leftOutNote is how the engine's first result's reason begins when it left out an answer's reasons and
-// metadata to fit it in a message (service/convert.py's leave_out_details), followed by the answer's size.
-// The same words as there: tests/test_native_face.py fails when they part.
+// metadata to fit it in a message (service/convert.py's leave_out_details, LEFT_OUT_NOTE), followed by the
+// answer's size. The same words as there: tests/test_native_face.py fails when they part.
 const leftOutNote = "reason and metadata left out: this sample's answer is "
 
 // leftOutSize is the size, in bytes, the engine gave an EvaluateResponse whose details it left out (its
