@@ -12,6 +12,7 @@ import asyncio
 import inspect
 import json
 import math
+import os
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
@@ -21,6 +22,7 @@ import pytest
 
 from grpcgrade.client import AsyncGradingClient
 from grpcgrade.integrations.verl import compute_score, compute_score_sync
+from grpcgrade.testing import connections_to, eventually, start_server
 
 
 def _call_with_kwargs(raw_fn, extra_kwargs, *args, **kwargs):
@@ -212,3 +214,25 @@ def test_the_batch_managers_plural_call(server):
     assert floats(data_sources=["d"], solution_strs=[answers[0]], ground_truths=["72"], extra_infos=[None]) == [
         pytest.approx(1.0)
     ]
+
+
+def test_each_loops_client_is_closed_when_its_loop_ends(tmp_path, plugin_env):
+    """A caller that runs each step on a loop of its own (`asyncio.run` per step, as `reward_loop` here):
+    each loop's client is closed as that loop ends, so no connection to the server outlives its step (seen
+    in this process's sockets). Before, every loop's client (and the loop) was kept open for the process's
+    life, and a connection with them. A server of its own: the suite's has other tests' clients connected."""
+    (tmp_path / "config.yaml").write_text("rewards:\n  loud:\n    graders: [{name: shout}]\n")
+    server = start_server(tmp_path, "--workers", "0", "--config", "config.yaml", env=plugin_env)
+    try:
+        fn = verl_wrap(compute_score, {"target": server.target, "reward": "loud"})
+
+        async def connected(**kwargs):  # the step's connections, counted while its loop runs
+            result = await fn(**kwargs)
+            return {**result, "open": connections_to(server.port, [os.getpid()])}
+
+        for _ in range(3):
+            rewards, extra = reward_loop(connected, [("d", "HEY", "hey", {}), ("d", "hey", "hey", {})])
+            assert rewards == [1.0, 0.0] and min(extra["open"]) >= 1
+            eventually(lambda: connections_to(server.port, [os.getpid()]) == 0, "the step's connection closed", 10)
+    finally:
+        server.stop()
