@@ -1,15 +1,40 @@
 """What the gRPC faces' tests share (tests/test_grpc_faces.py: the Python face processes,
-tests/test_native_face.py: the Go face): the checks that a face answers as the engine's own port does."""
+tests/test_native_face.py: the Go face): their servers' configuration and token, the checks that a face
+answers as the engine's own port does, and that deadlines and cancellation reach the engine through it."""
 
 from __future__ import annotations
 
+import re
+import subprocess
 from collections.abc import Callable
 
 import grpc
+import pytest
+from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
-from grpcgrade.testing import ServerProcess, eventually
+from grpcgrade.service.convert import sample_to_pb, specs_to_pb
+from grpcgrade.testing import ServerProcess, cpu_seconds, cpu_when_idle, eventually, worker_pids
+from grpcgrade.v1 import admin_pb2, admin_pb2_grpc
 from grpcgrade.v1 import grading_pb2 as pb
 from grpcgrade.v1 import grading_pb2_grpc as pb_grpc
+
+CONFIG = """
+default_reward: valid_json
+cache: {enabled: false}
+rewards:
+  valid_json:
+    - {name: json_validator}
+    - {name: sleepy, params: {seconds: 0.001, heavy: false}, gate: true}
+"""
+TOKEN = "grpc-face-token"
+AUTH = (("authorization", f"Bearer {TOKEN}"),)
+
+SAMPLES = [
+    {"id": "a", "response": '{"ok": 1}'},
+    {"id": "b", "response": "{nope"},
+    {"id": "c", "response": "[1, 2]", "reference": "x"},
+]
+
 
 #: The message size limit of the `LIMITED` servers: small, so answers around it are quick to make.
 LIMIT = 100_000
@@ -24,6 +49,88 @@ limits: {{max_message_bytes: {LIMIT}}}
 
 def stub(channel: grpc.Channel) -> pb_grpc.GradingServiceStub:
     return pb_grpc.GradingServiceStub(channel)  # type: ignore[no-untyped-call]
+
+
+def responses(n: int) -> list[str]:
+    """Distinct responses, about a third of them not JSON."""
+    return [f'{{"n": {i}}}' if i % 3 else f"{{n: {i}" for i in range(n)]
+
+
+def listeners(port: int) -> set[int]:
+    """The PIDs listening on `port`, IPv4 or IPv6 (grpc listens on 127.0.0.1 with an IPv6 socket), per `ss`."""
+    listing = subprocess.run(["ss", "-Hltnp", f"sport = :{port}"], capture_output=True, text=True, check=True).stdout
+    return {int(pid) for pid in re.findall(r"pid=(\d+)", listing)}
+
+
+class _WithToken(grpc.StreamStreamClientInterceptor):
+    """Adds the token to a bidi stream's call (reflection's client takes no metadata of its own)."""
+
+    def intercept_stream_stream(self, continuation, details, requests):  # type: ignore[no-untyped-def]
+        return continuation(details._replace(metadata=AUTH), requests)
+
+
+def items_of(messages: list[pb.BatchEvaluateResponse]) -> list[pb.BatchItem]:
+    return sorted((item for m in messages for item in m.items), key=lambda item: item.index)
+
+
+def columns_of(messages: list[pb.BatchEvaluateResponse]) -> list[tuple[int, list[float], float]]:
+    rows = []
+    for m in messages:
+        c = m.columns
+        for r, index in enumerate(c.indices):
+            rows.append((index, [column.scores[r] for column in c.scores], c.rewards[r]))
+    return sorted(rows)
+
+
+def relayed_answers(channel: grpc.Channel) -> dict[str, object]:
+    """What a face relays as it came, asked through `channel`: BatchEvaluate in the full and columns views,
+    BatchEvaluateUnary, ListGraders, the admin service and reflection; compared between a face and the
+    engine's own port."""
+    grading = stub(channel)
+    got: dict[str, object] = {}
+    batch = pb.BatchEvaluateRequest(reward="valid_json", samples=[sample_to_pb(s) for s in SAMPLES * 50])
+    got["batch-full"] = items_of(list(grading.BatchEvaluate(batch, metadata=AUTH, timeout=60)))
+    batch.view = pb.RESULT_VIEW_COLUMNS
+    batch.chunk_size = 16
+    got["batch-columns"] = columns_of(list(grading.BatchEvaluate(batch, metadata=AUTH, timeout=60)))
+    unary = grading.BatchEvaluateUnary(pb.BatchEvaluateUnaryRequest(batch=batch), metadata=AUTH, timeout=60)
+    got["batch-unary"] = columns_of([unary.answer])
+    got["graders"] = grading.ListGraders(pb.ListGradersRequest(), metadata=AUTH, timeout=60)
+    admin = admin_pb2_grpc.AdminServiceStub(channel)  # type: ignore[no-untyped-call]
+    got["quarantine"] = admin.ListQuarantine(admin_pb2.ListQuarantineRequest(), metadata=AUTH, timeout=60)
+    reflection = ProtoReflectionDescriptorDatabase(grpc.intercept_channel(channel, _WithToken()))
+    got["services"] = sorted(reflection.get_services())
+    return got
+
+
+def check_deadlines_and_cancellation_reach_the_engine(server: ServerProcess, method: str) -> None:
+    """A call through a face (Python or Go) whose deadline passes (or whose client cancels) ends the engine's
+    work for it: the workers stop, as they do for a call to the engine's own port (test_reliability).
+    Counted in CPU."""
+    slow = specs_to_pb([{"name": "sleepy", "params": {"seconds": 3600, "heavy": False}}])
+    workers = worker_pids(server.proc.pid)
+    with grpc.insecure_channel(server.target) as channel:
+        grading = stub(channel)
+        sample = sample_to_pb({"response": f"deadline-{method}"})
+        if method == "Evaluate":
+            calls = [
+                grading.Evaluate.future(pb.EvaluateRequest(graders=slow, sample=sample), metadata=AUTH, timeout=0.8)
+                for _ in range(3)
+            ]
+            codes = [call.exception().code() for call in calls]  # type: ignore[union-attr]
+            assert codes == [grpc.StatusCode.DEADLINE_EXCEEDED] * 3
+        else:
+            stream = grading.BatchEvaluate(
+                pb.BatchEvaluateRequest(graders=slow, samples=[sample] * 2), metadata=AUTH, timeout=30
+            )
+            eventually(lambda: sum(cpu_seconds(p) for p in workers) > 0.3, "the workers at work")
+            stream.cancel()  # the client goes away
+            with pytest.raises(grpc.RpcError) as ended:
+                list(stream)
+            assert ended.value.code() == grpc.StatusCode.CANCELLED
+    at_end = sum(cpu_seconds(p) for p in workers)
+    after = cpu_when_idle(workers) - at_end
+    assert after < 3.0, f"the workers spent {after:.1f} s of CPU after the call ended"
 
 
 def outcome(call: Callable[[], object]) -> object:

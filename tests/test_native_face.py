@@ -31,20 +31,23 @@ from pathlib import Path
 import grpc
 import pytest
 from expected import json_score
-from faces import LIMIT, LIMITED, check_answers_around_the_limit, concurrently, outcome
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-from test_grpc_faces import (
+from faces import (
     AUTH,
     CONFIG,
+    LIMIT,
+    LIMITED,
     SAMPLES,
     TOKEN,
+    check_answers_around_the_limit,
     check_deadlines_and_cancellation_reach_the_engine,
+    concurrently,
     listeners,
+    outcome,
     relayed_answers,
     responses,
     stub,
 )
-from test_security import pki  # noqa: F401  # the module's certificates (a fixture)
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from grpcgrade.core.admission import PENDING_CALLS
 from grpcgrade.core.config import parse_config
@@ -429,7 +432,7 @@ def test_a_chunk_goes_to_the_engine_as_batch_evaluate_unary_and_as_batch_evaluat
 
 
 @needs_go
-def test_the_face_serves_mutual_tls_with_the_servers_files(tmp_path, pki):  # noqa: F811
+def test_the_face_serves_mutual_tls_with_the_servers_files(tmp_path, pki):
     """--tls-cert/--tls-key/--tls-client-ca: a client with a certificate of the CA gets through TLS to the
     face (here: to its relay, the engine being away); a client whose certificate another CA signed does not."""
     files = [f"--tls-cert={pki.path('server.crt')}", f"--tls-key={pki.path('server.key')}"]
