@@ -15,48 +15,21 @@ def _openssl(*args: str, cwd: Path) -> None:
     subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
 
 
+def _new_key(cwd: Path, name: str, *request: str) -> None:
+    """`name`.key, a new P-256 key, and with it the certificate request `request` says (`openssl req`)."""
+    keyed = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", f"{name}.key"]
+    _openssl("req", *keyed, "-subj", f"/CN={name}", *request, cwd=cwd)
+
+
 def _new_ca(cwd: Path, name: str) -> None:
-    _openssl(
-        "req",
-        "-x509",
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:prime256v1",
-        "-nodes",
-        "-keyout",
-        f"{name}.key",
-        "-out",
-        f"{name}.crt",
-        "-days",
-        "2",
-        "-subj",
-        f"/CN={name}",
-        "-addext",
-        "basicConstraints=critical,CA:TRUE",
-        "-addext",
-        "keyUsage=critical,keyCertSign,cRLSign",
-        cwd=cwd,
-    )
+    """A self-signed CA certificate and its key."""
+    ca = ["-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign"]
+    _new_key(cwd, name, "-x509", "-out", f"{name}.crt", "-days", "2", *ca)
 
 
 def _new_cert(cwd: Path, name: str, ca: str, extensions: str) -> None:
     """A key and a certificate signed by `ca`, with `extensions` (an openssl extension-file body)."""
-    _openssl(
-        "req",
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:prime256v1",
-        "-nodes",
-        "-keyout",
-        f"{name}.key",
-        "-out",
-        f"{name}.csr",
-        "-subj",
-        f"/CN={name}",
-        cwd=cwd,
-    )
+    _new_key(cwd, name, "-out", f"{name}.csr")
     (cwd / f"{name}.ext").write_text(extensions)
     _openssl(
         "x509",
