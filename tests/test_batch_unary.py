@@ -10,10 +10,10 @@ from collections.abc import Iterator
 
 import grpc
 import pytest
+from batches import TEXTS, OldServer, serve, texts
 from expected import json_score
 from google.protobuf import json_format
 from google.protobuf.struct_pb2 import Struct
-from test_columns import TEXTS, OldServer, serve, texts
 
 from grpcgrade.client import PUSHBACK_KEY, AsyncGradingClient, GradingClient, SampleColumns
 from grpcgrade.core.engine import Engine
@@ -201,7 +201,7 @@ async def async_step(target: str, responses: list[str]) -> list[float | None]:
 
 
 class OlderThanUnary(OldServer):
-    """`test_columns.OldServer`, counting the BatchEvaluateUnary calls it answers UNIMPLEMENTED, as a server
+    """`batches.OldServer`, counting the BatchEvaluateUnary calls it answers UNIMPLEMENTED, as a server
     older than the method does."""
 
     def __init__(self) -> None:
