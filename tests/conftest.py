@@ -1,6 +1,8 @@
 """Shared fixtures: real servers in subprocesses on free loopback ports, and really installed plugins.
 
-Fixtures only: tests import their helpers from `grpcgrade.testing`, as plugin authors' suites do.
+Fixtures only: tests import their helpers from `grpcgrade.testing`, as plugin authors' suites do, and
+what several test modules share from helper modules beside them (`expected.py`, `faces.py`, `pki.py`...):
+no test module imports another.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
+from pki import Pki, make_pki
 
 from grpcgrade.client import GradingClient
 from grpcgrade.testing import ServerProcess, install_into, start_server
@@ -99,3 +102,9 @@ def face_server(
 def client(server: ServerProcess) -> Iterator[GradingClient]:
     with server.client(timeout=120) as c:
         yield c
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    """Certificates made fresh for the module's TLS tests (`pki.make_pki`)."""
+    return make_pki(tmp_path_factory.mktemp("pki"))

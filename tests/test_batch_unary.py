@@ -10,8 +10,10 @@ from collections.abc import Iterator
 
 import grpc
 import pytest
+from batches import TEXTS, OldServer, serve, texts
 from expected import json_score
-from test_columns import TEXTS, OldServer, serve, texts
+from google.protobuf import json_format
+from google.protobuf.struct_pb2 import Struct
 
 from grpcgrade.client import PUSHBACK_KEY, AsyncGradingClient, GradingClient, SampleColumns
 from grpcgrade.core.engine import Engine
@@ -98,9 +100,20 @@ def test_bad_requests_are_refused_with_batch_evaluates_status(server: ServerProc
     assert unparsable.code() == grpc.StatusCode.INVALID_ARGUMENT and "unparsable" in unparsable.details()
 
 
-def test_past_the_failure_budget_the_call_ends_failed_precondition(server: ServerProcess):
+#: A grader failing two samples of three with INVALID_RESULT (the test plugin's `misbehave`: NaN for "nan"),
+#: graded in a worker, and claiming a bounded cost: graded here and now, as a trainer's small step is.
+FAILING = {
+    "in a worker": pb.GraderSpec(name="misbehave"),
+    "inline": pb.GraderSpec(
+        name="misbehave", params=json_format.ParseDict({"heavy": False, "bounded": True}, Struct())
+    ),
+}
+
+
+@pytest.mark.parametrize("where", list(FAILING))
+def test_past_the_failure_budget_the_call_ends_failed_precondition(server: ServerProcess, where: str):
     req = pb.BatchEvaluateRequest(
-        graders=[pb.GraderSpec(name="misbehave")],  # NaN for "nan": INVALID_RESULT (the test plugin)
+        graders=[FAILING[where]],
         view=pb.RESULT_VIEW_COLUMNS,
         columns=pb.SampleColumns(response=["nan", "nan", "ok"]),
         max_failure_ratio=0.1,
@@ -188,7 +201,7 @@ async def async_step(target: str, responses: list[str]) -> list[float | None]:
 
 
 class OlderThanUnary(OldServer):
-    """`test_columns.OldServer`, counting the BatchEvaluateUnary calls it answers UNIMPLEMENTED, as a server
+    """`batches.OldServer`, counting the BatchEvaluateUnary calls it answers UNIMPLEMENTED, as a server
     older than the method does."""
 
     def __init__(self) -> None:

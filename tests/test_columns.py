@@ -5,12 +5,11 @@ with their errors, bad requests refused by name, and a server older than columns
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import Iterator
-from concurrent import futures
 
 import grpc
 import pytest
+from batches import OldServer, serve, texts
 from budgets import doubling
 from expected import json_score
 from google.protobuf.struct_pb2 import Struct
@@ -21,12 +20,6 @@ from grpcgrade.service.convert import as_columns, join_columns, slice_columns
 from grpcgrade.testing import ServerProcess, start_server
 from grpcgrade.v1 import grading_pb2 as pb
 from grpcgrade.v1 import grading_pb2_grpc as pb_grpc
-
-TEXTS = ['{"a": 1}', "not json", "[1, 2]", "{'single': 'quotes'}", '"a string"', "", "NaN", "[1,]"]
-
-
-def texts(n: int) -> list[str]:
-    return [f'{{"i": {i}}}' if i % 3 else TEXTS[i % len(TEXTS)] for i in range(n)]
 
 
 def stream(target: str, request: pb.BatchEvaluateRequest) -> list[pb.BatchEvaluateResponse]:
@@ -220,42 +213,12 @@ def test_an_extra_over_the_limit_costs_only_its_row_either_way_it_is_sent(limite
         assert "max_field_chars=50" in error.message
 
 
-class OldServer(pb_grpc.GradingServiceServicer):
-    """A real gRPC server that knows only the contract before columns: it reads `samples` and answers
-    `items` (as for RESULT_VIEW_FULL), scoring each sample by `json.loads`."""
-
-    def __init__(self) -> None:
-        self.requests: list[pb.BatchEvaluateRequest] = []
-        self.lock = threading.Lock()
-
-    def BatchEvaluate(self, request, context):
-        with self.lock:
-            self.requests.append(request)
-        old = pb.BatchEvaluateRequest.FromString(request.SerializeToString())
-        old.ClearField("columns")  # what a server without the field sees: nothing there
-        for index, sample in enumerate(old.samples):
-            score = json_score(sample.response)
-            result = pb.EvaluateResponse(
-                id=sample.id, results=[pb.GraderResult(key="json_validator", grader="json_validator", score=score)]
-            )
-            result.reward = score
-            yield pb.BatchEvaluateResponse(items=[pb.BatchItem(index=index, result=result)])
-
-
 class Malformed(pb_grpc.GradingServiceServicer):
     """A real gRPC server whose columns do not hold together: two scores for three rows."""
 
     def BatchEvaluate(self, request, context):
         column = pb.ScoreColumn(key="g", grader="g", scores=[1.0, 1.0])
         yield pb.BatchEvaluateResponse(columns=pb.ResultColumns(indices=[0, 1, 2], scores=[column], rewards=[1, 1, 1]))
-
-
-def serve(servicer: pb_grpc.GradingServiceServicer) -> tuple[grpc.Server, str]:
-    server = grpc.server(futures.ThreadPoolExecutor(4))
-    pb_grpc.add_GradingServiceServicer_to_server(servicer, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    return server, f"127.0.0.1:{port}"
 
 
 def test_a_server_older_than_columns_is_sent_samples_and_read_as_items():

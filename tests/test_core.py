@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from grpcgrade.core.engine import (
+    CHEAP_CHUNK,
     HEAVY_CHUNK,
     HEAVY_MIN_CHUNK,
     INLINE_MAX_BYTES,
@@ -494,6 +495,21 @@ def test_heavy_chunks_shrink_as_the_samples_are_handed_out(registry: Registry) -
     assert list(engine.chunks(cheap, 2500)) == [(0, 1024), (1024, 2048), (2048, 2500)]
     many = list(engine.chunks(heavy, 100_000))
     assert len(many) <= MAX_CHUNKS_PER_CALL and many[-1][1] == 100_000
+    assert engine.unissued == 0
+
+
+def test_one_chunk_says_what_chunks_cuts_without_cutting(registry: Registry) -> None:
+    """`one_chunk` (which lets a small call be graded here and now) agrees with `chunks` wherever the sizes are
+    fixed, and never claims one chunk where they are guided (decided as the samples are handed out)."""
+    registry.add(PluginInfo(name="unit", distribution="tests", version="0"), Weighty, name="weighty")
+    engine = engine_for(registry)
+    heavy, cheap = engine.resolve([SpecData("weighty")]), engine.resolve([SpecData("exact")])
+    for samples in (1, 5, CHEAP_CHUNK, CHEAP_CHUNK + 1, 100_000):
+        for requested in (0, 1, 100, CHEAP_CHUNK, 5_000):
+            for jobs in (cheap, heavy):
+                whole = list(engine.chunks(jobs, samples, requested)) == [(0, samples)]
+                fixed = bool(requested) or jobs is cheap
+                assert engine.one_chunk(jobs, samples, requested) == (whole and fixed), (samples, requested)
     assert engine.unissued == 0
 
 

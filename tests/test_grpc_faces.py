@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -20,8 +19,20 @@ from collections import Counter
 import grpc
 import pytest
 from expected import json_score
+from faces import (
+    AUTH,
+    CONFIG,
+    LIMITED,
+    SAMPLES,
+    TOKEN,
+    check_answers_around_the_limit,
+    check_deadlines_and_cancellation_reach_the_engine,
+    listeners,
+    relayed_answers,
+    responses,
+    stub,
+)
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
 from grpcgrade.core.config import ServerConfig, parse_config
 from grpcgrade.core.engine import Engine
@@ -33,34 +44,14 @@ from grpcgrade.service.grpc_face import build_grpc_face
 from grpcgrade.service.link import EngineLink
 from grpcgrade.testing import (
     ServerProcess,
-    cpu_seconds,
-    cpu_when_idle,
     eventually,
     face_pids,
     free_port,
     health_status,
-    worker_pids,
 )
-from grpcgrade.v1 import admin_pb2, admin_pb2_grpc
 from grpcgrade.v1 import grading_pb2 as pb
-from grpcgrade.v1 import grading_pb2_grpc as pb_grpc
 
-CONFIG = """
-default_reward: valid_json
-cache: {enabled: false}
-rewards:
-  valid_json:
-    - {name: json_validator}
-    - {name: sleepy, params: {seconds: 0.001, heavy: false}, gate: true}
-"""
-TOKEN = "grpc-face-token"
-AUTH = (("authorization", f"Bearer {TOKEN}"),)
 CROWD = 3000
-
-
-def responses(n: int) -> list[str]:
-    """Distinct responses, about a third of them not JSON."""
-    return [f'{{"n": {i}}}' if i % 3 else f"{{n: {i}" for i in range(n)]
 
 
 @pytest.fixture(scope="module")
@@ -72,16 +63,6 @@ def faces(face_server) -> ServerProcess:
 def direct(face_server) -> ServerProcess:
     """The same configuration served by the engine's process itself (no gRPC face process)."""
     return face_server(CONFIG, token=TOKEN, workers=2)
-
-
-def listeners(port: int) -> set[int]:
-    """The PIDs listening on `port`, IPv4 or IPv6 (grpc listens on 127.0.0.1 with an IPv6 socket), per `ss`."""
-    listing = subprocess.run(["ss", "-Hltnp", f"sport = :{port}"], capture_output=True, text=True, check=True).stdout
-    return {int(pid) for pid in re.findall(r"pid=(\d+)", listing)}
-
-
-def stub(channel: grpc.Channel) -> pb_grpc.GradingServiceStub:
-    return pb_grpc.GradingServiceStub(channel)  # type: ignore[no-untyped-call]
 
 
 def test_the_faces_listen_on_the_grpc_port_and_the_engine_process_does_not(faces):
@@ -135,33 +116,6 @@ def test_a_crowd_of_unary_calls_through_the_faces_is_answered_every_call(faces):
         lambda: faces.metric("grpc_server_handled_total", grpc_method="Evaluate", grpc_code="OK") - ok_before == CROWD,
         "the faces' counts in the server's metrics",
     )
-
-
-SAMPLES = [
-    {"id": "a", "response": '{"ok": 1}'},
-    {"id": "b", "response": "{nope"},
-    {"id": "c", "response": "[1, 2]", "reference": "x"},
-]
-
-
-class _WithToken(grpc.StreamStreamClientInterceptor):
-    """Adds the token to a bidi stream's call (reflection's client takes no metadata of its own)."""
-
-    def intercept_stream_stream(self, continuation, details, requests):  # type: ignore[no-untyped-def]
-        return continuation(details._replace(metadata=AUTH), requests)
-
-
-def _items(messages: list[pb.BatchEvaluateResponse]) -> list[pb.BatchItem]:
-    return sorted((item for m in messages for item in m.items), key=lambda item: item.index)
-
-
-def _columns(messages: list[pb.BatchEvaluateResponse]) -> list[tuple[int, list[float], float]]:
-    rows = []
-    for m in messages:
-        c = m.columns
-        for r, index in enumerate(c.indices):
-            rows.append((index, [column.scores[r] for column in c.scores], c.rewards[r]))
-    return sorted(rows)
 
 
 def test_calls_through_the_faces_answer_as_the_engine_itself_does(faces, direct):
@@ -228,60 +182,26 @@ def test_a_killed_grpc_face_is_started_again_and_answers(face_server):
     assert health_status(srv.target) == health_pb2.HealthCheckResponse.SERVING
 
 
-def relayed_answers(channel: grpc.Channel) -> dict[str, object]:
-    """What a face relays as it came, asked through `channel`: BatchEvaluate in the full and columns views,
-    BatchEvaluateUnary, ListGraders, the admin service and reflection; compared between a face and the
-    engine's own port."""
-    grading = stub(channel)
-    got: dict[str, object] = {}
-    batch = pb.BatchEvaluateRequest(reward="valid_json", samples=[sample_to_pb(s) for s in SAMPLES * 50])
-    got["batch-full"] = _items(list(grading.BatchEvaluate(batch, metadata=AUTH, timeout=60)))
-    batch.view = pb.RESULT_VIEW_COLUMNS
-    batch.chunk_size = 16
-    got["batch-columns"] = _columns(list(grading.BatchEvaluate(batch, metadata=AUTH, timeout=60)))
-    unary = grading.BatchEvaluateUnary(pb.BatchEvaluateUnaryRequest(batch=batch), metadata=AUTH, timeout=60)
-    got["batch-unary"] = _columns([unary.answer])
-    got["graders"] = grading.ListGraders(pb.ListGradersRequest(), metadata=AUTH, timeout=60)
-    admin = admin_pb2_grpc.AdminServiceStub(channel)  # type: ignore[no-untyped-call]
-    got["quarantine"] = admin.ListQuarantine(admin_pb2.ListQuarantineRequest(), metadata=AUTH, timeout=60)
-    reflection = ProtoReflectionDescriptorDatabase(grpc.intercept_channel(channel, _WithToken()))
-    got["services"] = sorted(reflection.get_services())
-    return got
-
-
-def check_deadlines_and_cancellation_reach_the_engine(server: ServerProcess, method: str) -> None:
-    """A call through a face (Python or Go) whose deadline passes (or whose client cancels) ends the engine's
-    work for it: the workers stop, as they do for a call to the engine's own port (test_reliability).
-    Counted in CPU."""
-    slow = specs_to_pb([{"name": "sleepy", "params": {"seconds": 3600, "heavy": False}}])
-    workers = worker_pids(server.proc.pid)
-    with grpc.insecure_channel(server.target) as channel:
-        grading = stub(channel)
-        sample = sample_to_pb({"response": f"deadline-{method}"})
-        if method == "Evaluate":
-            calls = [
-                grading.Evaluate.future(pb.EvaluateRequest(graders=slow, sample=sample), metadata=AUTH, timeout=0.8)
-                for _ in range(3)
-            ]
-            codes = [call.exception().code() for call in calls]  # type: ignore[union-attr]
-            assert codes == [grpc.StatusCode.DEADLINE_EXCEEDED] * 3
-        else:
-            stream = grading.BatchEvaluate(
-                pb.BatchEvaluateRequest(graders=slow, samples=[sample] * 2), metadata=AUTH, timeout=30
-            )
-            eventually(lambda: sum(cpu_seconds(p) for p in workers) > 0.3, "the workers at work")
-            stream.cancel()  # the client goes away
-            with pytest.raises(grpc.RpcError) as ended:
-                list(stream)
-            assert ended.value.code() == grpc.StatusCode.CANCELLED
-    at_end = sum(cpu_seconds(p) for p in workers)
-    after = cpu_when_idle(workers) - at_end
-    assert after < 3.0, f"the workers spent {after:.1f} s of CPU after the call ended"
-
-
 @pytest.mark.parametrize("method", ["Evaluate", "BatchEvaluate"])
 def test_deadlines_and_cancellation_reach_the_engine(faces, method):
     check_deadlines_and_cancellation_reach_the_engine(faces, method)
+
+
+@pytest.fixture(scope="module")
+def limited(face_server) -> dict[str, ServerProcess]:
+    """A server with a 100,000-byte message limit through two face processes, and the same served by the
+    engine's own port."""
+    return {
+        "faces": face_server(LIMITED, workers=1, more=["--grpc-processes", "2"]),
+        "direct": face_server(LIMITED, workers=1),
+    }
+
+
+def test_an_answer_made_to_fit_the_limit_is_the_engines_own(limited):
+    """Through the face processes, answers around the message limit are the engine's own port's: an answer
+    the engine left out the details of as an item of the link's BatchEvaluate, which fits the call's own
+    message, the face asks again of the engine's Evaluate (`faces.check_answers_around_the_limit`)."""
+    check_answers_around_the_limit(limited["faces"], limited["direct"])
 
 
 def test_an_engine_that_is_away_is_unavailable_never_a_score(tmp_path):

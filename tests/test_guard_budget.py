@@ -20,7 +20,6 @@ from typing import TypeVar
 
 import grpc
 import pytest
-import uvloop
 from budgets import BUDGET, doubling
 
 from grpcgrade import FunctionGrader, GraderError
@@ -282,23 +281,47 @@ def test_the_ratio_is_read_as_written():
     assert failure_limit(None, 512) is None
 
 
-async def _sleeps_an_hour(response: str) -> float:
-    await asyncio.sleep(3600)
-    return 1.0
+class LeapingLoop(asyncio.SelectorEventLoop):
+    """asyncio's own event loop whose clock can leap ahead of `time.monotonic()` by `lead` seconds: its
+    timers then fire that much before the monotonic clock reaches their time, as uvloop's do when the clock
+    it reads once a turn was stale as they were set (by as long as the loop was held, 20 ms and more)."""
+
+    lead = 0.0
+
+    def time(self) -> float:
+        return super().time() + self.lead
 
 
-def test_an_async_grader_cut_by_the_budget_is_budget_exceeded_on_uvloops_loop_too():
+def test_an_async_grader_cut_by_the_budget_is_budget_exceeded_when_the_loops_timer_fires_early():
     """Which bound ended an async grader's wait, its own time limit or the call's budget, is decided when the
-    wait starts (`grading._within`): uvloop's timers may fire before `time.monotonic()` reaches their time
-    (its clock is read once a turn of the loop, in whole milliseconds), and a sample the budget cut, told
-    apart by reading the clock after the wait, read as TIMEOUT. A host may run the graders on uvloop's loop.
-    Before the fix this failed 1 run in 3 here (the server's own budget test on uvloop: 2 of 2)."""
-    grader = FunctionGrader.wrap(_sleeps_an_hour)()
+    wait starts (`grading._within`): an event loop's timer may fire before `time.monotonic()` reaches its
+    time, and a sample the budget cut, told apart by reading the clock after the wait, read as TIMEOUT.
+    Here every wait's timer fires for certain ~30 s before the budget's end: the loop's clock leaps ahead
+    once all 20 samples' waits are set. Before the fix every sample read TIMEOUT (uvloop's loop, its clock
+    cached once a turn, did it 1 run in 3 with the loop held 20 ms)."""
+    started = 0
+    all_started = asyncio.Event()
+
+    async def sleeps_an_hour(response: str) -> float:
+        nonlocal started
+        started += 1  # its wait's timer is set: wait_for sets it before the grader runs
+        if started == 20:
+            all_started.set()
+        await asyncio.sleep(3600)
+        return 1.0
+
+    grader = FunctionGrader.wrap(sleeps_an_hour)()
 
     async def graded() -> list[str]:
-        time.sleep(0.02)  # the loop busy (inline grading, say): its cached clock falls behind, and timers early
-        deadline = time.monotonic() + 0.05
-        results = await grade_async(grader, [{"response": str(i)} for i in range(20)], 30.0, deadline)
+        loop = asyncio.get_running_loop()
+        assert isinstance(loop, LeapingLoop)
+        deadline = time.monotonic() + 30  # the budget bounds each wait: it ends before the 60 s time limit
+        grading = asyncio.ensure_future(grade_async(grader, [{"response": str(i)} for i in range(20)], 60.0, deadline))
+        await all_started.wait()
+        loop.lead = 30.0  # every timer (due at the budget's end) fires now, ~30 s before the monotonic clock's
+        results = await grading
+        assert time.monotonic() < deadline - 20  # they did fire early
         return [r.code for r in results if isinstance(r, GraderError)]
 
-    assert uvloop.run(graded()) == ["BUDGET_EXCEEDED"] * 20
+    with asyncio.Runner(loop_factory=LeapingLoop) as runner:
+        assert runner.run(graded()) == ["BUDGET_EXCEEDED"] * 20

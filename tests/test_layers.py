@@ -177,3 +177,26 @@ def test_the_core_and_the_graders_import_nothing_of_the_wire_anywhere() -> None:
         if target.startswith(tuple(f"{w}." for w in WIRE)) or target in WIRE
     ]
     assert not wrong, "\n".join(wrong)
+
+
+def _imported(tree: ast.AST) -> Iterable[str]:
+    """Every module name an `import` or `from ... import` of `tree` names."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            yield node.module
+
+
+def test_no_test_module_imports_another() -> None:
+    """What several test modules share lives in helper modules beside them, and fixtures in conftest.py:
+    a test module that imports another ties itself to the other's insides, and what it imports of it (a
+    fixture, a test) is collected in it again."""
+    tests = Path(__file__).resolve().parent
+    offenders = sorted(
+        f"{path.relative_to(tests)} imports {name}"
+        for path in tests.rglob("*.py")
+        for name in _imported(ast.parse(path.read_text()))
+        if name.split(".")[0].startswith("test_")
+    )
+    assert offenders == []

@@ -22,26 +22,32 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import urllib.request
 from collections import Counter
+from concurrent import futures
 from pathlib import Path
 
 import grpc
 import pytest
 from expected import json_score
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-from test_grpc_faces import (
+from faces import (
     AUTH,
     CONFIG,
+    LIMIT,
+    LIMITED,
     SAMPLES,
     TOKEN,
+    check_answers_around_the_limit,
     check_deadlines_and_cancellation_reach_the_engine,
+    concurrently,
     listeners,
+    outcome,
     relayed_answers,
     responses,
     stub,
 )
-from test_security import pki  # noqa: F401  # the module's certificates (a fixture)
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from grpcgrade.core.admission import PENDING_CALLS
 from grpcgrade.core.config import parse_config
@@ -55,6 +61,7 @@ from grpcgrade.testing import (
     health_status,
 )
 from grpcgrade.v1 import grading_pb2 as pb
+from grpcgrade.v1 import grading_pb2_grpc as pb_grpc
 
 #: The tests that run the Go face (the last two do not: `make test` runs them).
 needs_go = pytest.mark.native
@@ -150,14 +157,6 @@ def test_a_crowd_of_unary_calls_over_two_plans_is_answered_every_call(native):
     assert native.metric("grpc_server_handling_seconds_count", grpc_method="Evaluate") >= CROWD
 
 
-def _outcome(call) -> object:  # type: ignore[no-untyped-def]
-    """A call's answer, or its status and details."""
-    try:
-        return call()
-    except grpc.RpcError as exc:
-        return (exc.code(), exc.details())
-
-
 @needs_go
 def test_calls_through_the_native_face_answer_as_the_engine_itself_does(native, direct):
     """Evaluate in every view (the coalesced path), bad samples and bad plans (refused by the engine, then
@@ -189,7 +188,7 @@ def test_calls_through_the_native_face_answer_as_the_engine_itself_does(native, 
                                                 cache=pb.CACHE_MODE_OFF),
             }  # fmt: skip
             for what, request in bad.items():
-                got[what] = _outcome(lambda r=request, g=grading: g.Evaluate(r, metadata=AUTH, timeout=60))
+                got[what] = outcome(lambda r=request, g=grading: g.Evaluate(r, metadata=AUTH, timeout=60))
             # a field EvaluateRequest does not define (99, a varint): the face relays the call as it came
             unknown = pb.EvaluateRequest(reward="valid_json", sample=pb.Sample(response="[1]")).SerializeToString()
             raw = channel.unary_unary("/grpcgrade.v1.GradingService/Evaluate")
@@ -331,7 +330,7 @@ def test_an_engine_that_is_away_is_unavailable_never_a_score(tmp_path):
             outcomes = {}
             for name, call in calls.items():
                 for who, metadata in (("", AUTH), ("-bad-token", (("authorization", "Bearer no"),))):
-                    outcomes[name + who] = _outcome(lambda c=call, m=metadata: c(m))
+                    outcomes[name + who] = outcome(lambda c=call, m=metadata: c(m))
     finally:
         proc.stdin.close()  # type: ignore[union-attr]  # as when the server's process ends: the face ends too
         assert proc.wait(30) == 0
@@ -344,8 +343,96 @@ def test_an_engine_that_is_away_is_unavailable_never_a_score(tmp_path):
         assert outcomes[name][0] == grpc.StatusCode.UNAUTHENTICATED  # type: ignore[index]
 
 
+class CountingEngine(pb_grpc.GradingServiceServicer):
+    """A real gRPC server in the engine's place, counting its calls per method and scoring each sample by
+    `json.loads`. BatchEvaluateUnary refuses a chunk holding "over" as the engine refuses an answer over one
+    message (RESOURCE_EXHAUSTED, no retry hint), and one holding "busy" as it refuses for load (with the
+    hint): the first is to be asked again as BatchEvaluate, the second is its calls' answer."""
+
+    def __init__(self) -> None:
+        self.calls: Counter[str] = Counter()
+        self.lock = threading.Lock()
+
+    def _counted(self, method: str, request: pb.BatchEvaluateRequest) -> list[pb.BatchItem]:
+        with self.lock:
+            self.calls[method] += 1
+        items = []
+        for index, sample in enumerate(request.samples):
+            result = pb.EvaluateResponse(id=sample.id, results=[pb.GraderResult(score=json_score(sample.response))])
+            items.append(pb.BatchItem(index=index, result=result))
+        return items
+
+    def BatchEvaluateUnary(self, request, context):  # type: ignore[no-untyped-def]
+        items = self._counted("BatchEvaluateUnary", request.batch)
+        texts = {sample.response for sample in request.batch.samples}
+        if "busy" in texts:
+            context.set_trailing_metadata(((PUSHBACK_KEY, "250"),))
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "server busy")
+        if "over" in texts:
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "the answer is over one message")
+        return pb.BatchEvaluateUnaryResponse(answer=pb.BatchEvaluateResponse(items=items))
+
+    def BatchEvaluate(self, request, context):  # type: ignore[no-untyped-def]
+        for item in self._counted("BatchEvaluate", request):
+            yield pb.BatchEvaluateResponse(items=[item])
+
+
 @needs_go
-def test_the_face_serves_mutual_tls_with_the_servers_files(tmp_path, pki):  # noqa: F811
+def test_a_chunk_goes_to_the_engine_as_batch_evaluate_unary_and_as_batch_evaluate_when_over_one_message(tmp_path):
+    """The face's chunks are BatchEvaluateUnary calls (one message each way: less of the engine's CPU than a
+    stream); a chunk whose answer the engine says is over one message is asked again as BatchEvaluate; a
+    refusal for load is the calls' answer, with its retry hint, and is not asked again. The engine's calls
+    counted per method at a real gRPC server in its place."""
+    engine = CountingEngine()
+    server = grpc.server(futures.ThreadPoolExecutor(8))
+    pb_grpc.add_GradingServiceServicer_to_server(engine, server)
+    server.add_insecure_port(f"unix:{tmp_path / 'engine.sock'}")
+    server.start()
+    proc, target, listener = _face_alone(tmp_path, f"--engine=unix:{tmp_path / 'engine.sock'}")
+    texts = responses(300)
+    try:
+        with grpc.insecure_channel(target) as channel:
+            evaluate = stub(channel).Evaluate.with_call
+
+            def call(i: int, text: str) -> object:
+                request = pb.EvaluateRequest(graders=[pb.GraderSpec(name="json_validator")])
+                request.sample.CopyFrom(pb.Sample(id=f"s{i}", response=text))
+                try:
+                    answer, _ = evaluate(request, metadata=AUTH, timeout=60)
+                except grpc.RpcError as exc:
+                    return exc.code(), exc.details(), dict(exc.trailing_metadata() or ()).get(PUSHBACK_KEY)
+                return answer.id, answer.results[0].score
+
+            alone = [call(0, "[1]")]
+            counted = [+engine.calls]
+            alone.append(call(1, "over"))
+            counted.append(+engine.calls)
+            alone.append(call(2, "busy"))
+            counted.append(+engine.calls)
+            with futures.ThreadPoolExecutor(32) as pool:
+                crowd = list(pool.map(call, range(len(texts)), texts))
+    finally:
+        proc.stdin.close()  # type: ignore[union-attr]
+        assert proc.wait(30) == 0
+        listener.close()
+        server.stop(None)
+    assert alone == [
+        ("s0", json_score("[1]")),
+        ("s1", json_score("over")),
+        (grpc.StatusCode.RESOURCE_EXHAUSTED, "server busy", "250"),
+    ]
+    assert counted == [
+        {"BatchEvaluateUnary": 1},
+        {"BatchEvaluateUnary": 2, "BatchEvaluate": 1},  # refused for its size: asked again, streamed
+        {"BatchEvaluateUnary": 3, "BatchEvaluate": 1},  # refused for load: answered so
+    ]
+    assert crowd == [(f"s{i}", json_score(t)) for i, t in enumerate(texts)]
+    assert engine.calls["BatchEvaluate"] == 1  # the crowd's chunks: every one a BatchEvaluateUnary
+    assert 3 < engine.calls["BatchEvaluateUnary"] <= 3 + len(texts)
+
+
+@needs_go
+def test_the_face_serves_mutual_tls_with_the_servers_files(tmp_path, pki):
     """--tls-cert/--tls-key/--tls-client-ca: a client with a certificate of the CA gets through TLS to the
     face (here: to its relay, the engine being away); a client whose certificate another CA signed does not."""
     files = [f"--tls-cert={pki.path('server.crt')}", f"--tls-key={pki.path('server.key')}"]
@@ -356,7 +443,7 @@ def test_the_face_serves_mutual_tls_with_the_servers_files(tmp_path, pki):  # no
         for who in ("client", "stranger"):
             with grpc.secure_channel(target, pki.credentials(client=who)) as channel:
                 check = health_pb2_grpc.HealthStub(channel).Check  # type: ignore[no-untyped-call]
-                outcomes[who] = _outcome(lambda c=check: c(health_pb2.HealthCheckRequest(), timeout=10))
+                outcomes[who] = outcome(lambda c=check: c(health_pb2.HealthCheckRequest(), timeout=10))
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
@@ -450,14 +537,6 @@ def test_the_faces_refusals_past_its_bound_are_counted_as_refused(face_server):
     assert refused() - before == len(ended)  # the held calls, cancelled, are not refusals
 
 
-LIMIT = 100_000
-LIMITED = f"""
-cache: {{enabled: false}}
-coalesce_linger_seconds: 0.1
-limits: {{max_message_bytes: {LIMIT}}}
-"""
-
-
 @pytest.fixture(scope="module")
 def limited(face_server) -> dict[str, ServerProcess]:
     """A server with a 100,000-byte message limit through the Go face, and the same served by the engine's
@@ -468,51 +547,12 @@ def limited(face_server) -> dict[str, ServerProcess]:
     }
 
 
-def _concurrently(srv: ServerProcess, requests: list[pb.EvaluateRequest], held: pb.EvaluateRequest | None = None):  # type: ignore[no-untyped-def]
-    """Each request's answer (or status and details), the calls made at once; with `held` first: a call
-    that never ends (cancelled at the end) keeps a chunk of its plan being graded, so the others gather."""
-    with grpc.insecure_channel(srv.target) as channel:
-        evaluate = stub(channel).Evaluate
-        hold = None
-        if held is not None:
-            hold = evaluate.future(held, timeout=300)
-            eventually(lambda: srv.metric("grpcgrade_calls_admitted") == 1, "the held call at the engine")
-        calls = [evaluate.future(r, timeout=120) for r in requests]
-        out = [_outcome(call.result) for call in calls]
-        if hold is not None:
-            hold.cancel()
-    return out
-
-
 @needs_go
 def test_an_answer_made_to_fit_the_limit_is_the_engines_own(limited):
-    """Answers around the message limit (misbehave's "long:N": a reason of N characters), in the workers
-    and inline, several calls at once (coalesced): through the Go face they are what the engine's own port
-    answers. An answer just under the limit is sent whole by the engine's Evaluate; as an item of the face's
-    BatchEvaluate, a few bytes larger, the engine left its details out: the face sends such a call to the
-    engine's Evaluate. Answers over the limit keep their scores without reasons and metadata."""
-    direct = limited["direct"]
-
-    def request(n: int, i: int, heavy: bool) -> pb.EvaluateRequest:
-        spec = pb.GraderSpec(name="misbehave")
-        spec.params.update({"heavy": heavy})
-        return pb.EvaluateRequest(graders=[spec], sample=pb.Sample(id=f"s{i}", response=f"long:{n}"))
-
-    # The answer's size for a reason of N characters, read from the engine's own answer: N plus the rest.
-    probe = 50_000
-    [rest] = [a.ByteSize() - probe for a in _concurrently(direct, [request(probe, 0, False)])]  # type: ignore[attr-defined]
-    sizes = {"under": LIMIT - 1000, "just-under": LIMIT - 2, "at": LIMIT, "over": LIMIT + 1, "far-over": 2 * LIMIT}
-    for heavy in (True, False):
-        requests = [request(size - rest, i, heavy) for i, size in enumerate(sizes.values())] * 2
-        answers = {name: _concurrently(srv, requests) for name, srv in limited.items()}
-        assert answers["native"] == answers["direct"], heavy
-        whole = dict(zip(sizes, answers["direct"], strict=False))
-        for name in ("under", "just-under", "at"):
-            assert whole[name].ByteSize() == sizes[name]  # type: ignore[attr-defined]
-            assert whole[name].results[0].reason == "long:" + "r" * (sizes[name] - rest)  # type: ignore[attr-defined]
-        for name in ("over", "far-over"):
-            result = whole[name].results[0]  # type: ignore[attr-defined]
-            assert result.score == 1.0 and result.reason.startswith("reason and metadata left out")
+    """Through the Go face, answers around the message limit are the engine's own port's: an answer the
+    engine left out the details of as a batch item, which fits the call's message, the face asks again of
+    the engine's Evaluate (`faces.check_answers_around_the_limit` says how)."""
+    check_answers_around_the_limit(limited["native"], limited["direct"])
 
 
 @needs_go
@@ -534,7 +574,7 @@ def test_a_call_too_large_to_share_a_chunk_is_answered_as_the_engine_does(limite
     held = pb.EvaluateRequest(graders=plan, sample=pb.Sample(response="hang"))
     answers = {}
     for name, srv in limited.items():
-        answers[name] = _concurrently(srv, big) + _concurrently(srv, gathered, held)
+        answers[name] = concurrently(srv, big) + concurrently(srv, gathered, held)
     assert answers["native"] == answers["direct"]
     for answer, request in zip(answers["native"], big + gathered, strict=True):
         assert isinstance(answer, pb.EvaluateResponse), answer

@@ -1,8 +1,8 @@
 """Access control against real servers: bearer tokens, TLS, mutual TLS, and where the metrics port listens.
 
-Certificates come from the `openssl` command line, made fresh for the module: a CA, a server certificate
-for 127.0.0.1 and localhost, a client certificate from that CA, and a CA and client certificate that the
-server has never heard of.
+Certificates come from the `openssl` command line, made fresh for the module (the `pki` fixture,
+tests/pki.py): a CA, a server certificate for 127.0.0.1 and localhost, a client certificate from that CA,
+and a CA and client certificate that the server has never heard of.
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ import sys
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2
+from pki import Pki
 
 from grpcgrade.client import GradingClient
 from grpcgrade.testing import ServerProcess, health_status, memory_kib, start_server
@@ -33,103 +33,6 @@ ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = pb.Sample(id="s", response='{"a": 1}')
 COMMENT = "tokens-for-the-trainers"  # a comment line of the token file, which is no token
 GRADERS = [pb.GraderSpec(name="json_validator")]
-
-
-# -- certificates --------------------------------------------------------------------------------------
-
-
-def _openssl(*args: str, cwd: Path) -> None:
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
-
-
-def _new_ca(cwd: Path, name: str) -> None:
-    _openssl(
-        "req",
-        "-x509",
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:prime256v1",
-        "-nodes",
-        "-keyout",
-        f"{name}.key",
-        "-out",
-        f"{name}.crt",
-        "-days",
-        "2",
-        "-subj",
-        f"/CN={name}",
-        "-addext",
-        "basicConstraints=critical,CA:TRUE",
-        "-addext",
-        "keyUsage=critical,keyCertSign,cRLSign",
-        cwd=cwd,
-    )
-
-
-def _new_cert(cwd: Path, name: str, ca: str, extensions: str) -> None:
-    """A key and a certificate signed by `ca`, with `extensions` (an openssl extension-file body)."""
-    _openssl(
-        "req",
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:prime256v1",
-        "-nodes",
-        "-keyout",
-        f"{name}.key",
-        "-out",
-        f"{name}.csr",
-        "-subj",
-        f"/CN={name}",
-        cwd=cwd,
-    )
-    (cwd / f"{name}.ext").write_text(extensions)
-    _openssl(
-        "x509",
-        "-req",
-        "-in",
-        f"{name}.csr",
-        "-CA",
-        f"{ca}.crt",
-        "-CAkey",
-        f"{ca}.key",
-        "-CAcreateserial",
-        "-out",
-        f"{name}.crt",
-        "-days",
-        "2",
-        "-extfile",
-        f"{name}.ext",
-        cwd=cwd,
-    )
-
-
-@dataclass(frozen=True)
-class Pki:
-    dir: Path
-
-    def path(self, name: str) -> str:
-        return str(self.dir / name)
-
-    def read(self, name: str) -> bytes:
-        return (self.dir / name).read_bytes()
-
-    def credentials(self, trust: str = "ca", client: str | None = None) -> grpc.ChannelCredentials:
-        """Channel credentials trusting CA `trust`, presenting certificate `client` when given."""
-        key, cert = (self.read(f"{client}.key"), self.read(f"{client}.crt")) if client else (None, None)
-        return grpc.ssl_channel_credentials(self.read(f"{trust}.crt"), key, cert)
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
-    d = tmp_path_factory.mktemp("pki")
-    _new_ca(d, "ca")
-    _new_ca(d, "other-ca")
-    _new_cert(d, "server", "ca", "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n")
-    _new_cert(d, "client", "ca", "extendedKeyUsage=clientAuth\n")
-    _new_cert(d, "stranger", "other-ca", "extendedKeyUsage=clientAuth\n")
-    return Pki(d)
 
 
 # -- bearer tokens -------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import tiktoken
 from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
+from verl_calls import reward_loop, verl_wrap
 
 from grpcgrade.core.errors import InvalidParams
 from grpcgrade.core.tokens import count_tokens, load, normalize
@@ -129,8 +130,6 @@ def test_a_rewards_own_tokenizer_json_counts_as_the_library_does(counting_server
 
 def test_verl_refuses_a_gate_it_cannot_feed_and_names_the_option(server):
     """The suite's server has no tokenizer and a gsm8k reward gated on 200 tokens: veRL sends no counts."""
-    from test_verl import reward_loop, verl_wrap
-
     from grpcgrade.integrations.verl import compute_score
 
     fn = verl_wrap(compute_score, {"target": server.target, "reward": "gsm8k"})
@@ -143,8 +142,6 @@ def test_verl_refuses_a_gate_it_cannot_feed_and_names_the_option(server):
 
 
 def test_verl_with_a_counting_server_is_gated_by_the_servers_count(counting_server):
-    from test_verl import reward_loop, verl_wrap
-
     from grpcgrade.integrations.verl import compute_score
 
     fn = verl_wrap(compute_score, {"target": counting_server.target, "reward": "capped"})

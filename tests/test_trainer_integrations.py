@@ -114,6 +114,8 @@ def test_verifiers_rubric_scores_groups_and_rollouts_as_direct_grading(server, t
     for scored in (out["group"], out["alone"]):
         assert [s["reward"] for s in scored] == pytest.approx(expected)
         assert [s["metrics"]["grpcgrade_failed"] for s in scored] == [0.0, 0.0, 0.0]
+    # a loop per run: each run's client closed as its loop ends (before: left open, its connection with it)
+    assert [left for _, left in out["loops"]] == [0, 0, 0] and all(during >= 1 for during, _ in out["loops"])
     flaky = [{"question": "q", "completion": "nan", "answer": ""}, {"question": "q", "completion": "ok", "answer": ""}]
     failed = run(trainers_python, "verifiers_rubric.py", server, "flaky", flaky)
     assert [s["reward"] for s in failed["group"]] == [0.0, 1.0]  # failure_reward, and a grade

@@ -1,62 +1,21 @@
-"""veRL's custom reward function, called the way veRL 0.9 calls it, against a real server.
-
-`verl_wrap` is veRL's `get_custom_reward_fn` (verl/trainer/ppo/reward.py): reward_kwargs merged into every
-call, taking precedence. `reward_loop` is the reward loop's `run_single` (verl/experimental/reward_loop/
-reward_manager/naive.py): one awaited call per sample, a step's samples concurrently, and the dict result
-split into the reward and reward_extra_info.
-"""
+"""veRL's custom reward function, called the way veRL 0.9 calls it (tests/verl_calls.py), against a real
+server."""
 
 from __future__ import annotations
 
 import asyncio
-import inspect
 import json
 import math
-from collections import defaultdict
+import os
 from concurrent.futures import ThreadPoolExecutor
-from functools import partial
 
 import grpc
 import pytest
+from verl_calls import reward_loop, verl_wrap
 
 from grpcgrade.client import AsyncGradingClient
 from grpcgrade.integrations.verl import compute_score, compute_score_sync
-
-
-def _call_with_kwargs(raw_fn, extra_kwargs, *args, **kwargs):
-    return raw_fn(*args, **{**kwargs, **extra_kwargs})
-
-
-async def _call_with_kwargs_async(raw_fn, extra_kwargs, *args, **kwargs):
-    return await raw_fn(*args, **{**kwargs, **extra_kwargs})
-
-
-def verl_wrap(raw_fn, reward_kwargs):
-    if not inspect.iscoroutinefunction(raw_fn):
-        return partial(_call_with_kwargs, raw_fn, reward_kwargs)
-    return partial(_call_with_kwargs_async, raw_fn, reward_kwargs)
-
-
-def reward_loop(fn, items):
-    """[(data_source, solution_str, ground_truth, extra_info)] -> (rewards, reward_extra_info)."""
-
-    async def run_single(data_source, solution_str, ground_truth, extra_info):
-        loop = asyncio.get_running_loop()
-        extra_info = {**extra_info, "num_turns": None, "rollout_reward_scores": {}}
-        kwargs = dict(data_source=data_source, solution_str=solution_str, ground_truth=ground_truth)
-        if inspect.iscoroutinefunction(fn):
-            return await fn(**kwargs, extra_info=extra_info)
-        return await loop.run_in_executor(None, lambda: fn(**kwargs, extra_info=extra_info))
-
-    async def step():
-        return await asyncio.gather(*(run_single(*item) for item in items))
-
-    results = asyncio.run(step())
-    extra = defaultdict(list)
-    for result in results:
-        for key, value in result.items():
-            extra[key].append(value)
-    return [r["score"] for r in results], extra
+from grpcgrade.testing import connections_to, eventually, start_server
 
 
 def test_reward_loop_calls_are_coalesced_into_batch_calls(server):
@@ -212,3 +171,25 @@ def test_the_batch_managers_plural_call(server):
     assert floats(data_sources=["d"], solution_strs=[answers[0]], ground_truths=["72"], extra_infos=[None]) == [
         pytest.approx(1.0)
     ]
+
+
+def test_each_loops_client_is_closed_when_its_loop_ends(tmp_path, plugin_env):
+    """A caller that runs each step on a loop of its own (`asyncio.run` per step, as `reward_loop` here):
+    each loop's client is closed as that loop ends, so no connection to the server outlives its step (seen
+    in this process's sockets). Before, every loop's client (and the loop) was kept open for the process's
+    life, and a connection with them. A server of its own: the suite's has other tests' clients connected."""
+    (tmp_path / "config.yaml").write_text("rewards:\n  loud:\n    graders: [{name: shout}]\n")
+    server = start_server(tmp_path, "--workers", "0", "--config", "config.yaml", env=plugin_env)
+    try:
+        fn = verl_wrap(compute_score, {"target": server.target, "reward": "loud"})
+
+        async def connected(**kwargs):  # the step's connections, counted while its loop runs
+            result = await fn(**kwargs)
+            return {**result, "open": connections_to(server.port, [os.getpid()])}
+
+        for _ in range(3):
+            rewards, extra = reward_loop(connected, [("d", "HEY", "hey", {}), ("d", "hey", "hey", {})])
+            assert rewards == [1.0, 0.0] and min(extra["open"]) >= 1
+            eventually(lambda: connections_to(server.port, [os.getpid()]) == 0, "the step's connection closed", 10)
+    finally:
+        server.stop()

@@ -254,11 +254,10 @@ class Engine:
         request's size, else by the plan's chunk policy: cheap graders `CHEAP_CHUNK` each, heavy ones guided
         (see `HEAVY_CHUNK`), each chunk's size chosen when it is handed out. Never more than
         `MAX_CHUNKS_PER_CALL` chunks (a hop and a message each)."""
-        floor = -(-samples // MAX_CHUNKS_PER_CALL)
         if requested or not self.plan(jobs).guided:
-            size = max(requested or CHEAP_CHUNK, floor)
+            size = _fixed_size(samples, requested)
             return iter([(a, min(a + size, samples)) for a in range(0, samples, size)])
-        return self._guided(samples, floor)
+        return self._guided(samples, -(-samples // MAX_CHUNKS_PER_CALL))
 
     def _guided(self, samples: int, floor: int) -> Iterator[tuple[int, int]]:
         """Guided chunks of one heavy call; its samples count in `unissued` until handed out, or until the
@@ -319,21 +318,25 @@ class Engine:
             selected,
         )
 
-    async def _execute(
-        self, plan: Plan, group: Group, item: WorkItem, nbytes: int = 0, inline: bool = False
-    ) -> ChunkResult:
-        """`item` run where the plan places its group: inline when the plan allows a call this small now (or
-        the caller has just asked it: `inline`), else in the executor or inline as placed. Its stats are
-        counted here."""
-        if inline or plan.inline(nbytes):
-            began = time.perf_counter()
-            result: ChunkResult = await self.inline.run(item)
-            self.inline_share.spent(time.perf_counter() - began)
+    async def _execute(self, plan: Plan, group: Group, item: WorkItem, nbytes: int = 0) -> ChunkResult:
+        """`item` run where the plan places its group: inline when the plan allows a call this small now, else
+        in the executor or inline as placed. Its stats are counted here."""
+        result: ChunkResult
+        if plan.inline(nbytes):
+            result = self._small_here(item)
         elif group.place is Place.EXECUTOR and self.pool is not None:
             result = await self.pool.run(item)
         else:
             result = await self.inline.run(item)
         self._observe(result.stats)
+        return result
+
+    def _small_here(self, item: WorkItem) -> ChunkResult:
+        """A small item of bounded cost run in this process now (`Plan.inline`), its time counted against
+        the event loop's inline share."""
+        began = time.perf_counter()
+        result = item.run_here()
+        self.inline_share.spent(time.perf_counter() - began)
         return result
 
     def _learn(
@@ -445,17 +448,16 @@ class Engine:
         timeout: float | None,
         reward: str,
         deadline: float | None,
-        inline: bool = False,
     ) -> ChunkResult:
         """Samples a..b-1 as one work item of every grader in the service's codec: the answer comes back
-        encoded, and its failures with it. `inline`: the plan has allowed it inline (`_small_inline`)."""
+        encoded, and its failures with it."""
         together = plan.together
         assert together is not None and batch.encoded is not None
         samples = batch.encoded(a, b)
         item = self._item(plan, together, samples, b - a, timeout, deadline, a, reward)
         # A call's size, where the service did not say it: its encoding's, when it is one chunk.
         nbytes = batch.nbytes or (len(samples.data) if (a, b) == (0, batch.size) else 0)
-        result = await self._execute(plan, together, item, nbytes, inline)
+        result = await self._execute(plan, together, item, nbytes)
         self._learn(plan, result, lambda i: batch.chunk(i, i + 1)[0][1], timeout)
         return result
 
@@ -529,6 +531,51 @@ class Engine:
             self._observe([reward_stats(reward, values)])
         return replace(part, rewards=values)
 
+    def _whole_inline(
+        self,
+        plan: Plan,
+        batch: Batch,
+        timeout: float | None,
+        reward: str,
+        deadline: float | None,
+        failures: FailureTally | None,
+    ) -> ChunkResult:
+        """A small call (`_small_inline`) graded here and now, whole, as one work item of every grader in the
+        service's codec; counted against the call's failure budget (TooManyFailures past it). No coroutine:
+        inline work never waits, and a trainer's step is the call that is only this."""
+        together = plan.together
+        assert together is not None and batch.encoded is not None
+        item = self._item(plan, together, batch.encoded(0, batch.size), batch.size, timeout, deadline, 0, reward)
+        result = self._small_here(item)
+        self._observe(result.stats)
+        self._learn(plan, result, lambda i: batch.chunk(i, i + 1)[0][1], timeout)
+        if failures is not None:
+            failures.add_stats(result.stats)
+            failures.check()
+        return result
+
+    def graded_now(
+        self,
+        jobs: Sequence[Job],
+        batch: Batch,
+        timeout: float | None = None,
+        budget: OutputBudget | None = None,
+        reward: str = "",
+        deadline: float | None = None,
+        failures: FailureTally | None = None,
+    ) -> ChunkResult | None:
+        """A call that is one chunk (the caller knows: `one_chunk`) graded here and now when it is small
+        (`_small_inline`), as `grade_batch` would grade it; None when it is not small now (then
+        `grade_batch`). Its answer is handed on at once, so the output budget is not charged for it."""
+        plan = self.plan(jobs)
+        if not self._small_inline(plan, batch, budget, deadline):
+            return None
+        return self._whole_inline(plan, batch, self.timeout(timeout), reward, deadline, failures)
+
+    def one_chunk(self, jobs: Sequence[Job], samples: int, requested: int = 0) -> bool:
+        """Whether `chunks` cuts a call of `samples` into one chunk, decided without cutting it."""
+        return bool(requested or not self.plan(jobs).guided) and _fixed_size(samples, requested) >= samples
+
     @staticmethod
     def _small_inline(plan: Plan, batch: Batch, budget: OutputBudget | None, deadline: float | None) -> bool:
         """Whether a batch is graded inline now as its encoding, in one piece, with nothing to wait for: its
@@ -574,10 +621,7 @@ class Engine:
         if self._small_inline(plan, batch, budget, deadline):
             head = list(itertools.islice(chunks, 2))
             if head == [(0, batch.size)]:  # one chunk, the whole call: no pipeline
-                graded = await self._grade_encoded(plan, batch, 0, batch.size, timeout, reward, deadline, inline=True)
-                if failures is not None:
-                    failures.add_stats(graded.stats)
-                    failures.check()
+                graded = self._whole_inline(plan, batch, timeout, reward, deadline, failures)
                 size = _output_bytes(graded)
                 if budget is not None:
                     budget.charge(size)
@@ -645,6 +689,12 @@ class Engine:
                 failures.add_stats(stats)
                 failures.check()
             yield ChunkResult(cut, [[budget_error(name)] * len(cut) for name in names], [None] * len(cut))
+
+
+def _fixed_size(samples: int, requested: int) -> int:
+    """The size of every chunk of a call cut by size (`Engine.chunks`): the request's, else `CHEAP_CHUNK`, and
+    large enough that the call is at most `MAX_CHUNKS_PER_CALL` chunks."""
+    return max(requested or CHEAP_CHUNK, -(-samples // MAX_CHUNKS_PER_CALL))
 
 
 def _output_bytes(graded: object) -> int:

@@ -17,8 +17,12 @@ the process ends with no warning (`python -X dev`) and its connections with it.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Hashable
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
 
 
 def closed_with_its_loop(close: Callable[[], Awaitable[object]]) -> AsyncGenerator[None, None]:
@@ -36,3 +40,28 @@ def closed_with_its_loop(close: Callable[[], Awaitable[object]]) -> AsyncGenerat
     with contextlib.suppress(StopIteration):  # runs to its `yield` at once: nothing there to wait for
         closer.asend(None).send(None)
     return closer
+
+
+class PerLoop(Generic[T]):
+    """One `T` per running event loop and key, made on first use on that loop (`make(*key)`) and closed on
+    it when it ends (`close(value)`, by `closed_with_its_loop`): what a trainer integration holds its client
+    in: a caller that runs each step with `asyncio.run` makes a loop per step, and a client kept per loop
+    without this stayed open for the process's life (its loop and channel held, and a connection)."""
+
+    def __init__(self, make: Callable[..., T], close: Callable[[T], Awaitable[object]]) -> None:
+        self._make, self._close = make, close
+        self._held: dict[tuple[Hashable, ...], tuple[T, AsyncGenerator[None, None]]] = {}
+
+    def get(self, *key: Hashable) -> T:
+        """The running loop's `T` for `key`."""
+        where = (asyncio.get_running_loop(), *key)
+        held = self._held.get(where)
+        if held is None:
+            value = self._make(*key)
+
+            async def close() -> None:
+                self._held.pop(where, None)
+                await self._close(value)
+
+            held = self._held[where] = (value, closed_with_its_loop(close))
+        return held[0]

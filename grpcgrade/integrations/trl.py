@@ -31,9 +31,8 @@ How a call becomes samples (documented for users in docs/trainers.md):
 
 from __future__ import annotations
 
-import asyncio
 import math
-from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import grpc
@@ -41,7 +40,7 @@ import grpc
 from grpcgrade.batch_scores import BatchScores
 from grpcgrade.client import AsyncGradingClient, Cache, Graders, GradingClient, Target, cache_mode
 from grpcgrade.core.guard import failure_limit, step_deadline
-from grpcgrade.core.loops import closed_with_its_loop
+from grpcgrade.core.loops import PerLoop
 from grpcgrade.service.convert import SampleColumns, all_text, specs_to_pb
 from grpcgrade.v1 import grading_pb2 as pb
 
@@ -387,26 +386,13 @@ def async_reward_function(
 ) -> Callable[..., Any]:
     """`reward_function` as an `async def`: TRL awaits async reward functions together on its own event
     loop, so a slow grader does not hold up the other reward functions. One client per event loop, closed
-    on that loop when it ends (`core.loops.closed_with_its_loop`): a script calling `asyncio.run` per batch
+    on that loop when it ends (`core.loops.PerLoop`): a script calling `asyncio.run` per batch
     leaves no channel (and its connection) open behind each run."""
     config = _Config(target, graders, reward, **options)
-    clients: dict[asyncio.AbstractEventLoop, tuple[AsyncGradingClient, AsyncGenerator[None, None]]] = {}
-
-    def open_client() -> AsyncGradingClient:
-        loop = asyncio.get_running_loop()
-        if loop in clients:
-            return clients[loop][0]
-        client = AsyncGradingClient(config.target, **config.client_options)
-
-        async def close() -> None:
-            clients.pop(loop, None)
-            await client.close()
-
-        clients[loop] = (client, closed_with_its_loop(close))
-        return client
+    clients = PerLoop(lambda: AsyncGradingClient(config.target, **config.client_options), AsyncGradingClient.close)
 
     async def score(prompts: Sequence[Any], completions: Sequence[Any], **kwargs: Any) -> list[float | None]:
-        client = open_client()
+        client = clients.get()
         samples = config.builder.columns(prompts, completions, kwargs)
         table = await client.batch_scores(samples, config.graders, config.reward, **config.guards)
         report(table, kwargs)

@@ -26,12 +26,12 @@ so: raised from the reward function it would only be logged and every rollout sc
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import verifiers as vf
 
 from grpcgrade.client import DEFAULT_LINGER, AsyncGradingClient, Coalescer
+from grpcgrade.core.loops import PerLoop
 from grpcgrade.integrations.common import as_text, failure_of, last_text, log, require_counts, reward_of, usable_extra
 
 #: The rubric's function names (and so the keys of `state["metrics"]`).
@@ -39,22 +39,6 @@ REWARD_NAME = "grpcgrade"
 FAILED_NAME = "grpcgrade_failed"
 #: Where a rollout's failure flag waits in its state between the two functions.
 STATE_KEY = "grpcgrade_failed"
-
-
-class _PerLoop:
-    """One client and coalescer per event loop (gRPC's asyncio channels belong to the loop that made them)."""
-
-    def __init__(self, target: str, reward: str, token: str | None, timeout: float, linger: float) -> None:
-        self.args = (target, reward, token, timeout, linger)
-        self.coalescers: dict[asyncio.AbstractEventLoop, Coalescer] = {}
-
-    def coalescer(self) -> Coalescer:
-        loop = asyncio.get_running_loop()
-        if loop not in self.coalescers:
-            target, reward, token, timeout, linger = self.args
-            client = AsyncGradingClient(target, token=token, timeout=timeout)
-            self.coalescers[loop] = client.coalescer(reward=reward, linger=linger)
-        return self.coalescers[loop]
 
 
 def rubric(
@@ -69,7 +53,12 @@ def rubric(
     """A `vf.Rubric` whose reward is the server's `reward` (module docstring); ValueError for a reward that
     gates on a token count the server cannot make."""
     require_counts(target, token, timeout, reward, "verifiers' rubric")
-    connection = _PerLoop(target, reward, token, timeout, linger)
+
+    def open_coalescer() -> Coalescer:
+        return AsyncGradingClient(target, token=token, timeout=timeout).coalescer(reward=reward, linger=linger)
+
+    # gRPC's asyncio channels belong to the loop that made them: a client per loop, closed as its loop ends
+    coalescers = PerLoop(open_coalescer, lambda held: held.client.close())
 
     async def grpcgrade(prompt: Any, completion: Any, answer: Any, state: Any, info: Any = None) -> float:
         sample = {
@@ -78,7 +67,7 @@ def rubric(
             "reference": as_text(answer),
             **usable_extra((info or {}).items()),
         }
-        result = await connection.coalescer().evaluate(sample)
+        result = await coalescers.get().evaluate(sample)
         value = reward_of(result)
         state[STATE_KEY] = float(value is None)
         if value is None:

@@ -39,6 +39,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from grpcgrade.client import DEFAULT_LINGER, DEFAULT_MAX_BATCH, AsyncGradingClient, Cache, Coalescer
+from grpcgrade.core.loops import PerLoop
 from grpcgrade.integrations.common import (  # absolute: veRL may load this file by path
     agent_inputs,
     as_text,
@@ -92,15 +93,8 @@ class _Connection:
         return list(dict.fromkeys(k for r in rewards for k in self.labels[r]))
 
 
-_connections: dict[tuple[Any, ...], _Connection] = {}
-
-
-def _connection(target: str, token: str | None, timeout: float, linger: float, max_batch: int) -> _Connection:
-    key = (asyncio.get_running_loop(), target, token, timeout, linger, max_batch)
-    conn = _connections.get(key)
-    if conn is None:
-        conn = _connections[key] = _Connection(target, token, timeout, linger, max_batch)
-    return conn
+#: Each event loop's connections, by their options; each closed as its loop ends.
+_connections = PerLoop(_Connection, lambda held: held.client.close())
 
 
 def _pick(data_source: str, reward: str | None, rewards: Mapping[str, str] | None) -> tuple[str, list[str]]:
@@ -163,7 +157,7 @@ async def compute_score(
     ...) are ignored. A call that fails as a whole (server unreachable, unknown reward, past its failure
     budget) raises: training must not go on with rewards nobody computed."""
     chosen, every = _pick(data_source, reward, rewards)
-    conn = _connection(str(target), token, float(timeout), float(linger), int(max_batch))
+    conn = _connections.get(str(target), token, float(timeout), float(linger), int(max_batch))
     keys = await conn.keys(every)
     gates = conn.uncounted.get(chosen)
     if gates and "completion_tokens" not in (extra_info or {}):

@@ -246,21 +246,28 @@ def fill_response(
         out.reward = reward
 
 
+#: How the first reason of an answer `leave_out_details` made to fit begins, followed by the answer's size
+#: in bytes. The native gRPC face reads it too (native/grpc-face/wire.go's leftOutNote, the same words).
+LEFT_OUT_NOTE = "reason and metadata left out: this sample's answer is "
+
+
 def leave_out_details(response: pb.EvaluateResponse, limit: int) -> None:
     """A sample's answer over the message size `limit` (a long reason, large metadata or error messages),
     made to fit: its scores, ranks, error codes and reward stay, reasons and metadata are left out (the first
     reason says why), and error messages are cut to `MAX_DETAIL_CHARS`. gRPC would otherwise refuse the
     message, and with it the stream of every sample not yet sent."""
     size = response.ByteSize()
-    note = (
-        f"reason and metadata left out: this sample's answer is {size} bytes, over the {limit}-byte message "
-        "limit (max_message_bytes)"
-    )
+    note = f"{LEFT_OUT_NOTE}{size} bytes, over the {limit}-byte message limit (max_message_bytes)"
     for result in response.results:
         result.reason, note = note, ""
         result.ClearField("metadata")
         if result.HasField("error") and len(result.error.message) > MAX_DETAIL_CHARS:
             result.error.message = result.error.message[:MAX_DETAIL_CHARS] + "\N{HORIZONTAL ELLIPSIS}"
+
+
+def details_left_out(response: pb.EvaluateResponse) -> bool:
+    """Whether `leave_out_details` left out an answer's details (its first reason says so)."""
+    return bool(response.results) and response.results[0].reason.startswith(LEFT_OUT_NOTE)
 
 
 def fill_items(

@@ -40,7 +40,7 @@ from grpcgrade.core.samples import Limits
 from grpcgrade.v1 import admin_pb2
 from grpcgrade.v1 import grading_pb2 as pb
 
-from .convert import is_full
+from .convert import details_left_out, is_full
 from .counters import FaceCounters
 from .interceptors import ServiceInterceptor
 from .link import EngineFailed, EngineLink, Metadata
@@ -168,9 +168,22 @@ class FaceServicer(GradingServicer):
     def __init__(self, engine: Engine, limits: Limits, link: EngineLink, linger: float) -> None:
         super().__init__(engine, limits, coalescer=ServerCoalescer(link, linger))
         self.full = ServerCoalescer(_FullView(link), linger)
+        self.link = link
 
     def coalescer_for(self, request: pb.EvaluateRequest) -> ServerCoalescer | None:
         return self.full if is_full(request.view) else self.coalescer
+
+    async def Evaluate(self, request: pb.EvaluateRequest, context: Context) -> pb.EvaluateResponse:
+        """The coalesced answer; or, for an answer whose details were left out to fit a message, the engine's
+        own Evaluate's answer to the call, graded again alone. The engine left the details out of a batch
+        item a few bytes larger than the call's answer (which may fit the call's message: the engine's port
+        sends it whole), and measured the item without the sample's id, which the link does not send (the
+        engine's port names the answer's own size): so the face answers exactly as the engine's port does.
+        Only answers about as large as the message limit (`limits.max_message_bytes`) take this way."""
+        response = await super().Evaluate(request, context)
+        if not details_left_out(response):
+            return response
+        return await self.link.evaluate(request, carried(context), context.time_remaining())
 
 
 def _evaluate(servicer: FaceServicer) -> Handler:

@@ -163,6 +163,17 @@ class EngineLink:
         parts = [part async for part in calls]
         return _joined(parts, [index for index, _ in chunk], len(jobs))
 
+    async def evaluate(
+        self, request: pb.EvaluateRequest, metadata: Metadata, timeout: float | None
+    ) -> pb.EvaluateResponse:
+        """One call's Evaluate made to the engine's process as it came (with the call's `metadata`): the
+        engine answers it as its own port does."""
+        try:
+            response: pb.EvaluateResponse = await self.stub.Evaluate(request, metadata=metadata, timeout=timeout)
+        except grpc.aio.AioRpcError as exc:
+            raise self.failed(exc.code(), exc.details() or "", tuple(exc.trailing_metadata() or ())) from None
+        return response
+
     async def grade_pieces(
         self,
         jobs: Sequence[Job],

@@ -288,19 +288,27 @@ class GradingServicer(pb_grpc.GradingServiceServicer):
             parts: list[bytes] = []
             size = 0
             self._in_flight(n)
-            messages = self._graded(request, jobs, chunks, timeout, deadline, failures)
+            messages = None
             try:
-                async for message, _count in messages:
-                    parts.append(message)
-                    size += len(message)
-                    if size > limit:
-                        break
+                # A trainer's step: one small chunk graded here and now, with no generator or task.
+                now = self._graded_now(request, jobs, n, timeout, deadline, failures)
+                if now is not None:
+                    parts.append(now)
+                    size = len(now)
+                else:
+                    messages = self._graded(request, jobs, chunks, timeout, deadline, failures)
+                    async for message, _count in messages:
+                        parts.append(message)
+                        size += len(message)
+                        if size > limit:
+                            break
             except TooManyFailures as exc:
                 if self.metrics is not None:
                     self.metrics.failure_budget_calls.inc()
                 await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
             finally:  # done, over the size or failed: running chunks stop, graded ones are dropped
-                await messages.aclose()
+                if messages is not None:
+                    await messages.aclose()
                 self._in_flight(-n)
         finally:
             self.admission.leave(n)
@@ -357,6 +365,37 @@ class GradingServicer(pb_grpc.GradingServiceServicer):
             context.set_code(grpc.StatusCode.FAILED_PRECONDITION)
             context.set_details(failed)
 
+    def _batch(self, request: ReceivedBatch) -> Batch:
+        """The request as the engine takes a batch: chunks of keyword arguments, or of its own encoding."""
+        rows, limits, view = request.rows, self.limits, request.view
+        small = len(request.data) <= limits.max_field_chars  # then no sample has a field over the limit
+
+        def chunk(a: int, b: int) -> Chunk:
+            return list(zip(range(a, b), rows.kwargs(a, b, limits, small), strict=True))
+
+        return Batch(rows.n, chunk, lambda a, b: encoded(request, a, b, view, limits), len(request.data))
+
+    def _graded_now(
+        self,
+        request: ReceivedBatch,
+        jobs: Plan,
+        n: int,
+        timeout: float | None,
+        deadline: float | None,
+        failures: FailureTally | None,
+    ) -> bytes | None:
+        """The serialized answer of a call the engine grades here and now (one small chunk, `graded_now`),
+        else None."""
+        if not self.engine.one_chunk(jobs, n, request.chunk_size):
+            return None
+        graded = self.engine.graded_now(
+            jobs, self._batch(request), timeout, self.budget, request.reward, deadline, failures
+        )
+        if graded is None:
+            return None
+        assert graded.encoded is not None  # graded whole in the service's codec
+        return graded.encoded
+
     async def _graded(
         self,
         request: ReceivedBatch,
@@ -369,14 +408,8 @@ class GradingServicer(pb_grpc.GradingServiceServicer):
         """Serialized response messages and how many samples each answers, in the order chunks finish."""
         rows, limits = request.rows, self.limits
         labels = self._labels(jobs)
-        view = request.view
-        full, columnar = _full(request), view == pb.RESULT_VIEW_COLUMNS
-        small = len(request.data) <= limits.max_field_chars  # then no sample has a field over the limit
-
-        def chunk(a: int, b: int) -> Chunk:
-            return list(zip(range(a, b), rows.kwargs(a, b, limits, small), strict=True))
-
-        batch = Batch(rows.n, chunk, lambda a, b: encoded(request, a, b, view, limits), len(request.data))
+        full, columnar = _full(request), request.view == pb.RESULT_VIEW_COLUMNS
+        batch = self._batch(request)
         limit = limits.max_message_bytes
         graded_chunks = self.engine.grade_batch(
             jobs, batch, chunks, timeout, self.budget, request.reward, deadline=deadline, failures=failures

@@ -1,6 +1,6 @@
 package main
 
-// Unary Evaluate calls gathered by plan into BatchEvaluate calls to the engine's process, with the Python
+// Unary Evaluate calls gathered by plan into BatchEvaluateUnary calls to the engine's process, with the Python
 // gRPC face's rule (grpcgrade.core.coalesce: ServerCoalescer, FACE_LINGER_SECONDS): a call whose
 // plan has no chunk being graded leaves at once (with whoever arrived meanwhile); while one is, calls of
 // that plan gather for up to `linger`; a full chunk (maxChunk samples, or half the message limit in bytes)
@@ -21,7 +21,10 @@ import (
 	"google.golang.org/grpc/status"
 )
 
-const batchEvaluate = "/grpcgrade.v1.GradingService/BatchEvaluate"
+const (
+	batchEvaluate      = "/grpcgrade.v1.GradingService/BatchEvaluate"
+	batchEvaluateUnary = "/grpcgrade.v1.GradingService/BatchEvaluateUnary"
+)
 
 // answer is one call's outcome: its EvaluateResponse, or the engine's status (with its trailers), or
 // `relay`: the engine refused the chunk for a reason of a request's own (a bad plan, a bad sample), or its
@@ -181,7 +184,8 @@ func (c *coalescer) run(ctx context.Context, cancel context.CancelFunc, p *plan,
 	}
 	answered := make([]bool, len(batch))
 	count := 0
-	err := c.call(metadata.NewOutgoingContext(ctx, md), batchRequest(p.head, samples), func(it item) error {
+	wrapped, request := batchRequest(p.head, samples)
+	err := c.call(metadata.NewOutgoingContext(ctx, md), wrapped, request, func(it item) error {
 		if it.index >= uint64(len(batch)) || answered[it.index] {
 			return status.Errorf(codes.Internal, "the grading engine answered sample %d of %d twice or out of range", it.index, len(batch))
 		}
@@ -214,8 +218,29 @@ func (c *coalescer) run(ctx context.Context, cancel context.CancelFunc, p *plan,
 	c.mu.Unlock()
 }
 
-// call makes one BatchEvaluate with `request`, each item of its answer to `each`.
-func (c *coalescer) call(ctx context.Context, request []byte, each func(item) error) error {
+// call grades a chunk, each item of its answer to `each`: one BatchEvaluateUnary (`wrapped`), which costs
+// the engine's process less than a stream for a chunk answered whole; BatchEvaluate (`batch`, streamed in
+// parts) when the engine refused it for an answer over one message (the faces' link's rule, service/link.py:
+// RESOURCE_EXHAUSTED without a retry hint; a refusal for load carries one and is the calls' answer).
+func (c *coalescer) call(ctx context.Context, wrapped, batch []byte, each func(item) error) error {
+	var response []byte
+	var trailer metadata.MD
+	err := c.engine.Invoke(ctx, batchEvaluateUnary, &wrapped, &response, grpc.Trailer(&trailer))
+	if err == nil {
+		answer, perr := unaryAnswer(response)
+		if perr != nil {
+			return status.Errorf(codes.Internal, "the grading engine's answer could not be read: %v", perr)
+		}
+		return c.each(answer, each)
+	}
+	if status.Code(err) != codes.ResourceExhausted || len(trailer.Get(pushbackKey)) > 0 {
+		return withTrailer(err, trailer)
+	}
+	return c.stream(ctx, batch, each)
+}
+
+// stream makes one BatchEvaluate with `request`, each item of its answer to `each`.
+func (c *coalescer) stream(ctx context.Context, request []byte, each func(item) error) error {
 	var trailer metadata.MD
 	stream, err := c.engine.NewStream(ctx, &grpc.StreamDesc{ServerStreams: true}, batchEvaluate, grpc.Trailer(&trailer))
 	if err != nil {
@@ -236,16 +261,24 @@ func (c *coalescer) call(ctx context.Context, request []byte, each func(item) er
 		if err != nil {
 			return withTrailer(err, stream.Trailer())
 		}
-		items, perr := batchItems(message)
-		if perr != nil {
-			return status.Errorf(codes.Internal, "the grading engine's answer could not be read: %v", perr)
-		}
-		for _, it := range items {
-			if err := each(it); err != nil {
-				return err
-			}
+		if err := c.each(message, each); err != nil {
+			return err
 		}
 	}
+}
+
+// each gives `each` every item of one BatchEvaluateResponse.
+func (c *coalescer) each(message []byte, each func(item) error) error {
+	items, err := batchItems(message)
+	if err != nil {
+		return status.Errorf(codes.Internal, "the grading engine's answer could not be read: %v", err)
+	}
+	for _, it := range items {
+		if err := each(it); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // engineError is an engine call's status with the trailers it ended with (a retry hint among them).

@@ -5,9 +5,10 @@
 // FastAPI peer the per-sample goal asks; grpc-go's server answered the same crowd at ~20 us a call.
 //
 // It does what the Python gRPC face processes do (grpcgrade/service/grpc_face.py), and nothing more:
-//   - Evaluate: concurrent calls with the same plan gathered into BatchEvaluate calls to the engine's
-//     process on its private Unix socket (coalesce.go); a call it cannot split, or whose chunk the engine
-//     refused for what a request holds, goes to the engine as the plain Evaluate it was.
+//   - Evaluate: concurrent calls with the same plan gathered into BatchEvaluateUnary calls (BatchEvaluate
+//     for an answer over one message) to the engine's process on its private Unix socket (coalesce.go);
+//     a call it cannot split, or whose chunk the engine refused for what a request holds, goes to the
+//     engine as the plain Evaluate it was.
 //   - every other method the engine serves: relayed as bytes, with the call's deadline, metadata and
 //     cancellation, and the engine's status and trailers back (relay.go).
 //   - auth: the server's bearer tokens (the auth token file), checked before a request is read; the health

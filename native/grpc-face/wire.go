@@ -99,19 +99,68 @@ func splitEvaluate(request []byte) (split, error) {
 	return out, nil
 }
 
-// batchRequest is a BatchEvaluateRequest of `plan` and `samples`, in their order.
-func batchRequest(plan []byte, samples [][]byte) []byte {
+// unaryBatch is BatchEvaluateUnaryRequest's field and BatchEvaluateUnaryResponse's: the batch request, and
+// the answer (a BatchEvaluateResponse), each wrapped in a message of its own.
+const unaryBatch = 1
+
+// batchRequest is a BatchEvaluateUnaryRequest of `plan` and `samples` (in their order), and the
+// BatchEvaluateRequest it wraps: the same bytes past the wrapper's tag and length, so the request is
+// written once for either method (BatchEvaluate takes `batch` when the unary answer would be over one message).
+func batchRequest(plan []byte, samples [][]byte) (wrapped, batch []byte) {
 	size := len(plan)
 	for _, s := range samples {
 		size += 1 + protowire.SizeBytes(len(s))
 	}
-	out := make([]byte, 0, size)
+	out := make([]byte, 0, 1+protowire.SizeVarint(uint64(size))+size)
+	out = protowire.AppendTag(out, unaryBatch, protowire.BytesType)
+	out = protowire.AppendVarint(out, uint64(size))
+	head := len(out)
 	out = append(out, plan...)
 	for _, s := range samples {
 		out = protowire.AppendTag(out, batchSamples, protowire.BytesType)
 		out = protowire.AppendBytes(out, s)
 	}
-	return out
+	return out, out[head:]
+}
+
+// unaryAnswer is the BatchEvaluateResponse a BatchEvaluateUnaryResponse holds (its `answer`, merged as
+// protobuf merges a message field given twice); an error for a message that is not one.
+func unaryAnswer(message []byte) ([]byte, error) {
+	var out []byte
+	err := fields(message, func(num protowire.Number, typ protowire.Type, value []byte) error {
+		if num == unaryBatch && typ == protowire.BytesType {
+			out = append(out, value...)
+		}
+		return nil
+	})
+	return out, err
+}
+
+// fields gives `each` every field of `message` in order: its number, wire type and value (a length-
+// delimited field's content, any other's encoded value); the first error `each` returns ends it, and a
+// message that is not one is an error.
+func fields(message []byte, each func(num protowire.Number, typ protowire.Type, value []byte) error) error {
+	b := message
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return protowire.ParseError(n)
+		}
+		b = b[n:]
+		m := protowire.ConsumeFieldValue(num, typ, b)
+		if m < 0 {
+			return protowire.ParseError(m)
+		}
+		value := b[:m]
+		if typ == protowire.BytesType {
+			value, _ = protowire.ConsumeBytes(value) // whole: ConsumeFieldValue has read it
+		}
+		b = b[m:]
+		if err := each(num, typ, value); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // An item of a BatchEvaluateResponse: the sample's position in the request, and its EvaluateResponse.
@@ -124,74 +173,49 @@ type item struct {
 // a message that is not one, or that carries columns (field 2), which the face never asks for.
 func batchItems(message []byte) ([]item, error) {
 	var items []item
-	b := message
-	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 {
-			return nil, protowire.ParseError(n)
-		}
-		b = b[n:]
-		if num != 1 || typ != protowire.BytesType {
-			m := protowire.ConsumeFieldValue(num, typ, b)
-			if m < 0 {
-				return nil, protowire.ParseError(m)
+	err := fields(message, func(num protowire.Number, typ protowire.Type, value []byte) error {
+		switch {
+		case num == 1 && typ == protowire.BytesType:
+			one, err := batchItem(value)
+			if err != nil {
+				return err
 			}
-			if num == 2 {
-				return nil, errors.New("the engine answered with columns")
-			}
-			b = b[m:]
-			continue
+			items = append(items, one)
+		case num == 2:
+			return errors.New("the engine answered with columns")
 		}
-		raw, m := protowire.ConsumeBytes(b)
-		if m < 0 {
-			return nil, protowire.ParseError(m)
-		}
-		b = b[m:]
-		one, err := batchItem(raw)
-		if err != nil {
-			return nil, err
-		}
-		items = append(items, one)
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	return items, nil
 }
 
 func batchItem(raw []byte) (item, error) {
-	var out item
-	out.result = []byte{}
-	for len(raw) > 0 {
-		num, typ, n := protowire.ConsumeTag(raw)
-		if n < 0 {
-			return item{}, protowire.ParseError(n)
-		}
-		raw = raw[n:]
+	out := item{result: []byte{}}
+	err := fields(raw, func(num protowire.Number, typ protowire.Type, value []byte) error {
 		switch {
 		case num == 1 && typ == protowire.VarintType:
-			v, m := protowire.ConsumeVarint(raw)
+			v, m := protowire.ConsumeVarint(value)
 			if m < 0 {
-				return item{}, protowire.ParseError(m)
+				return protowire.ParseError(m)
 			}
-			out.index, raw = v, raw[m:]
+			out.index = v
 		case num == 2 && typ == protowire.BytesType:
-			v, m := protowire.ConsumeBytes(raw)
-			if m < 0 {
-				return item{}, protowire.ParseError(m)
-			}
-			out.result, raw = append(out.result, v...), raw[m:] // a message given twice merges: concatenated
-		default:
-			m := protowire.ConsumeFieldValue(num, typ, raw)
-			if m < 0 {
-				return item{}, protowire.ParseError(m)
-			}
-			raw = raw[m:]
+			out.result = append(out.result, value...) // a message given twice merges: concatenated
 		}
+		return nil
+	})
+	if err != nil {
+		return item{}, err
 	}
 	return out, nil
 }
 
 // leftOutNote is how the engine's first result's reason begins when it left out an answer's reasons and
-// metadata to fit it in a message (service/convert.py's leave_out_details), followed by the answer's size.
-// The same words as there: tests/test_native_face.py fails when they part.
+// metadata to fit it in a message (service/convert.py's leave_out_details, LEFT_OUT_NOTE), followed by the
+// answer's size. The same words as there: tests/test_native_face.py fails when they part.
 const leftOutNote = "reason and metadata left out: this sample's answer is "
 
 // leftOutSize is the size, in bytes, the engine gave an EvaluateResponse whose details it left out (its
@@ -221,22 +245,16 @@ func leftOutSize(response []byte) int64 {
 
 // firstField is the value of the first length-delimited field `num` of a message.
 func firstField(message []byte, num protowire.Number) ([]byte, bool) {
-	b := message
-	for len(b) > 0 {
-		n, typ, k := protowire.ConsumeTag(b)
-		if k < 0 {
-			return nil, false
-		}
-		b = b[k:]
+	var found []byte
+	err := fields(message, func(n protowire.Number, typ protowire.Type, value []byte) error {
 		if n == num && typ == protowire.BytesType {
-			v, m := protowire.ConsumeBytes(b)
-			return v, m >= 0
+			found = value
+			return errFound
 		}
-		m := protowire.ConsumeFieldValue(n, typ, b)
-		if m < 0 {
-			return nil, false
-		}
-		b = b[m:]
-	}
-	return nil, false
+		return nil
+	})
+	return found, err == errFound
 }
+
+// errFound ends a walk of `fields` at what it looked for.
+var errFound = errors.New("found")

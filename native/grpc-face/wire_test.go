@@ -56,10 +56,13 @@ func TestSplitRefusesWhatItDoesNotKnow(t *testing.T) {
 }
 
 func TestBatchRequestAndItemsRoundTrip(t *testing.T) {
-	req := batchRequest([]byte{0x1a, 0x01, 'r'}, [][]byte{[]byte("a"), {}})
+	wrapped, req := batchRequest([]byte{0x1a, 0x01, 'r'}, [][]byte{[]byte("a"), {}})
 	want := []byte{0x1a, 0x01, 'r', 0x12, 0x01, 'a', 0x12, 0x00}
 	if !bytes.Equal(req, want) {
 		t.Fatalf("%x, want %x", req, want)
+	}
+	if w := field(nil, 1, want); !bytes.Equal(wrapped, w) { // BatchEvaluateUnaryRequest{batch}
+		t.Fatalf("%x, want %x", wrapped, w)
 	}
 	one := field(nil, 2, []byte("x")) // index 0 is absent on the wire
 	two := field(varint(nil, 1, 1), 2, []byte("yy"))
@@ -93,5 +96,24 @@ func TestLeftOutSizeReadsTheEnginesNote(t *testing.T) {
 	}
 	if got := leftOutSize(field(nil, 1, []byte("no results"))); got != -1 {
 		t.Errorf("no results: %d", got)
+	}
+}
+
+func TestUnaryAnswerIsTheBatchAnswerItHolds(t *testing.T) {
+	items := field(field(nil, 1, field(nil, 2, []byte("x"))), 1, field(varint(nil, 1, 1), 2, []byte("y")))
+	got, err := unaryAnswer(field(nil, 1, items))
+	if err != nil || !bytes.Equal(got, items) {
+		t.Fatalf("%x %v, want %x", got, err, items)
+	}
+	// given in two parts, the answer is their merge (protobuf's rule for a message field given twice)
+	got, err = unaryAnswer(field(field(varint(nil, 9, 3), 1, items[:5]), 1, items[5:]))
+	if err != nil || !bytes.Equal(got, items) {
+		t.Fatalf("%x %v, want %x", got, err, items)
+	}
+	if got, err := unaryAnswer(nil); err != nil || len(got) != 0 { // no sample answered: an empty answer
+		t.Fatalf("%x %v", got, err)
+	}
+	if _, err := unaryAnswer([]byte{0x0a, 0x05, 0x01}); err == nil {
+		t.Fatal("a truncated answer read")
 	}
 }
