@@ -66,14 +66,20 @@ def test_goals_report_every_figure_of_the_goals_beside_its_goal(goals):
         assert verdict["goal"] == GOALS[key].text(1)  # one worker: the per-core goals for one core
         assert verdict["met"] == GOALS[key].met(figures[key], 1)
     for grader in ("chrf", "math_verify"):
-        ratio = figures[f"{grader}_batch"] / figures[f"{grader}_bare_loop"]
-        assert figures[f"{grader}_batch_x_bare"] == pytest.approx(ratio, rel=1e-2)
+        # the goals' batch (`batch_scores`, a trainer's call) and the full view's beside it, each over both loops
+        for key in ("batch", "batch_full"):
+            for loop, suffix in (("bare_loop", "x_bare"), ("bare_every_core", "x_bare_every_core")):
+                ratio = figures[f"{grader}_{key}"] / figures[f"{grader}_{loop}"]
+                assert figures[f"{grader}_{key}_{suffix}"] == pytest.approx(ratio, rel=1e-2)
+        assert f"{grader}_batch_full_x_bare_every_core" not in GOALS  # reported, no goal
         # every turn of the ceiling is reported beside it, and the figure is the best of them
         turns = goals[f"{grader}_bare_every_core_turns"]
         assert len(turns) == 3 and max(turns) == pytest.approx(figures[f"{grader}_bare_every_core"], abs=1)
         # where the batch's time went: the server process's CPU and the workers' (from /proc), and how busy
         # the workers were over its wall time (one grading thread each: at most all of it)
         assert figures[f"{grader}_engine_cpu_per_sample"] > 0 and figures[f"{grader}_workers_cpu_per_sample"] > 0
+        # beside the ceiling's processes' CPU a sample over the same turns (what the workers' compares with)
+        assert figures[f"{grader}_bare_every_core_cpu_per_sample"] > 0
         assert 0 < figures[f"{grader}_workers_busy"] <= 1.05
     assert figures["cheap_batch_scores_items_x_bare"] > 0  # the scores view one message per sample, beside
     assert figures["cheap_batch_scores_x_bare"] == pytest.approx(

@@ -297,6 +297,36 @@ def test_chrf_matches_sacrebleu_unclamped() -> None:
     assert result.metadata == {"char_order": 3, "beta": 1.0, "raw_score": pytest.approx(expected), "algorithm": "chrf"}
 
 
+def test_chrf_per_sample_params_then_the_graders_own() -> None:
+    """A sample naming chrF's parameters is scored with them, and the next one without any with the grader's
+    own (its scorer kept apart from per-sample ones); a constructor's parameter beats a sample's."""
+    from sacrebleu.metrics import CHRF
+
+    def expected(order: int, beta: float) -> float:
+        return CHRF(char_order=order, beta=beta).corpus_score([RESP], [[REF]]).score
+
+    grader = SimilarityGrader(algorithm="chrf")
+    result = grader.evaluate(response=RESP, reference_response=REF, char_order=3, beta=1.0)
+    assert result.metadata == {
+        "char_order": 3,
+        "beta": 1.0,
+        "raw_score": pytest.approx(expected(3, 1)),
+        "algorithm": "chrf",
+    }
+    result = grader.evaluate(response=RESP, reference_response=REF, query="q")
+    assert result.metadata == {
+        "char_order": 6,
+        "beta": 2.0,
+        "raw_score": pytest.approx(expected(6, 2)),
+        "algorithm": "chrf",
+    }
+    assert (result.score, result.reason) == (pytest.approx(expected(6, 2) / 100), f"CHRF score: {result.score:.4f}")
+    fixed = SimilarityGrader(algorithm="chrf", char_order=4)
+    assert fixed.evaluate(response=RESP, reference_response=REF, char_order=2).metadata["raw_score"] == pytest.approx(
+        expected(4, 2)
+    )
+
+
 # --- METEOR (D5) --------------------------------------------------------------------------------------
 
 

