@@ -23,7 +23,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Generator, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any, cast
 
@@ -41,6 +41,9 @@ from .core.retry import backoff
 from .errors import FailureBudgetExceeded as FailureBudgetExceeded
 from .errors import GradingError as GradingError
 from .errors import ServerUnavailable, typed
+from .gc_pause import DEFAULT_SECONDS as GC_PAUSE_SECONDS
+from .gc_pause import paused as gc_paused
+from .gc_pause import resume as gc_resume
 from .v1 import grading_pb2 as pb
 from .v1 import grading_pb2_grpc as pb_grpc
 
@@ -350,7 +353,9 @@ def _lazy_chunks(samples: Iterable[Any], size: int, linger: float) -> Iterator[l
 
 class _Base:
     """What both clients share. `caller` names this client to the server (`x-grpcgrade-caller`): its calls'
-    judgments take that caller's share of each judge model's limits (docs/llm-judges.md#fair-share)."""
+    judgments take that caller's share of each judge model's limits (docs/llm-judges.md#fair-share).
+    `gc_pause`: a call of several chunks holds Python's cyclic garbage collector off for at most this many
+    seconds while its results arrive (0: never), so it does not walk them over and over (`gc_pause`)."""
 
     def __init__(
         self,
@@ -365,8 +370,10 @@ class _Base:
         server_name: str | None = None,
         unavailable_seconds: float = DEFAULT_UNAVAILABLE_SECONDS,
         caller: str | None = None,
+        gc_pause: float = GC_PAUSE_SECONDS,
     ) -> None:
         self.target = channel_target(target)
+        self.gc_pause = gc_pause  # a multi-chunk call's seconds with Python's cyclic collector off (`gc_pause`)
         self.timeout = timeout
         self.unavailable_seconds = unavailable_seconds
         self.chunk_size = chunk_size
@@ -650,8 +657,12 @@ class GradingClient(_Base):
             for start, part in chunks:
                 run(start, part, unary=self._unary(view, len(chunks)))
             return
-        with ThreadPoolExecutor(min(self.max_in_flight, len(chunks))) as executor:
-            for future in [executor.submit(run, s, p) for s, p in chunks]:
+        with ThreadPoolExecutor(min(self.max_in_flight, len(chunks))) as executor, gc_paused(self.gc_pause) as left:
+            futures = [executor.submit(run, s, p) for s, p in chunks]
+            if left is not None:  # the collector back on when the pause's time is up, however long the call runs
+                wait(futures, timeout=left, return_when=FIRST_EXCEPTION)
+                gc_resume()
+            for future in futures:
                 future.result()
 
     def evaluate_stream(
@@ -924,7 +935,14 @@ class AsyncGradingClient(_Base):
 
         chunks = _chunks(samples, self.chunk_size)
         unary = self._unary(view, len(chunks))
-        await asyncio.gather(*(run(s, p, unary=unary) for s, p in chunks))
+        with gc_paused(self.gc_pause if len(chunks) > 1 else 0) as left:
+            # the collector back on when the pause's time is up, however long the call runs
+            timer = None if left is None else asyncio.get_running_loop().call_later(left, gc_resume)
+            try:
+                await asyncio.gather(*(run(s, p, unary=unary) for s, p in chunks))
+            finally:
+                if timer is not None:
+                    timer.cancel()
 
     @_aretrying
     async def list_graders(self, *, timeout: float | None = None) -> pb.ListGradersResponse:
