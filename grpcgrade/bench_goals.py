@@ -367,7 +367,10 @@ def run_goals(
                         client.batch_evaluate, data, spec, view=pb.RESULT_VIEW_SCORES
                     ),
                 }
-                best = _alternating(samples, cheap_runs, ROUNDS)
+                cheap_turns: dict[str, list[float]] = {}
+                best = _alternating(samples, cheap_runs, ROUNDS, cheap_turns)
+                for key in ("cheap_bare_loop", "cheap_batch_full"):  # how steady the turns were
+                    report.notes[f"{key}_turns"] = [round(x) for x in cheap_turns[key]]
                 for key in cheap_runs:
                     report.add(key, best[key], "samples/s")
                 for key in ("cheap_batch_full", "cheap_batch_scores", "cheap_batch_scores_items"):
