@@ -21,6 +21,7 @@ from grpcgrade.core.engine import (
     HEAVY_CHUNK,
     HEAVY_MIN_CHUNK,
     INLINE_MAX_BYTES,
+    INLINE_MAX_SECONDS,
     INLINE_MAX_SHARE,
     INLINE_WINDOW_SECONDS,
     MAX_CHUNKS_PER_CALL,
@@ -469,6 +470,24 @@ def test_a_spent_inline_share_sends_small_bounded_calls_to_the_workers(registry:
     assert not engine.inline_small([job], INLINE_MAX_BYTES + 1)
     engine.inline_share.spent(INLINE_MAX_SHARE * INLINE_WINDOW_SECONDS)
     assert not engine.inline_small([job], 1000)
+
+
+def test_a_plan_whose_calls_grade_slowly_keeps_only_its_smaller_calls_inline(registry: Registry) -> None:
+    """The expected time of a call is its size times its plan's learnt grading rate: a call expected to hold
+    the event loop past INLINE_MAX_SECONDS goes to the workers."""
+    engine = Engine(registry)
+    grader = FunctionGrader.wrap(short)(limit=3)
+    grader.bounded_cost = True
+    plan = engine.plan([Job(SpecData(name="short"), grader, ("response",), worker_capable=True)])
+    assert engine.inline_small(plan, 100_000)  # nothing learnt yet: small by its size alone
+    plan.rate.learn(10_000, 10 * INLINE_MAX_SECONDS)  # 10,000 bytes took ten times the longest inline call
+    assert not engine.inline_small(plan, 10_000)
+    assert engine.inline_small(plan, 900)  # under a tenth of it: within the longest
+    plan.rate.learn(0, 1.0)  # a chunk of unknown size teaches nothing
+    assert engine.inline_small(plan, 900)
+    for _ in range(20):  # the plan's calls grade fast again (another view): the average follows
+        plan.rate.learn(10_000, INLINE_MAX_SECONDS / 100)
+    assert engine.inline_small(plan, 10_000)
 
 
 class Weighty(BaseGrader):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import time
 
 import grpc
 import pytest
@@ -177,6 +178,31 @@ def _without_reasons(reply: pb.EvaluateResponse) -> dict:
     return MessageToDict(out)
 
 
+def test_a_bounded_graders_call_expected_to_hold_the_loop_long_goes_to_the_workers(server):
+    """The plan learns its grading time per byte: after a call that took 0.5 s inline ("slow_error" builds
+    its message that long), a small call of the same graders is expected to take far more than
+    INLINE_MAX_SECONDS (20 ms), and is graded by a worker. Params of its own: a plan of its own. The
+    wait lets the event loop's inline share, which the slow call spent, come back (a window is 1 s), so
+    the share is not what sends the call away."""
+    graders = [{"name": "misbehave", "params": {"bounded": True, "column": False}}]
+    with server.client(timeout=60) as c:
+        first = c.batch_evaluate([{"response": "pid"}], graders)
+        c.batch_evaluate([{"response": "slow_error"}], graders)
+        time.sleep(INLINE_WINDOW_SECONDS + 0.2)
+        after = c.batch_evaluate([{"response": "pid"}], graders)
+    assert first[0].results[0].score == float(server.proc.pid)
+    assert after[0].results[0].score in {float(pid) for pid in children(server.proc.pid)}
+
+
+def test_scores_as_columns_are_graded_inline_up_to_the_larger_bound(server):
+    """A call answered as columns makes no result object per sample: past the bound of a result per sample,
+    under INLINE_MAX_BYTES, it is still graded where it arrives."""
+    samples = [{"response": "pid"}, {"response": "pid" + " " * INLINE_RESULTS_MAX_BYTES}]
+    with server.client(timeout=60) as c:
+        table = c.batch_scores(samples, [{"name": "misbehave", "params": {"bounded": True}}])
+    assert set(table.rewards) == {float(server.proc.pid)}
+
+
 @pytest.mark.parametrize("padding", [0, 1000], ids=["small-inline", "large-in-workers"])
 def test_score_columns_give_what_evaluate_gives(server, inline_server, padding):
     """json_validator and length_penalty grade the scores view's whole chunks as columns (inline for a small
@@ -231,6 +257,8 @@ def test_a_sample_with_extra_takes_the_sample_by_sample_path(server):
 # -- small batches of graders of bounded cost: inline ---------------------------------------------------------
 
 INLINE_MAX_BYTES = 512 * 1024  # grpcgrade.core.engine's bound, as docs/architecture.md states it
+INLINE_RESULTS_MAX_BYTES = 128 * 1024  # its bound for an answer of a result message per sample (the same)
+INLINE_WINDOW_SECONDS = 1.0  # the window of the event loop's inline share, as docs/architecture.md states it
 
 
 @pytest.mark.parametrize(
@@ -239,9 +267,10 @@ INLINE_MAX_BYTES = 512 * 1024  # grpcgrade.core.engine's bound, as docs/architec
         ({"bounded": True}, 0, "server"),
         ({"bounded": True, "column": True}, 0, "server"),
         ({"bounded": True}, INLINE_MAX_BYTES, "worker"),  # over the bound: workers
+        ({"bounded": True}, INLINE_RESULTS_MAX_BYTES, "worker"),  # over the bound of a result per sample
         ({}, 0, "worker"),  # cost not declared bounded: workers, however small
     ],
-    ids=["bounded-small", "bounded-small-column", "bounded-large", "unbounded-small"],
+    ids=["bounded-small", "bounded-small-column", "bounded-large", "bounded-results-large", "unbounded-small"],
 )
 @pytest.mark.parametrize("view", [pb.RESULT_VIEW_FULL, pb.RESULT_VIEW_SCORES], ids=["full", "scores"])
 def test_small_batches_of_bounded_graders_are_graded_where_they_arrive(server, params, padding, where, view):

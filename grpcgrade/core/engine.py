@@ -50,6 +50,7 @@ from .grading import (
     failed_stats,
     grade_async,
     grader_stats,
+    grading_seconds,
     inputs_of,
     join_stats,
     problem_stats,
@@ -59,7 +60,9 @@ from .grading import (
 from .guard import CUT_GRACE_SECONDS, FailureTally
 from .plan import (
     INLINE_MAX_BYTES,
+    INLINE_MAX_SECONDS,
     INLINE_MAX_SHARE,
+    INLINE_RESULTS_MAX_BYTES,
     INLINE_WINDOW_SECONDS,
     Group,
     InlineShare,
@@ -77,7 +80,9 @@ from .work import ChunkResult, Encoded, WorkItem, faults
 
 __all__ = [
     "INLINE_MAX_BYTES",
+    "INLINE_MAX_SECONDS",
     "INLINE_MAX_SHARE",
+    "INLINE_RESULTS_MAX_BYTES",
     "INLINE_WINDOW_SECONDS",
     "Batch",
     "ChunkResult",
@@ -126,6 +131,7 @@ class Batch:
     chunk: Callable[[int, int], Chunk]
     encoded: Callable[[int, int], Encoded] | None = None
     nbytes: int = 0
+    inline_max_bytes: int = INLINE_MAX_BYTES  # the most of it graded inline (`Plan.inline`), by its answer's form
 
 
 class Engine:
@@ -318,17 +324,20 @@ class Engine:
             selected,
         )
 
-    async def _execute(self, plan: Plan, group: Group, item: WorkItem, nbytes: int = 0) -> ChunkResult:
-        """`item` run where the plan places its group: inline when the plan allows a call this small now, else
-        in the executor or inline as placed. Its stats are counted here."""
+    async def _execute(
+        self, plan: Plan, group: Group, item: WorkItem, nbytes: int = 0, most: int = INLINE_MAX_BYTES
+    ) -> ChunkResult:
+        """`item` run where the plan places its group: inline when the plan allows a call this small now (of at
+        most `most` bytes), else in the executor or inline as placed. Its stats are counted here."""
         result: ChunkResult
-        if plan.inline(nbytes):
+        if plan.inline(nbytes, most):
             result = self._small_here(item)
         elif group.place is Place.EXECUTOR and self.pool is not None:
             result = await self.pool.run(item)
         else:
             result = await self.inline.run(item)
         self._observe(result.stats)
+        plan.rate.learn(_own_bytes(item, nbytes), grading_seconds(result.stats))
         return result
 
     def _small_here(self, item: WorkItem) -> ChunkResult:
@@ -457,7 +466,7 @@ class Engine:
         item = self._item(plan, together, samples, b - a, timeout, deadline, a, reward)
         # A call's size, where the service did not say it: its encoding's, when it is one chunk.
         nbytes = batch.nbytes or (len(samples.data) if (a, b) == (0, batch.size) else 0)
-        result = await self._execute(plan, together, item, nbytes)
+        result = await self._execute(plan, together, item, nbytes, batch.inline_max_bytes)
         self._learn(plan, result, lambda i: batch.chunk(i, i + 1)[0][1], timeout)
         return result
 
@@ -548,6 +557,7 @@ class Engine:
         item = self._item(plan, together, batch.encoded(0, batch.size), batch.size, timeout, deadline, 0, reward)
         result = self._small_here(item)
         self._observe(result.stats)
+        plan.rate.learn(_own_bytes(item, batch.nbytes), grading_seconds(result.stats))
         self._learn(plan, result, lambda i: batch.chunk(i, i + 1)[0][1], timeout)
         if failures is not None:
             failures.add_stats(result.stats)
@@ -588,7 +598,7 @@ class Engine:
         return (
             plan.whole_chunks
             and batch.encoded is not None
-            and plan.inline(batch.nbytes)
+            and plan.inline(batch.nbytes, batch.inline_max_bytes)
             and (budget is None or budget.has_room())
             and (deadline is None or time.monotonic() < deadline)
         )
@@ -689,6 +699,12 @@ class Engine:
                 failures.add_stats(stats)
                 failures.check()
             yield ChunkResult(cut, [[budget_error(name)] * len(cut) for name in names], [None] * len(cut))
+
+
+def _own_bytes(item: WorkItem, nbytes: int) -> int:
+    """The size of the samples `item` carries: its encoding's, else `nbytes` (the caller's count; for the
+    chunks of a larger call that is the call's size, which says nothing of one chunk's)."""
+    return len(item.samples.data) if isinstance(item.samples, Encoded) else nbytes
 
 
 def _fixed_size(samples: int, requested: int) -> int:

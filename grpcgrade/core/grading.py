@@ -20,7 +20,7 @@ import operator
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import replace
 from typing import Any, NamedTuple, TypeVar
@@ -81,6 +81,11 @@ class GraderStats(NamedTuple):
 
 #: What a chunk's grading reports to the metrics: each grader's work, and a configured reward's values.
 Stats = GraderStats | RewardStats
+
+
+def grading_seconds(stats: Iterable[Stats]) -> float:
+    """The graders' time over a chunk, as its stats count it (a configured reward's stats have none)."""
+    return sum(stat.seconds for stat in stats if isinstance(stat, GraderStats))
 
 
 def grader_stats(name: str, results: list[GraderResult], seconds: float) -> GraderStats:

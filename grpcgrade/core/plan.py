@@ -5,7 +5,8 @@ chunk: which graders run together (`Group`), where each group runs (`Place`: the
 a chunk travels in the service's codec (a group of every grader, in the executor), and how the call is cut
 and how much of it is in flight (the chunk policy, `guided`, and the `window`). The engine reads the plan;
 the one choice left to run time is the one that depends on the server's load: whether a small call of
-graders of bounded cost may be graded inline now (`Plan.inline`, against the event loop's `InlineShare`).
+graders of bounded cost may be graded inline now (`Plan.inline`, against the event loop's `InlineShare` and
+the plan's own `GradingRate`).
 
 The placement policy:
 - every grader can run in a worker (synchronous, not server-only) and none goes through the result cache
@@ -25,7 +26,7 @@ import enum
 import functools
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import overload
 
 from grpcgrade.grader import BaseGrader, Inputs
@@ -42,6 +43,23 @@ INLINE_MAX_BYTES = 512 * 1024
 #: the workers like any other, so many concurrent callers still use every core and the loop stays free.
 INLINE_MAX_SHARE = 0.25
 INLINE_WINDOW_SECONDS = 1.0
+#: The most request bytes graded inline for a call answered with a result message per sample (the full
+#: view, scores as items), instead of `INLINE_MAX_BYTES`: such grading makes Python objects per sample in
+#: the server's process and holds the event loop while the workers wait for their next chunks. Measured on
+#: 2 cores (json_validator, 100,000 samples as 1,024-sample calls, four in flight, alternating with main):
+#: the full view 135k -> 158k samples/s (median of six), scores as items 216k -> 228k; scores as columns,
+#: which make no object per sample, ran 287k inline and 271k hopping, so they keep `INLINE_MAX_BYTES`. A
+#: trainer's step of 8-256 samples stays under it.
+INLINE_RESULTS_MAX_BYTES = 128 * 1024
+#: The longest a call's grading is expected to hold the event loop inline, by its plan's `GradingRate`: a
+#: call expected to take longer goes to a worker, whatever its size (a grader of bounded cost may still be
+#: slow per byte). json_validator's worst case within `INLINE_MAX_BYTES` takes 11-15 ms of CPU; the rate is
+#: learnt from wall time, which a busy machine stretches (a 1,024-sample chunk of scores as columns: 3 ms
+#: of CPU), so the bound sits above both.
+INLINE_MAX_SECONDS = 0.02
+#: How much each chunk moves `GradingRate`'s average: a plan's cost changes with the view asked of it, and
+#: a few chunks should be enough to follow it.
+RATE_WEIGHT = 0.25
 
 
 class InlineShare:
@@ -73,6 +91,27 @@ class InlineShare:
     def spent(self, seconds: float) -> None:
         self._roll()
         self.busy += seconds
+
+
+class GradingRate:
+    """Seconds of grading per request byte of a plan's chunks, wherever they were graded (their stats), as a
+    moving average: how long `Plan.inline` expects a call to hold the event loop. Unknown (0) until a chunk
+    is graded, so a plan's first small call goes inline; a plan whose calls cost more per byte (results
+    with reasons and metadata, not scores as columns) keeps only its smaller calls inline."""
+
+    __slots__ = ("per_byte",)
+
+    def __init__(self) -> None:
+        self.per_byte = 0.0
+
+    def expected(self, nbytes: int) -> float:
+        return self.per_byte * nbytes
+
+    def learn(self, nbytes: int, seconds: float) -> None:
+        """A chunk of `nbytes` took `seconds` of grading (nothing learnt where its size is unknown)."""
+        if nbytes > 0:
+            rate = seconds / nbytes
+            self.per_byte = rate if not self.per_byte else self.per_byte + RATE_WEIGHT * (rate - self.per_byte)
 
 
 @dataclass(frozen=True)
@@ -127,6 +166,7 @@ class Plan(Sequence[Job]):
     bounded: bool  # one group, in the executor, every grader of bounded cost: small calls may run inline
     share: InlineShare  # the event loop's inline time, which `inline` asks
     filtered: tuple[bool, ...] = ()  # whether the filter stood in front of each job when the plan was made
+    rate: GradingRate = field(default_factory=GradingRate)  # its chunks' grading time, which `inline` asks
 
     @overload
     def __getitem__(self, index: int) -> Job: ...
@@ -170,11 +210,18 @@ class Plan(Sequence[Job]):
         results are in, and one slow judgment holds only its sample."""
         return any(group.place is Place.ROWS for group in self.groups)
 
-    def inline(self, nbytes: int) -> bool:
+    def inline(self, nbytes: int, most: int = INLINE_MAX_BYTES) -> bool:
         """The run-time choice: a call of `nbytes` (0: unknown, not small) of a `bounded` plan is graded inline,
-        the whole-chunk work run in the server process, while inline grading has taken less than its share
-        of the event loop lately."""
-        return self.bounded and 0 < nbytes <= INLINE_MAX_BYTES and self.share.allows()
+        the whole-chunk work run in the server process, when it is at most `most` bytes (the service's
+        limit for its answer: `INLINE_RESULTS_MAX_BYTES` for a result per sample), is expected to take at
+        most `INLINE_MAX_SECONDS` (`rate`), and inline grading has taken less than its share of the event
+        loop lately."""
+        return (
+            self.bounded
+            and 0 < nbytes <= most
+            and self.rate.expected(nbytes) <= INLINE_MAX_SECONDS
+            and self.share.allows()
+        )
 
 
 def place(jobs: Sequence[Job], filtered: Sequence[bool], executor_size: int | None, share: InlineShare) -> Plan:

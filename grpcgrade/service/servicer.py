@@ -12,7 +12,7 @@ import grpc
 from grpcgrade.core.admission import Admission
 from grpcgrade.core.budget import OutputBudget
 from grpcgrade.core.coalesce import ServerCoalescer
-from grpcgrade.core.engine import Batch, Chunk, Engine, Plan
+from grpcgrade.core.engine import INLINE_MAX_BYTES, INLINE_RESULTS_MAX_BYTES, Batch, Chunk, Engine, Plan
 from grpcgrade.core.errors import (
     MAX_DETAIL_CHARS,
     InvalidParams,
@@ -373,7 +373,9 @@ class GradingServicer(pb_grpc.GradingServiceServicer):
         def chunk(a: int, b: int) -> Chunk:
             return list(zip(range(a, b), rows.kwargs(a, b, limits, small), strict=True))
 
-        return Batch(rows.n, chunk, lambda a, b: encoded(request, a, b, view, limits), len(request.data))
+        # a result message per sample makes objects per sample: only smaller calls of it are graded inline
+        most = INLINE_MAX_BYTES if view == pb.RESULT_VIEW_COLUMNS else INLINE_RESULTS_MAX_BYTES
+        return Batch(rows.n, chunk, lambda a, b: encoded(request, a, b, view, limits), len(request.data), most)
 
     def _graded_now(
         self,
