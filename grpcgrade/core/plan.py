@@ -46,10 +46,11 @@ INLINE_WINDOW_SECONDS = 1.0
 #: The most request bytes graded inline for a call answered with a result message per sample (the full
 #: view, scores as items), instead of `INLINE_MAX_BYTES`: such grading makes Python objects per sample in
 #: the server's process and holds the event loop while the workers wait for their next chunks. Measured on
-#: 2 cores (json_validator, 100,000 samples as 1,024-sample calls, four in flight, alternating with main):
-#: the full view 135k -> 158k samples/s (median of six), scores as items 216k -> 228k; scores as columns,
+#: 2 cores (json_validator, 100,000 samples as 1,024-sample calls of ~450 KB, four in flight, alternating
+#: with the bound at 512 KiB, the views taking turns, medians of six): the full view 127k -> 135k and
+#: 115k -> 122k samples/s, scores as items 194k -> 209k and 185k -> 177k (load 2.5); scores as columns,
 #: which make no object per sample, ran 287k inline and 271k hopping, so they keep `INLINE_MAX_BYTES`. A
-#: trainer's step of 8-256 samples stays under it.
+#: bound of 64 KiB read the same as 128 KiB. A trainer's step of 8-256 samples stays under it.
 INLINE_RESULTS_MAX_BYTES = 128 * 1024
 #: The longest a call's grading is expected to hold the event loop inline, by its plan's `GradingRate`: a
 #: call expected to take longer goes to a worker, whatever its size (a grader of bounded cost may still be
@@ -96,8 +97,9 @@ class InlineShare:
 class GradingRate:
     """Seconds of grading per request byte of a plan's chunks, wherever they were graded (their stats), as a
     moving average: how long `Plan.inline` expects a call to hold the event loop. Unknown (0) until a chunk
-    is graded, so a plan's first small call goes inline; a plan whose calls cost more per byte (results
-    with reasons and metadata, not scores as columns) keeps only its smaller calls inline."""
+    is graded, so a plan's first small call goes inline; a plan whose graders turn out slow per byte keeps
+    only its smaller calls inline (`INLINE_MAX_SECONDS`), and a plan's kept calls (`Engine.resolve_keyed`)
+    carry what it learnt from call to call."""
 
     __slots__ = ("per_byte",)
 
