@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from grpcgrade.bench_goals import GOALS, GoalsReport
+from grpcgrade.bench_goals import GOALS, ROUNDS, GoalsReport
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +74,10 @@ def test_goals_report_every_figure_of_the_goals_beside_its_goal(goals):
         assert f"{grader}_batch_full_x_bare_every_core" not in GOALS  # reported, no goal
         # every turn of the ceiling is reported beside it, and the figure is the best of them
         turns = goals[f"{grader}_bare_every_core_turns"]
-        assert len(turns) == 3 and max(turns) == pytest.approx(figures[f"{grader}_bare_every_core"], abs=1)
+        assert len(turns) == ROUNDS and max(turns) == pytest.approx(figures[f"{grader}_bare_every_core"], abs=1)
+    for key in ("cheap_bare_loop", "cheap_batch_full"):  # the cheap turns too, the figure their best
+        turns = goals[f"{key}_turns"]
+        assert len(turns) == ROUNDS and max(turns) == pytest.approx(figures[key], abs=1)
         # where the batch's time went: the server process's CPU and the workers' (from /proc), and how busy
         # the workers were over its wall time (one grading thread each: at most all of it)
         assert figures[f"{grader}_engine_cpu_per_sample"] > 0 and figures[f"{grader}_workers_cpu_per_sample"] > 0
