@@ -660,8 +660,9 @@ class GradingClient(_Base):
         with ThreadPoolExecutor(min(self.max_in_flight, len(chunks))) as executor, gc_paused(self.gc_pause) as left:
             futures = [executor.submit(run, s, p) for s, p in chunks]
             if left is not None:  # the collector back on when the pause's time is up, however long the call runs
-                wait(futures, timeout=left, return_when=FIRST_EXCEPTION)
-                gc_resume()
+                ended, running = wait(futures, timeout=left, return_when=FIRST_EXCEPTION)
+                if running and not any(future.exception() for future in ended):  # time up, the call runs on
+                    gc_resume()
             for future in futures:
                 future.result()
 

@@ -106,6 +106,15 @@ def test_the_async_clients_pause_is_bounded_too(server: ServerProcess) -> None:
     assert gc.isenabled()
 
 
+def test_a_call_that_ends_in_time_leaves_the_pause_to_the_calls_still_holding_it(server: ServerProcess) -> None:
+    """A fast call inside a longer one's pause (here, the block's) ends without turning the collector on:
+    only the pause's time running out, or its last holder leaving, does."""
+    with gc_pause.paused(30.0), GradingClient(server.target, chunk_size=1_000, timeout=120) as client:
+        client.batch_evaluate(SAMPLES[:3_000], JSON)
+        assert not gc.isenabled()
+    assert gc.isenabled()
+
+
 def test_overlapping_calls_share_one_pause_counted_from_its_start() -> None:
     with gc_pause.paused(30.0) as first:
         assert first is not None and not gc.isenabled()
