@@ -6,6 +6,8 @@ one number type, so the gRPC run in test_conformance.py sees those as the same n
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -43,3 +45,20 @@ def test_reference_case_in_process(case):
         return
     assert not isinstance(result, (Exception, GraderError)), result
     assert result.score == pytest.approx(case["expect"]["score"], abs=1e-9)
+
+
+def test_math_expression_says_nothing_of_math_verify_timeouts_it_leaves_to_the_service() -> None:
+    """math-verify's once-a-process warning that its timeouts are off (every worker logged it as it warmed
+    up) is not an operator's business: each sample's time limit bounds it. In a fresh process, as a worker."""
+    pytest.importorskip("math_verify")
+    code = (
+        "from grpcgrade import logs; logs.setup_logging('warning', 'text')\n"
+        "from grpcgrade.core.registry import get_registry\n"
+        "grader = get_registry().build('math_expression_verify', {})\n"
+        "grader.warm_up()\n"
+        "print(grader.evaluate(response='$x = 3/6$', reference_response='$1/2$').score)\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["1.0"]
+    assert "Timeout is disabled" not in run.stderr, run.stderr
