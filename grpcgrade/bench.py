@@ -371,7 +371,7 @@ def bench_service(
     server = start_server(
         workdir, "--workers", str(workers), "--log-level", "warning", *uncached_server_args(workdir), metrics=metrics
     )
-    # SERVING means every worker is up, has loaded the plugins and warmed the graders (`workers.warm`)
+    # SERVING means every worker is up, has loaded the plugins and warmed the graders (`registry.warm`)
     notes["start_to_serving_s"] = round(time.perf_counter() - started, 2)
     try:
         spec = [{"name": preset.grader, "params": preset.params}]

@@ -23,6 +23,7 @@ import pytest
 from grpcgrade import hookspecs
 from grpcgrade.client import GradingClient
 from grpcgrade.core.plugins import DEFAULT_PLUGINS
+from grpcgrade.testing import face_pids, start_server, worker_pids
 from grpcgrade.v1 import grading_pb2 as pb
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -205,6 +206,48 @@ def test_a_function_graders_score_and_reason_pair_is_checked_as_a_number_is(clie
 
 
 PAIR_KINDS = ("pair", "text_pair", "huge_pair")
+
+
+# -- warming graders up (`BaseGrader.warm_up`): in the processes that grade, before they take work -----------
+
+
+def test_loading_the_registry_starts_no_thread(plugin_env: dict[str, str]) -> None:
+    """`grpcgrade graders`, a face process, a client's test: loading the plugins starts no work of its own.
+    A plugin that once warmed jieba in a daemon thread as it registered made every such process load a
+    73 MB dictionary, and raced the interpreter's exit: jieba's import builds a logging handler, and one
+    half-built as the process exited made logging.shutdown print a traceback."""
+    code = (
+        "import threading; from grpcgrade.core.registry import get_registry; get_registry(); "
+        "print([t.name for t in threading.enumerate()])"
+    )
+    run = subprocess.run([sys.executable, "-c", code], env={**os.environ, **plugin_env}, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "['MainThread']"
+
+
+def test_a_server_without_workers_warms_its_graders_before_serving(tmp_path: Path, plugin_env: dict[str, str]):
+    """It grades every grader itself then (the warm-up's promise: no request pays a cold start)."""
+    record = tmp_path / "warmed"
+    server = start_server(tmp_path, "--workers", "0", env={**plugin_env, "GRPCGRADE_TEST_WARMED": str(record)})
+    try:
+        pids = [int(line) for line in record.read_text().split()]
+    finally:
+        server.stop()
+    assert pids == [server.proc.pid]
+
+
+def test_with_workers_only_the_workers_warm_up(tmp_path: Path, plugin_env: dict[str, str]) -> None:
+    """The server's process grades only cheap graders inline then, and face processes grade nothing."""
+    record = tmp_path / "warmed"
+    env = {**plugin_env, "GRPCGRADE_TEST_WARMED": str(record)}
+    server = start_server(tmp_path, "--workers", "2", "--http-processes", "2", env=env, http=True)
+    try:
+        workers, faces = worker_pids(server.proc.pid), face_pids(server.proc.pid)
+        pids = [int(line) for line in record.read_text().split()]
+    finally:
+        server.stop()
+    assert len(workers) == 2 and len(faces) == 2
+    assert sorted(pids) == sorted(workers)
 
 
 # -- meta-tests ------------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ and codecs as local workers) and gets the same results and typed outcomes back, 
 policy is the same: a chunk whose actor died or hung is run again sample by sample.
 
 - One actor per CPU of the cluster (or `--workers N`), each holding one CPU and spread over the nodes
-  (`SPREAD`); each loads the plugins and warms the graders once, as a local worker does (`workers.warm`).
+  (`SPREAD`); each loads the plugins and warms the graders once, as a local worker does (`registry.warm`).
   Every node needs grpcgrade and the plugins installed, in the environment its Ray workers run.
 - Each actor holds one work item at a time. What crosses is a `Task`: seconds left, never a clock reading
   (another machine's monotonic clock is not ours).
@@ -55,8 +55,7 @@ class GradingActor:
     def __init__(self) -> None:
         ray = _ray()
 
-        from .registry import get_registry
-        from .workers import warm
+        from .registry import get_registry, warm
 
         warm(get_registry())
         self.where = (os.getpid(), ray.get_runtime_context().get_node_id())

@@ -14,7 +14,7 @@ import json
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -243,6 +243,21 @@ def _guess_param(message: str, kwargs: dict[str, Any]) -> str:
         if repr(name) in message or f" {name}" in message:
             return name
     return "params"
+
+
+def warm(registry: Registry, names: Collection[str] | None = None) -> None:
+    """Every grader (or those of `names`) that builds with its default params, built and warmed up
+    (`BaseGrader.warm_up`) in this process: the first request then pays no import or dictionary load. Each
+    process that grades calls it once before it takes work (a worker as it starts, the server's process
+    before it says SERVING for what it grades itself); a process that only loads the registry (a face,
+    `grpcgrade graders`) does not, and pays nothing for graders it never runs."""
+    for entry in registry.entries:
+        if names is not None and entry.name not in names:
+            continue
+        try:
+            registry.build(entry.name, {}).warm_up()
+        except Exception as exc:  # a grader that needs params, or cannot warm: its first sample pays
+            log.debug("not warmed: grader %s: %s", entry.name, exc)
 
 
 _registry: Registry | None = None

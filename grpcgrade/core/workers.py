@@ -2,7 +2,7 @@
 core busy, and no worker's death or hang costs more than the work it held.
 
 `WorkerPool` starts N spawned processes (spawned, not forked: gRPC objects must not cross a fork); each
-builds graders once from its own registry, warms them (`warm`) and reuses them. Each worker has a pipe of
+builds graders once from its own registry, warms them (`registry.warm`) and reuses them. Each worker has a pipe of
 its own and holds at most `ITEMS_PER_WORKER` work items: the one it grades and, while every worker is busy,
 the next one, already in its pipe (sent ahead), so a worker that finishes an item starts the next at once
 instead of waiting for the event loop to hand it one (1-5 ms a hand-off on a busy server). The supervisor
@@ -61,7 +61,7 @@ from .executors import WATCHDOG_GRACE_SECONDS, Executor, Item, Task, WorkerDied,
 from .rewards import SpecData
 from .work import WorkItem
 
-__all__ = ["WATCHDOG_GRACE_SECONDS", "WorkerPool", "grader_work", "warm"]
+__all__ = ["WATCHDOG_GRACE_SECONDS", "WorkerPool", "grader_work"]
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +146,7 @@ def _worker_main(
     if initializer is not None:
         initializer()
     else:
-        from .registry import get_registry
+        from .registry import get_registry, warm
 
         warm(get_registry())
     # The start-up's objects (modules, warmed graders, their tables) out of every later full collection, as
@@ -194,16 +194,6 @@ def _portable(exc: BaseException) -> BaseException:
     except Exception:  # noqa: BLE001 - however it fails to cross
         return RuntimeError(f"{type(exc).__name__}: {describe(exc)}")
     return exc
-
-
-def warm(registry: Any) -> None:
-    """Every grader that builds with its default params, built and warmed up (`BaseGrader.warm_up`) in this
-    process: the first request then pays no import or dictionary load."""
-    for entry in registry.entries:
-        try:
-            registry.build(entry.name, {}).warm_up()
-        except Exception as exc:  # a grader that needs params, or cannot warm: its first sample pays
-            log.debug("not warmed: grader %s: %s", entry.name, exc)
 
 
 def grader_work(

@@ -131,8 +131,9 @@ def _every_code_point() -> str:
 
 def warm_up() -> None:
     """Build the code-point table and the common classes' sets now (~0.2 s), so the first pattern a process
-    sees does not pay for them inside its time limit. Meant for a daemon thread at start-up, so it runs
-    Python's engine only: RE2 is C++, and a daemon thread inside it when the process exits aborts it."""
+    sees does not pay for them inside its time limit: the warm-up (`BaseGrader.warm_up`) of the graders
+    that take patterns. It runs Python's engine only (RE2 is C++, and a thread inside it when the process
+    exits aborts it)."""
     scanner = _Scanner()
     for source in (r"\w", r"\W", r"\d", r"\s"):
         for flags in (0, sre.SRE_FLAG_IGNORECASE):

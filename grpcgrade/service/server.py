@@ -28,7 +28,7 @@ from grpcgrade.core.config import MAX_GRPC_PROCESSES, MAX_HTTP_PROCESSES, Server
 from grpcgrade.core.engine import Engine
 from grpcgrade.core.errors import ConfigError, InvalidParams, PortUnavailable, UnknownGrader
 from grpcgrade.core.executors import Executor
-from grpcgrade.core.registry import Registry, get_registry
+from grpcgrade.core.registry import Registry, get_registry, warm
 from grpcgrade.core.workers import WorkerPool
 from grpcgrade.llm.models import close_clients as close_judge_clients
 from grpcgrade.llm.models import configure as configure_models
@@ -128,8 +128,14 @@ class Service:
         for name in ("", SERVICE_NAME):  # grpc's health service starts out SERVING: not before we are
             await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         await self.server.start()
-        if self.pool is not None:  # every worker up, plugins loaded, graders warmed (`workers.warm`)
+        if self.pool is not None:  # every worker up, plugins loaded, graders warmed (`registry.warm`)
             await self.pool.ready()
+        # This process's own graders warmed before SERVING too, as each worker's are: without workers every
+        # grader, else the server-only ones (only this process has them). In a thread: health checks are
+        # answered meanwhile.
+        own = None if self.pool is None else set(self.config.server_only_graders)
+        if own is None or own:
+            await asyncio.to_thread(warm, self.registry, own)
         if self.faces is not None:  # listening before SERVING
             if self.engine_server is not None:
                 await self.engine_server.start()

@@ -156,6 +156,21 @@ def register_graders(register):
     register(FunctionGrader.wrap(napper), name="napper")
     register(FunctionGrader.wrap(tool_call_names), name="tool_call_names")
     register(FunctionGrader.wrap(id_number), name="id_number")
+    register(Warmed, name="warmed")
+
+
+class Warmed(BaseGrader):
+    """Says which processes warmed it up (`warm_up`): each appends its pid as a line to the file named by
+    $GRPCGRADE_TEST_WARMED, when that is set."""
+
+    def warm_up(self) -> None:
+        path = os.environ.get("GRPCGRADE_TEST_WARMED")
+        if path:
+            with open(path, "a") as out:
+                out.write(f"{os.getpid()}\n")
+
+    def evaluate(self, response: str) -> GraderScore:
+        return GraderScore(self.name, 1.0)
 
 
 class Sleepy(BaseGrader):
