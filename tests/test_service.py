@@ -79,6 +79,7 @@ def test_list_graders_names_plugins_versions_and_params(client):
         "tidy",
         "tool_call_names",
         "typed_length",
+        "warmed",
     ]
     assert [r.name for r in listing.rewards] == ["agent", "flaky", "gsm8k", "gsm8k_text"]
 
