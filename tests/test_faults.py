@@ -12,7 +12,16 @@ import pytest
 from grpc_health.v1 import health_pb2
 
 from grpcgrade.client import SERVICE_CONFIG
-from grpcgrade.testing import CpuSince, cpu_seconds, cpu_when_idle, eventually, health_status, start_server, worker_pids
+from grpcgrade.testing import (
+    CpuSince,
+    children,
+    cpu_seconds,
+    cpu_when_idle,
+    eventually,
+    health_status,
+    start_server,
+    worker_pids,
+)
 from grpcgrade.v1 import grading_pb2 as pb
 from grpcgrade.v1 import grading_pb2_grpc as pb_grpc
 
@@ -177,6 +186,33 @@ def test_sigterm_drains_in_flight_work_then_exits_zero(tmp_path, plugin_env):
         seen += [item.index for message in stream for item in message.items]
     assert sorted(seen) == list(range(200))
     assert srv.proc.wait(30) == 0
+
+
+def test_sigterm_to_the_whole_process_group_drains_with_the_workers_it_has(tmp_path, plugin_env):
+    """systemd's default stop (KillMode=control-group), `kill -TERM -PGID`, a supervisor that signals the
+    group: every process gets SIGTERM at once. The workers leave stopping to the server (they ignore it, as
+    they ignore a terminal's SIGINT), so the drain finishes the work in flight with them: no worker dies or
+    is replaced, and every sample is graded. (Before, each worker died at once and the drain re-ran its
+    chunk sample by sample in a replacement started mid-shutdown.)"""
+    srv = start_server(tmp_path, "--workers", "2", "--grace", "30", env=plugin_env)
+    request = pb.BatchEvaluateRequest(
+        graders=[pb.GraderSpec(name="sleepy")],
+        chunk_size=10,
+        samples=[pb.Sample(id=str(i), response="x") for i in range(200)],
+    )
+    request.graders[0].params.update({"seconds": 0.01})
+    workers = worker_pids(srv.proc.pid)
+    assert len(workers) == 2
+    with grpc.insecure_channel(srv.target) as channel:
+        stream = pb_grpc.GradingServiceStub(channel).BatchEvaluate(request, timeout=60)
+        items = list(next(stream).items)
+        for pid in (srv.proc.pid, *children(srv.proc.pid)):  # the group, as one kill(-pgid) reaches it
+            os.kill(pid, signal.SIGTERM)
+        items += [item for message in stream for item in message.items]
+    assert srv.proc.wait(30) == 0
+    assert sorted(item.index for item in items) == list(range(200))
+    assert {(r.score, r.error.code) for item in items for r in item.result.results} == {(1.0, "")}
+    assert "replacing it" not in srv.log(), srv.log()
 
 
 def test_a_chunks_watchdog_starts_when_a_worker_takes_it_not_while_it_waits():

@@ -137,8 +137,11 @@ def _worker_main(
     """A worker's life: start up (load and warm the graders, or run the pool's `initializer` instead), say
     so, then take one task at a time until told to stop or the server goes away (its end of the pipe
     closes)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server decides when workers stop
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    # The server decides when workers stop (a stop message, then SIGKILL past its patience; a worker whose
+    # server is gone sees its pipe close): a terminal's SIGINT, or a SIGTERM sent to the whole process group
+    # (systemd's default stop, `kill -TERM -PGID`), must not end them while the server drains their work.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     # A spawned process starts with logging unset: log as the server does (--log-format json: JSON lines).
     from grpcgrade import logs
 
