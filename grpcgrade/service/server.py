@@ -164,7 +164,9 @@ class Service:
         elif self.faces is not None and self.faces.grpc:
             log.info("gRPC face processes: %d on %s:%d", self.faces.grpc, self.options.host, self.port)
         if self.faces is not None and self.faces.port is not None:
-            log.info("HTTP face on %s:%d (%d processes)", self.options.http_host, self.faces.port, self.faces.http)
+            n = self.faces.http
+            face = f"HTTP face on {self.options.http_host}:{self.faces.port}"
+            log.info("%s (%d %s)", face, n, "process" if n == 1 else "processes")
 
     async def _set_health(self) -> None:
         """SERVING, unless a canary fails and the configuration makes that fail the health check."""
