@@ -57,6 +57,38 @@ def test_callers_waiting_together_are_served_three_to_one_by_weight() -> None:
     assert all(order[i : i + 4].count("b") == 1 for i in range(0, 16, 4))  # b is never starved
 
 
+def test_under_a_token_limit_callers_share_its_tokens_not_its_requests() -> None:
+    """Two callers of equal weight, one sending 1,000-token requests and one 100-token ones, both waiting, on
+    a model whose binding limit is tokens per minute: each gets the same tokens, so the short one is served
+    ten times as often (requests counted alike, each got half the requests and the long one 10/11 of the
+    tokens). With requests per minute alone, requests are what is shared."""
+
+    async def run(limits: dict[str, float]) -> list[str]:
+        limiter = ModelLimiter(1, clock=frozen, **limits)  # buckets far above the 22 requests: fairness only
+        order: list[Grant] = []
+        sizes = {"long": 1000, "short": 100}
+
+        async def take(caller: str) -> None:
+            order.append(await limiter.acquire(caller, sizes[caller]))
+
+        grant = await limiter.acquire("x", 1)
+        tasks = [asyncio.create_task(take(c)) for c in ["long"] * 22 + ["short"] * 22]
+        await settle()
+        for _ in range(22):
+            limiter.release(grant)
+            await settle()
+            grant = order[-1]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        return [g.caller for g in order]
+
+    by_tokens = asyncio.run(run({"tokens_per_minute": 1e12}))
+    assert (by_tokens.count("long"), by_tokens.count("short")) == (2, 20)
+    by_requests = asyncio.run(run({"requests_per_minute": 1e9}))
+    assert (by_requests.count("long"), by_requests.count("short")) == (11, 11)
+
+
 def test_a_caller_alone_gets_the_whole_model_and_saves_no_credit_while_idle() -> None:
     async def run() -> list[str]:
         limiter = ModelLimiter(1, weights={"a": 1, "b": 1}, clock=frozen)

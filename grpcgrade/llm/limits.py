@@ -14,9 +14,11 @@ them here, one `ModelLimiter` per model:
   its limit, so no other request of the model is sent either (`pause`).
 * **Fair share.** Each caller has its own queue; when the model has room, the next request is taken from
   the caller with the least service so far relative to its weight (start-time fair queuing: each caller's
-  "pass" advances by 1/weight per request, and a caller that was idle starts at the current pass, so
-  idleness is not saved up as credit). A caller with weight 3 gets 3 requests for every 1 of a caller with
-  weight 1 while both have work waiting; a caller alone gets the whole model.
+  "pass" advances by a request's cost / weight, and a caller that was idle starts at the current pass, so
+  idleness is not saved up as credit). A request's cost is its share of the model's scarcest paced limit
+  (dominant resource fairness, `ModelLimiter._cost`): under a tokens-per-minute limit, its estimated
+  tokens. A caller with weight 3 gets 3 times the model a caller with weight 1 gets while both have work
+  waiting (3 requests for every 1 when their requests are alike); a caller alone gets the whole model.
 
 The waits are futures granted by one dispatcher per model, run whenever the state changes (a request
 arrives or finishes, a bucket refills), so thousands of waiting judgments cost no polling.
@@ -240,6 +242,17 @@ class ModelLimiter:
             delay = max(delay, self.tokens.wait(waiter.tokens))
         return delay
 
+    def _cost(self, tokens: int) -> float:
+        """What a request of `tokens` (estimated) takes of the model, for the fair share: the seconds of its
+        scarcest paced limit it uses (dominant resource fairness). With a tokens-per-minute limit a caller
+        of 4,000-token prompts uses ten times the model a caller of 400-token ones does, and is served a
+        tenth as often, as the provider counts it; with requests per minute alone, or only a concurrency
+        limit, every request costs the same."""
+        seconds = [1.0 / self.requests.rate] if self.requests is not None else []
+        if self.tokens is not None:
+            seconds.append(tokens / self.tokens.rate)
+        return max(seconds, default=1.0)
+
     def _dispatch(self) -> None:
         """Grant requests while the model has room, in fair-share order; when a bucket or a pause holds the
         next one back, come back when it will have room (a request finishing also comes back here)."""
@@ -254,7 +267,7 @@ class ModelLimiter:
             state = self.callers[waiter.caller]
             state.queue.popleft()
             self.vtime = state.passed
-            state.passed += 1.0 / state.weight
+            state.passed += self._cost(waiter.tokens) / state.weight
             if not state.queue:
                 del self.callers[waiter.caller]
             if self.requests is not None:
