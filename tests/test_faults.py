@@ -158,14 +158,20 @@ def test_limits_are_enforced_and_named(limited_server):
     assert error.code == "INVALID_SAMPLE" and "max_field_chars=50" in error.message
 
 
-def test_sigterm_drains_in_flight_work_then_exits_zero(tmp_path, plugin_env):
-    srv = start_server(tmp_path, "--workers", "2", "--grace", "30", env=plugin_env)
+def sleepy_batch() -> pb.BatchEvaluateRequest:
+    """200 samples of 10 ms each in chunks of 10: a drain has work in flight on every worker for a while."""
     request = pb.BatchEvaluateRequest(
         graders=[pb.GraderSpec(name="sleepy")],
         chunk_size=10,
         samples=[pb.Sample(id=str(i), response="x") for i in range(200)],
     )
     request.graders[0].params.update({"seconds": 0.01})
+    return request
+
+
+def test_sigterm_drains_in_flight_work_then_exits_zero(tmp_path, plugin_env):
+    srv = start_server(tmp_path, "--workers", "2", "--grace", "30", env=plugin_env)
+    request = sleepy_batch()
     with grpc.insecure_channel(srv.target) as channel:
         stream = pb_grpc.GradingServiceStub(channel).BatchEvaluate(request, timeout=60)
         seen = [item.index for item in next(stream).items]
@@ -195,14 +201,8 @@ def test_sigterm_to_the_whole_process_group_drains_with_the_workers_it_has(tmp_p
     is replaced, and every sample is graded. (Before, each worker died at once and the drain re-ran its
     chunk sample by sample in a replacement started mid-shutdown.)"""
     srv = start_server(tmp_path, "--workers", "2", "--grace", "30", env=plugin_env)
-    request = pb.BatchEvaluateRequest(
-        graders=[pb.GraderSpec(name="sleepy")],
-        chunk_size=10,
-        samples=[pb.Sample(id=str(i), response="x") for i in range(200)],
-    )
-    request.graders[0].params.update({"seconds": 0.01})
-    workers = worker_pids(srv.proc.pid)
-    assert len(workers) == 2
+    request = sleepy_batch()
+    assert len(worker_pids(srv.proc.pid)) == 2
     with grpc.insecure_channel(srv.target) as channel:
         stream = pb_grpc.GradingServiceStub(channel).BatchEvaluate(request, timeout=60)
         items = list(next(stream).items)

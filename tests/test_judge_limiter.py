@@ -25,13 +25,15 @@ async def settle() -> None:
         await asyncio.sleep(0)
 
 
-async def served(limiter: ModelLimiter, first: Grant, callers: list[str], grants: int) -> list[str]:
-    """With the model's one slot held by `first`, requests from `callers` queue (in that order); the slot is
-    then given back `grants` times: whose request got it each time."""
+async def served(
+    limiter: ModelLimiter, first: Grant, callers: list[str], grants: int, tokens: dict[str, int] | None = None
+) -> list[str]:
+    """With the model's one slot held by `first`, requests from `callers` queue (in that order, each of the
+    caller's `tokens`, else 1); the slot is then given back `grants` times: whose request got it each time."""
     order: list[Grant] = []
 
     async def take(caller: str) -> None:
-        order.append(await limiter.acquire(caller, 1))
+        order.append(await limiter.acquire(caller, (tokens or {}).get(caller, 1)))
 
     tasks = [asyncio.create_task(take(c)) for c in callers]
     await settle()
@@ -65,23 +67,8 @@ def test_under_a_token_limit_callers_share_its_tokens_not_its_requests() -> None
 
     async def run(limits: dict[str, float]) -> list[str]:
         limiter = ModelLimiter(1, clock=frozen, **limits)  # buckets far above the 22 requests: fairness only
-        order: list[Grant] = []
-        sizes = {"long": 1000, "short": 100}
-
-        async def take(caller: str) -> None:
-            order.append(await limiter.acquire(caller, sizes[caller]))
-
-        grant = await limiter.acquire("x", 1)
-        tasks = [asyncio.create_task(take(c)) for c in ["long"] * 22 + ["short"] * 22]
-        await settle()
-        for _ in range(22):
-            limiter.release(grant)
-            await settle()
-            grant = order[-1]
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        return [g.caller for g in order]
+        callers = ["long"] * 22 + ["short"] * 22
+        return await served(limiter, await limiter.acquire("x", 1), callers, 22, {"long": 1000, "short": 100})
 
     by_tokens = asyncio.run(run({"tokens_per_minute": 1e12}))
     assert (by_tokens.count("long"), by_tokens.count("short")) == (2, 20)
