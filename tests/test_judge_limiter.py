@@ -26,10 +26,16 @@ async def settle() -> None:
 
 
 async def served(
-    limiter: ModelLimiter, first: Grant, callers: list[str], grants: int, tokens: dict[str, int] | None = None
+    limiter: ModelLimiter,
+    first: Grant,
+    callers: list[str],
+    grants: int,
+    tokens: dict[str, int] | None = None,
+    used: dict[str, int] | None = None,
 ) -> list[str]:
     """With the model's one slot held by `first`, requests from `callers` queue (in that order, each of the
-    caller's `tokens`, else 1); the slot is then given back `grants` times: whose request got it each time."""
+    caller's `tokens`, else 1); the slot is then given back `grants` times (with the caller's `used` tokens
+    as its answer's usage, when given): whose request got it each time."""
     order: list[Grant] = []
 
     async def take(caller: str) -> None:
@@ -40,7 +46,7 @@ async def served(
     assert limiter.waiting == len(callers)
     grant = first
     for _ in range(grants):
-        limiter.release(grant)
+        limiter.release(grant, None if used is None else used.get(grant.caller))
         await settle()
         grant = order[-1]
     for t in tasks:
@@ -74,6 +80,21 @@ def test_under_a_token_limit_callers_share_its_tokens_not_its_requests() -> None
     assert (by_tokens.count("long"), by_tokens.count("short")) == (2, 20)
     by_requests = asyncio.run(run({"requests_per_minute": 1e9}))
     assert (by_requests.count("long"), by_requests.count("short")) == (11, 11)
+
+
+def test_a_callers_share_follows_the_tokens_its_answers_used() -> None:
+    """Requests estimated alike (the model's average), but one caller's judgments answer at ten times the
+    length: under a token limit, its pass is charged what its answers used, so it is served a tenth as often
+    while both wait (11 and 11 before the correction)."""
+
+    async def run() -> list[str]:
+        limiter = ModelLimiter(1, tokens_per_minute=1e12, clock=frozen)
+        callers = ["verbose"] * 22 + ["terse"] * 22
+        estimates, usage = {"verbose": 100, "terse": 100}, {"verbose": 1000, "terse": 100}
+        return await served(limiter, await limiter.acquire("x", 1), callers, 22, estimates, usage)
+
+    order = asyncio.run(run())
+    assert (order.count("verbose"), order.count("terse")) == (2, 20)  # the tokens shared 1:1
 
 
 def test_a_caller_alone_gets_the_whole_model_and_saves_no_credit_while_idle() -> None:

@@ -207,10 +207,16 @@ class ModelLimiter:
         self._dispatch()  # the waiter may have been the head holding the others' turn
 
     def release(self, grant: Grant, used_tokens: int | None = None) -> None:
-        """A request is done; `used_tokens` (its answer's usage) corrects its estimate in the token bucket."""
+        """A request is done; `used_tokens` (its answer's usage) corrects its estimate in the token bucket,
+        and in its caller's pass while the caller has requests waiting: the estimate is the model's
+        average, and a caller whose judgments answer at length would otherwise be charged like the rest.
+        (A caller with none waiting starts again at the current pass, so there is nothing to correct.)"""
         self.in_flight -= 1
         if self.tokens is not None and used_tokens is not None:
             self.tokens.give(grant.tokens - used_tokens)
+            state = self.callers.get(grant.caller)
+            if state is not None:
+                state.passed += (self._cost(used_tokens) - self._cost(grant.tokens)) / state.weight
         self._dispatch()
 
     def pause(self, seconds: float) -> None:
