@@ -5,8 +5,9 @@ jieba keeps English words and numbers whole (`3.14` stays one token) but splits 
 (`don't` becomes `don`, `'`, `t`). Scores only match the reference if we tokenise exactly like it, so
 the punctuation set and the Chinese stop-word list below are the reference's, character for character.
 
-jieba is imported lazily: loading its dictionary costs about a second, which the service pays once at
-start-up through `initialize()` rather than on the first request.
+jieba is imported lazily: loading its dictionary costs about a second, which each process that grades pays
+once as it warms up (`initialize()`, from the graders' `warm_up`) rather than on the first request; a
+process that only loads the plugins never loads it.
 """
 
 from __future__ import annotations
@@ -77,7 +78,8 @@ def _private_cache_dir() -> str:
 
 
 def initialize() -> None:
-    """Load jieba's dictionary once per process, quietly: the service calls it at start-up.
+    """Load jieba's dictionary once per process, quietly: the graders' `warm_up` calls it before the process
+    takes work.
 
     jieba otherwise loads lazily on the first cut (about a second, paid by a request) and logs the
     loading at DEBUG level through its own stderr handler.
