@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
 import time
+from pathlib import Path
 
 import grpc
 import pytest
@@ -213,6 +215,28 @@ def test_sigterm_to_the_whole_process_group_drains_with_the_workers_it_has(tmp_p
     assert sorted(item.index for item in items) == list(range(200))
     assert {(r.score, r.error.code) for item in items for r in item.result.results} == {(1.0, "")}
     assert "replacing it" not in srv.log(), srv.log()
+
+
+def test_a_server_killed_takes_a_worker_stuck_in_c_code_with_it(tmp_path, plugin_env):
+    """The server SIGKILLed (the OOM killer, `kill -9`) while its worker sleeps in C code with the time-limit
+    signal blocked: the worker ends with it. (Before, it noticed the server gone only between tasks, when
+    its pipe had closed, and this one would have slept on for an hour, holding its memory.)"""
+    srv = start_server(tmp_path, "--workers", "1", "--grader-timeout", "3600", env=plugin_env)
+    (worker,) = worker_pids(srv.proc.pid)
+    request = pb.BatchEvaluateRequest(
+        graders=[pb.GraderSpec(name="misbehave")], samples=[pb.Sample(response="hang_in_c")]
+    )
+    with grpc.insecure_channel(srv.target) as channel:
+        call = pb_grpc.GradingServiceStub(channel).BatchEvaluate(request, timeout=60)  # started, not read
+        try:
+            eventually(lambda: "nanosleep" in Path(f"/proc/{worker}/wchan").read_text(), "the worker asleep in C")
+            srv.proc.kill()
+            srv.proc.wait(10)
+            eventually(lambda: not Path(f"/proc/{worker}").exists(), "the worker gone with its server", bound=10)
+        finally:
+            call.cancel()
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(worker, signal.SIGKILL)  # only if the test failed: not left asleep for an hour
 
 
 def test_a_chunks_watchdog_starts_when_a_worker_takes_it_not_while_it_waits():

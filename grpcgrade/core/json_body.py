@@ -2,20 +2,21 @@
 encoded size of the fields a caller passes on whole.
 
 The HTTP face parses bodies larger than a few kB in a separate process (`service.http.limits`), which
-imports only this module: the standard library's C decoder is the fastest there is in CPython, and it
-holds the GIL for its whole call, harmless in a process whose only work it is. The object then comes back
-pickled; unpickling it is one C call in the server's process, whose length grows with the body's
-containers: `MAX_JSON_CONTAINERS` bounds it.
+imports only this module (and `prctl`, to name itself): the standard library's C decoder is the fastest
+there is in CPython, and it holds the GIL for its whole call, harmless in a process whose only work it
+is. The object then comes back pickled; unpickling it is one C call in the server's process, whose length
+grows with the body's containers: `MAX_JSON_CONTAINERS` bounds it.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 from collections.abc import Sequence
 from typing import Any
+
+from .prctl import name_process
 
 #: JSON nested deeper than this is refused (protobuf's Struct limit is the same).
 MAX_JSON_DEPTH = 100
@@ -96,8 +97,6 @@ PARSER_NICENESS = 10
 def init_process() -> None:
     """The parsing pool's initializer: this process named PROCESS_NAME (where Linux allows it) and at
     PARSER_NICENESS."""
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(15, PROCESS_NAME.encode(), 0, 0, 0)  # PR_SET_NAME
+    name_process(PROCESS_NAME)
     with contextlib.suppress(OSError):
         os.nice(PARSER_NICENESS)

@@ -58,6 +58,7 @@ from typing import Any
 from . import grading
 from .errors import GraderCancelled, describe
 from .executors import WATCHDOG_GRACE_SECONDS, Executor, Item, Task, WorkerDied, WorkTimedOut, watchdog
+from .prctl import end_with_parent
 from .rewards import SpecData
 from .work import WorkItem
 
@@ -130,6 +131,7 @@ def _worker_main(
     conn: Connection,
     cancel: Connection,
     taken: Any,
+    parent: int,
     log_levels: dict[str, int],
     formatter: Any,
     initializer: Callable[[], None] | None = None,
@@ -137,11 +139,15 @@ def _worker_main(
     """A worker's life: start up (load and warm the graders, or run the pool's `initializer` instead), say
     so, then take one task at a time until told to stop or the server goes away (its end of the pipe
     closes)."""
-    # The server decides when workers stop (a stop message, then SIGKILL past its patience; a worker whose
-    # server is gone sees its pipe close): a terminal's SIGINT, or a SIGTERM sent to the whole process group
-    # (systemd's default stop, `kill -TERM -PGID`), must not end them while the server drains their work.
+    # The server decides when workers stop (a stop message, then SIGKILL past its patience): a terminal's
+    # SIGINT, or a SIGTERM sent to the whole process group (systemd's default stop, `kill -TERM -PGID`),
+    # must not end them while the server drains their work. A server that ends without stopping them
+    # (SIGKILL, the OOM killer) takes them with it: SIGKILL as it ends, not the pipe's end, which a worker
+    # sees only between tasks (a grader stuck in C code would have kept its worker forever).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if not end_with_parent(signal.SIGKILL, parent):
+        return  # the server ended before the death signal was set
     # A spawned process starts with logging unset: log as the server does (--log-format json: JSON lines).
     from grpcgrade import logs
 
@@ -240,7 +246,7 @@ class _Worker:
         self.taken = context.RawValue("q", -1)
         self.process = context.Process(
             target=_worker_main,
-            args=(child, cancel_read, self.taken, *logs.current(), pool.initializer),
+            args=(child, cancel_read, self.taken, os.getpid(), *logs.current(), pool.initializer),
             name=f"grpcgrade-{pool.role}-{slot}",
         )
         self.process.start()

@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import logging
-import os
 import signal
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -35,6 +33,7 @@ from grpcgrade.core.cached_grading import CachedGrading
 from grpcgrade.core.coalesce import ServerCoalescer
 from grpcgrade.core.config import ServerConfig
 from grpcgrade.core.engine import Engine
+from grpcgrade.core.prctl import end_with_parent, name_process
 from grpcgrade.core.registry import get_registry
 from grpcgrade.llm.models import close_clients as close_judge_clients
 from grpcgrade.llm.models import configure as configure_models
@@ -50,8 +49,6 @@ from .options import ServeOptions, public_server_options, read_config, read_toke
 
 log = logging.getLogger("grpcgrade.service.faces")
 
-#: Linux's prctl option: the signal this process gets when its parent ends.
-PR_SET_PDEATHSIG = 1
 #: The process name a face process takes (`/proc/PID/comm`), so tests and operators tell it apart.
 PROCESS_NAME = "grpcgrade-face"
 
@@ -82,18 +79,10 @@ class FaceSpec:
     log_formatter: logging.Formatter | None
 
 
-def _name_this_process() -> None:
-    """Named PROCESS_NAME, and told to end with its parent (Linux; elsewhere the pipe's end tells it)."""
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(15, PROCESS_NAME.encode(), 0, 0, 0)  # PR_SET_NAME
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-
-
 def main(spec: FaceSpec, conn: Connection, parent: int) -> None:
     """The spawned process's entry point."""
-    _name_this_process()
-    if os.getppid() != parent:  # the server ended before the death signal was set
+    name_process(PROCESS_NAME)
+    if not end_with_parent(signal.SIGTERM, parent):  # the server ended before the death signal was set
         return
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C reaches the server, which drains us
     logs.apply(spec.log_levels, spec.log_formatter)
