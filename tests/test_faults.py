@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import threading
 import time
 from pathlib import Path
@@ -20,6 +21,7 @@ from grpcgrade.testing import (
     cpu_seconds,
     cpu_when_idle,
     eventually,
+    face_pids,
     health_status,
     start_server,
     worker_pids,
@@ -237,6 +239,29 @@ def test_a_server_killed_takes_a_worker_stuck_in_c_code_with_it(tmp_path, plugin
             call.cancel()
             with contextlib.suppress(ProcessLookupError):
                 os.kill(worker, signal.SIGKILL)  # only if the test failed: not left asleep for an hour
+
+
+def test_a_server_killed_leaves_no_process_and_no_port_behind(tmp_path, plugin_env):
+    """`kill -9` of a server with workers and two HTTP face processes (each with its parsing processes):
+    every process it started ends, and its gRPC and HTTP ports are free for the server started in its
+    place (systemd's Restart=on-failure, a container restarted in the same network namespace)."""
+    srv = start_server(tmp_path, "--workers", "2", "--http-processes", "2", env=plugin_env, http=True)
+    assert srv.http_port is not None
+    ours = children(srv.proc.pid)
+    ours += [pid for face in face_pids(srv.proc.pid) for pid in children(face)]
+    assert len(worker_pids(srv.proc.pid)) == 2 and len(face_pids(srv.proc.pid)) == 2
+    srv.proc.kill()
+    srv.proc.wait(10)
+    try:
+        eventually(lambda: not [pid for pid in ours if Path(f"/proc/{pid}").exists()], "every process gone")
+    finally:
+        for pid in ours:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    for port in (srv.port, srv.http_port):
+        with socket.socket() as sock:  # a port another process still listens on refuses this bind
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(("127.0.0.1", port))
 
 
 def test_a_chunks_watchdog_starts_when_a_worker_takes_it_not_while_it_waits():
