@@ -13,6 +13,7 @@ import asyncio
 import collections
 import contextlib
 import json
+import math
 import os
 import sys
 import threading
@@ -43,6 +44,12 @@ class RunFailed(Exception):
     """The run failed for a reason the message says (exit status 1)."""
 
 
+#: The largest port number.
+MAX_PORT = 65_535
+#: The longest drain `--grace` allows: a day (gRPC takes it in milliseconds, as a 32-bit integer).
+MAX_GRACE_SECONDS = 86_400.0
+
+
 def positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -50,10 +57,39 @@ def positive_int(text: str) -> int:
     return value
 
 
+def non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
+
+
+def port_number(text: str) -> int:
+    """A TCP port, or 0 (pick a free one): gRPC would bind 99999 as 34463 (99999 mod 65536), unasked."""
+    value = int(text)
+    if not 0 <= value <= MAX_PORT:
+        raise argparse.ArgumentTypeError(f"must be a port number, 0 to {MAX_PORT}, got {value}")
+    return value
+
+
 def positive_float(text: str) -> float:
     value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be more than 0, got {text}")
+    if not (value > 0 and math.isfinite(value)):  # nan and inf too: a limit that never ends is not one
+        raise argparse.ArgumentTypeError(f"must be a number more than 0, got {text}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    value = float(text)
+    if not (value >= 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"must be a number, 0 or more, got {text}")
+    return value
+
+
+def grace_seconds(text: str) -> float:
+    value = non_negative_float(text)
+    if value > MAX_GRACE_SECONDS:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_GRACE_SECONDS:g} seconds, got {text}")
     return value
 
 
@@ -138,14 +174,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     ):
         if path and not os.path.isfile(path):
             raise UsageError(f"{flag} {path}: no such file")
-    if opts.http_processes is not None and opts.http_processes < 1:
-        raise UsageError("--http-processes must be at least 1")
     from grpcgrade.core.config import GRPC_FACES
 
     if opts.grpc_face is not None and opts.grpc_face not in GRPC_FACES:
         raise UsageError(f"--grpc-face {opts.grpc_face}: one of {', '.join(GRPC_FACES)}")
-    if opts.grpc_processes is not None and opts.grpc_processes < 0:
-        raise UsageError("--grpc-processes must be 0 (the server's process serves gRPC) or more")
     if bool(opts.tls_cert) != bool(opts.tls_key):
         raise UsageError("--tls-cert and --tls-key go together: the server certificate and its key")
     return asyncio.run(serve(opts))
@@ -633,31 +665,37 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("serve", parents=[common], help="run the gRPC server")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; 0.0.0.0 in containers)")
-    p.add_argument("--port", type=int, default=50051, help="gRPC port (default 50051; 0: pick a free one and log it)")
+    p.add_argument(
+        "--port", type=port_number, default=50051, help="gRPC port (default 50051; 0: pick a free one and log it)"
+    )
     p.add_argument("--metrics-host", default="127.0.0.1", help="address of the /metrics endpoint (default 127.0.0.1)")
-    p.add_argument("--metrics-port", type=int, default=0, help="Prometheus /metrics port (default 0: off)")
-    p.add_argument("--workers", type=int, default=None, help="worker processes for heavy graders (default: cores)")
+    p.add_argument("--metrics-port", type=port_number, default=0, help="Prometheus /metrics port (default 0: off)")
+    p.add_argument(
+        "--workers", type=non_negative_int, default=None, help="worker processes for heavy graders (default: cores)"
+    )
     p.add_argument("--config", metavar="FILE", help="YAML file with named rewards, limits and models")
     p.add_argument(
         "--kolibrify-config", metavar="FILE", help="a Kolibrify RL dataserver YAML: each dataset becomes a reward"
     )
-    p.add_argument("--grace", type=float, default=25.0, help="seconds in-flight calls may finish after SIGTERM")
-    p.add_argument("--grader-timeout", type=float, default=None, help="per-grader, per-sample time limit in seconds")
+    p.add_argument("--grace", type=grace_seconds, default=25.0, help="seconds in-flight calls may finish after SIGTERM")
+    p.add_argument(
+        "--grader-timeout", type=positive_float, default=None, help="per-grader, per-sample time limit in seconds"
+    )
     p.add_argument("--auth-token-file", metavar="FILE", help="require a bearer token: the accepted ones, one per line")
     p.add_argument("--http-host", default="127.0.0.1", help="address of the HTTP/JSON face (default 127.0.0.1)")
     p.add_argument(
-        "--http-port", type=int, default=None, help="HTTP/JSON face for OpenRLHF's remote reward (default: off)"
+        "--http-port", type=port_number, default=None, help="HTTP/JSON face for OpenRLHF's remote reward (default: off)"
     )
     p.add_argument(
         "--http-processes",
-        type=int,
+        type=positive_int,
         default=None,
         metavar="N",
         help="processes serving the HTTP face, sharing its port (default: the config's http.processes, 1)",
     )
     p.add_argument(
         "--grpc-processes",
-        type=int,
+        type=non_negative_int,
         default=None,
         metavar="N",
         help="face processes serving the gRPC port, sharing it (0: the server's own process serves it; default: "
@@ -708,7 +746,10 @@ def build_parser() -> argparse.ArgumentParser:
         "-o", "--output", metavar="FILE", help="JSONL output, replaced only when the run succeeds (-: stdout)"
     )
     p.add_argument(
-        "--grader-timeout", type=float, default=0.0, help="per-grader, per-sample time limit (0: the server's)"
+        "--grader-timeout",
+        type=non_negative_float,
+        default=0.0,
+        help="per-grader, per-sample time limit (0: the server's)",
     )
     p.add_argument("--chunk-size", type=positive_int, default=1024, help="samples per call (default 1024)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
@@ -736,13 +777,13 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["json_validator", "chrf", "rougeL", "math_verify"],
         help="the grader to time",
     )
-    p.add_argument("--samples", type=int, help="samples per run (default: 200000 cheap, 3000 heavy)")
-    p.add_argument("--workers", type=int, help="server worker processes (default: cores)")
-    p.add_argument("--unary-calls", type=int, default=20_000, help="Evaluate calls in the unary run")
-    p.add_argument("--concurrency", type=int, default=32, help="concurrent unary callers")
+    p.add_argument("--samples", type=positive_int, help="samples per run (default: 200000 cheap, 3000 heavy)")
+    p.add_argument("--workers", type=non_negative_int, help="server worker processes (default: cores)")
+    p.add_argument("--unary-calls", type=positive_int, default=20_000, help="Evaluate calls in the unary run")
+    p.add_argument("--concurrency", type=positive_int, default=32, help="concurrent unary callers")
     p.add_argument(
         "--unary-rate",
-        type=float,
+        type=non_negative_float,
         help="then offer this many unary calls/s, open loop, and report their latency "
         "(default 2500, with --goals 1000; 0: skip)",
     )
@@ -752,8 +793,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="instead: every figure of the performance goals in one run, each beside its goal "
         "(cheap and heavy graders, a step's fixed cost, unary latency, the client's CPU per sample)",
     )
-    p.add_argument("--heavy-samples", type=int, default=2_000, help="with --goals: samples per heavy grader")
-    p.add_argument("--step-reps", type=int, default=500, help="with --goals: timed 8-sample steps")
+    p.add_argument("--heavy-samples", type=positive_int, default=2_000, help="with --goals: samples per heavy grader")
+    p.add_argument("--step-reps", type=positive_int, default=500, help="with --goals: timed 8-sample steps")
     p.add_argument("--compare-metrics", action="store_true", help="also run the batch with metrics off")
     p.add_argument("--per-call", action="store_true", help="instead: µs per call of every built-in grader")
     p.add_argument(
@@ -762,8 +803,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="instead: one-sample calls from a crowd of callers, gRPC and HTTP, as ratios to a plain FastAPI "
         "per-sample server grading the same grader (--samples calls, default 20000)",
     )
-    p.add_argument("--callers", type=int, default=4_000, help="with --per-sample: concurrent callers")
-    p.add_argument("--stream", type=int, metavar="N", help="instead: stream N samples and report the server's RSS")
+    p.add_argument("--callers", type=positive_int, default=4_000, help="with --per-sample: concurrent callers")
+    p.add_argument(
+        "--stream", type=positive_int, metavar="N", help="instead: stream N samples and report the server's RSS"
+    )
     p.add_argument(
         "--http-stall",
         action="store_true",
@@ -772,27 +815,29 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--stall-seconds",
-        type=float,
+        type=non_negative_float,
         default=6.0,
         help="with --http-stall: seconds per hostile shape; with --goals: seconds of all of them at once (0: skip)",
     )
     p.add_argument(
         "--sandbox",
-        type=int,
+        type=positive_int,
         metavar="N",
         help="instead: N trivial programs in the code sandbox and N bare: runs/s and the start-up overhead",
     )
     p.add_argument(
         "--judges",
-        type=int,
+        type=positive_int,
         metavar="N",
         help="instead: N LLM judgments against a fake endpoint that enforces --judge-rpm: throughput as a share "
         "of what its limit allows",
     )
-    p.add_argument("--judge-samples", type=int, default=2_000, help="with --goals: LLM judgments (0: skip)")
+    p.add_argument(
+        "--judge-samples", type=non_negative_int, default=2_000, help="with --goals: LLM judgments (0: skip)"
+    )
     p.add_argument(
         "--judge-rpm",
-        type=float,
+        type=non_negative_float,
         default=6000.0,
         help="with --judges: the endpoint's requests/minute (0: no limit, every judgment in flight at once, each "
         "answered in 1 s: the judge client's own cost)",
