@@ -32,7 +32,14 @@ import grpc.experimental
 from google.protobuf.json_format import MessageToDict
 
 from grpcgrade.service.convert import SampleColumns as SampleColumns  # a batch as columns: the cheapest to send
-from grpcgrade.service.convert import add_samples, as_columns, graders_list, sample_to_pb, specs_to_pb
+from grpcgrade.service.convert import (
+    add_samples,
+    as_columns,
+    check_samples,
+    graders_list,
+    sample_to_pb,
+    specs_to_pb,
+)
 
 from .batch_scores import BatchScores as BatchScores  # what batch_scores returns
 from .core.admission import PUSHBACK_KEY as PUSHBACK_KEY  # a refusal for load's retry hint (docs/security.md)
@@ -440,6 +447,7 @@ class _Base:
         view: pb.ResultView,
         columns: bool = True,
         request: pb.BatchEvaluateRequest | None = None,
+        first: int = 0,
     ) -> pb.BatchEvaluateRequest:
         """A BatchEvaluate request, its samples as SampleColumns where they fit (and `columns`), else one
         Sample message each; written into `request` when given (a BatchEvaluateUnaryRequest's `batch`: copying
@@ -454,7 +462,7 @@ class _Base:
         if as_cols is not None:
             as_cols.fill_columns(request.columns)
         else:
-            add_samples(request.samples, samples)
+            add_samples(request.samples, samples, first)
         return request
 
     @staticmethod
@@ -615,6 +623,7 @@ class GradingClient(_Base):
         messages)` puts a call's answers where they belong and says how many it placed. A one-chunk batch
         is called on this thread (no thread pool: a small step's fixed cost). A server older than columns is
         sent the chunk again as `samples` (see `_no_columns`)."""
+        check_samples(samples)
         graders = graders_list(graders)
         done = 0
         lock = threading.Lock()
@@ -629,7 +638,7 @@ class GradingClient(_Base):
         def run(start: int, part: Sequence[Any], columns: bool = True, attempt: int = 0, unary: bool = False) -> None:
             nonlocal done
             wrapped = pb.BatchEvaluateUnaryRequest()  # the request is written in place, for either method
-            request = self._batch_request(part, graders, reward, grader_timeout, view, columns, wrapped.batch)
+            request = self._batch_request(part, graders, reward, grader_timeout, view, columns, wrapped.batch, start)
             set_guards(request, started, *guards)
             deadline = call_timeout(request, timeout or self.timeout)
             try:
@@ -691,9 +700,9 @@ class GradingClient(_Base):
         calls: set[Any] = set()  # the streams in flight, cancelled if the caller stops early or one fails
         stopped = threading.Event()
 
-        def run(part: list[Any]) -> list[pb.EvaluateResponse]:
+        def run(part: list[Any], start: int) -> list[pb.EvaluateResponse]:
             out: list[pb.EvaluateResponse | None] = [None] * len(part)
-            request = self._batch_request(part, graders, reward, grader_timeout, view, columns=False)
+            request = self._batch_request(part, graders, reward, grader_timeout, view, columns=False, first=start)
             stream = self.stub.BatchEvaluate(request, timeout=timeout or self.timeout, metadata=self._metadata)
             with lock:
                 calls.add(stream)
@@ -713,10 +722,12 @@ class GradingClient(_Base):
         pending: deque[Future[list[pb.EvaluateResponse]]] = deque()
         executor = ThreadPoolExecutor(self.max_in_flight)
         finished = False
+        start = 0  # the next chunk's first sample, counted from the stream's start
         try:
             for part in _lazy_chunks(samples, self.chunk_size, linger):
                 if part:
-                    pending.append(executor.submit(run, part))
+                    pending.append(executor.submit(run, part, start))
+                    start += len(part)
                 while pending and (pending[0].done() or len(pending) > 2 * self.max_in_flight):
                     yield from pending.popleft().result()
             while pending:
@@ -889,6 +900,7 @@ class AsyncGradingClient(_Base):
         on_progress: Progress | None,
     ) -> None:
         """`GradingClient._each_chunk` on this event loop, each message placed as it arrives."""
+        check_samples(samples)
         graders = graders_list(graders)
         gate = asyncio.Semaphore(self.max_in_flight)
         done = 0
@@ -910,7 +922,9 @@ class AsyncGradingClient(_Base):
             again = False  # refused as BatchEvaluateUnary: sent as BatchEvaluate
             async with gate:
                 wrapped = pb.BatchEvaluateUnaryRequest()  # the request is written in place, for either method
-                request = self._batch_request(part, graders, reward, grader_timeout, view, columns, wrapped.batch)
+                request = self._batch_request(
+                    part, graders, reward, grader_timeout, view, columns, wrapped.batch, start
+                )
                 set_guards(request, started, *guards)
                 deadline = call_timeout(request, timeout or self.timeout)
                 got = 0

@@ -111,3 +111,75 @@ def test_an_http_url_target_is_its_address_and_https_is_refused(client, server):
         assert by_url.evaluate({"response": "{}"}, ["json_validator"]).results[0].score == 1.0
     with pytest.raises(ValueError, match="HTTPS URL; give host:port and TLS as credentials="):
         GradingClient(f"https://{server.target}")
+
+
+# A sample or grader the client cannot send is refused by a TypeError or ValueError that names it: before,
+# these were Python's or protobuf's words from deep in the writing ("'str' object has no attribute 'get'",
+# "'int' object is not iterable", "Unexpected type", "unhashable type: 'slice'"), naming no sample or field.
+J = ["json_validator"]
+OK = [{"response": "a"}] * 5
+CANNOT_SEND = [
+    (
+        lambda c: c.evaluate("x", J),
+        TypeError,
+        "the sample must be a mapping of its fields or a Sample message, not str",
+    ),
+    (
+        lambda c: c.evaluate({"response": "x"}, 123),
+        TypeError,
+        "graders must be a grader (a name, a mapping with 'name', a GraderSpec) or a list of them, not int",
+    ),
+    (
+        lambda c: c.evaluate({"response": "x"}, [7]),
+        TypeError,
+        "a grader is a name, a mapping with 'name', or a GraderSpec, not int",
+    ),
+    (
+        lambda c: c.evaluate({"response": "x"}, [{"params": {}}]),
+        TypeError,
+        "a grader mapping needs a 'name' (a str), got NoneType None",
+    ),
+    (
+        lambda c: c.evaluate({"response": "x"}, [{"name": "json_validator", "weight": "heavy"}]),
+        ValueError,
+        "grader 'json_validator': weight must be a number, got str 'heavy'",
+    ),
+    (
+        lambda c: c.evaluate({"response": "x"}, [{"name": "similarity", "params": {"a": object()}}]),
+        ValueError,
+        "grader 'similarity': params must hold only JSON values",
+    ),
+    (
+        lambda c: c.evaluate({"response": "\ud800"}, J),
+        ValueError,
+        "the sample, field 'response': text that UTF-8 cannot encode (surrogates not allowed at position 0)",
+    ),
+    (lambda c: c.evaluate({"response": "x", "extra": {"a": object()}}, J), ValueError, "the sample, field 'extra': "),
+    (lambda c: c.evaluate({"response": "x", "tag": object()}, J), ValueError, "the sample, field 'tag': "),
+    # the third chunk of 2: numbered in its batch, after the first two chunks were graded
+    (
+        lambda c: c.batch_evaluate([*OK, "b"], J),
+        TypeError,
+        "sample 5 must be a mapping of its fields or a Sample message",
+    ),
+    (lambda c: c.batch_scores([*OK, {"response": "b", "x": {1}}], J), ValueError, "sample 5, field 'x': "),
+    (
+        lambda c: list(c.evaluate_stream(iter([*OK, {"response": 10**5000}]), J)),
+        ValueError,
+        "sample 5, field 'response': Exceeds the limit (4300 digits)",
+    ),
+    (
+        lambda c: c.batch_scores({"response": "x"}, J),
+        TypeError,
+        "samples must be a list of samples (mappings or Sample messages) or SampleColumns, not dict: for one "
+        "sample, pass [sample] or call evaluate(sample)",
+    ),
+]
+
+
+@pytest.mark.parametrize(("call", "error", "message"), CANNOT_SEND)
+def test_a_sample_or_grader_the_client_cannot_send_is_named(server, call, error, message):
+    with GradingClient(server.target, chunk_size=2, timeout=60) as client, pytest.raises(error) as caught:
+        call(client)
+    assert message in str(caught.value)
+    assert not isinstance(caught.value, GradingError)

@@ -383,16 +383,45 @@ def join_columns(parts: Sequence[pb.ResultColumns]) -> pb.ResultColumns:
 
 
 def spec_to_pb(spec: str | Mapping[str, Any] | pb.GraderSpec) -> pb.GraderSpec:
-    """Accept a grader name, a dict like {"name": "similarity", "params": {...}, "weight": 2}, or a spec."""
+    """Accept a grader name, a dict like {"name": "similarity", "params": {...}, "weight": 2}, or a spec;
+    TypeError or ValueError naming the grader and what is wrong with anything else."""
     if isinstance(spec, pb.GraderSpec):
         return spec
     if isinstance(spec, str):
         return pb.GraderSpec(name=spec)
+    if not isinstance(spec, Mapping):
+        raise TypeError(f"a grader is a name, a mapping with 'name', or a GraderSpec, not {type(spec).__name__}")
+    name = spec.get("name")
+    if not isinstance(name, str):
+        raise TypeError(f"a grader mapping needs a 'name' (a str), got {_shown(name)}: {dict(spec)!r:.80}")
     params = spec.get("params")
     if params is not None and not isinstance(params, Mapping):
         hint = " (parse the JSON text first: json.loads)" if isinstance(params, (str, bytes)) else ""
-        raise TypeError(f"grader {spec['name']!r}: params must be a mapping, not {type(params).__name__}{hint}")
-    return _grader_spec(spec["name"], spec.get("key", ""), bool(spec.get("gate", False)), params, spec.get("weight"))
+        raise TypeError(f"grader {name!r}: params must be a mapping, not {type(params).__name__}{hint}")
+    try:
+        return _grader_spec(name, spec.get("key", ""), bool(spec.get("gate", False)), params, spec.get("weight"))
+    except (TypeError, ValueError) as exc:  # protobuf's words for a weight, key or param it cannot hold
+        kind = ValueError if isinstance(exc, ValueError) else TypeError
+        raise kind(f"grader {name!r}: {_what_failed(spec, exc)}") from None
+
+
+def _what_failed(spec: Mapping[str, Any], exc: Exception) -> str:
+    """Which of a grader mapping's fields the spec could not take, and why."""
+    weight = spec.get("weight")
+    if weight is not None:
+        try:
+            float(weight)
+        except (TypeError, ValueError):
+            return f"weight must be a number, got {_shown(weight)}"
+    if not isinstance(spec.get("key", ""), str):
+        return f"key must be a str, got {_shown(spec.get('key'))}"
+    return f"params must hold only JSON values (str, numbers, booleans, None, lists, str-keyed mappings): {exc}"
+
+
+def _shown(value: Any) -> str:
+    """A wrong value in an error message: its type and a short repr."""
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) <= 40 else text[:39] + chr(0x2026)}"
 
 
 def spec_from_data(spec: SpecData) -> pb.GraderSpec:
@@ -412,12 +441,37 @@ def _grader_spec(name: str, key: str, gate: bool, params: Mapping[str, Any] | No
 
 
 def sample_to_pb(sample: Mapping[str, Any] | pb.Sample) -> pb.Sample:
-    """A dict with the Sample's field names; any other key goes into `extra`."""
+    """A dict with the Sample's field names; any other key goes into `extra`. TypeError or ValueError
+    naming the field for a sample that cannot be sent (`sample_error`)."""
     if isinstance(sample, pb.Sample):
         return sample
     out = pb.Sample()
-    _fill_sample(out, sample)
+    try:
+        _fill_sample(out, sample)
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise sample_error(sample, exc) from None
     return out
+
+
+def sample_error(sample: Any, exc: Exception, index: int | None = None) -> TypeError | ValueError:
+    """A sample the client could not write, said plainly: which one (`index`, in its batch), which field, and
+    what is wrong, rather than protobuf's or Python's words from deep in the writing ("'str' object has no
+    attribute 'get'", "Unexpected type"). Made only once writing failed: the writers stay as fast."""
+    where = "the sample" if index is None else f"sample {index}"
+    if not isinstance(sample, Mapping):
+        return TypeError(f"{where} must be a mapping of its fields or a Sample message, not {type(sample).__name__}")
+    for key, value in sample.items():
+        try:
+            _fill_sample(pb.Sample(), {key: value})
+        except (TypeError, ValueError, AttributeError) as own:
+            if isinstance(own, UnicodeEncodeError):
+                why = f"text that UTF-8 cannot encode ({own.reason} at position {own.start})"
+            elif key in _DICT_TEXTS or key == "responses":
+                why = str(own)
+            else:  # `extra` itself, or a key that travels in it
+                why = f"{own} (`extra` travels as JSON: str, numbers, booleans, None, lists, str-keyed mappings)"
+            return (ValueError if isinstance(own, ValueError) else TypeError)(f"{where}, field {key!r}: {why}")
+    return (ValueError if isinstance(exc, ValueError) else TypeError)(f"{where}: {exc}")
 
 
 #: The keys a sample dict may hold that map one to one onto a Sample's string fields.
@@ -628,20 +682,37 @@ def as_columns(samples: Sequence[Mapping[str, Any] | pb.Sample] | SampleColumns)
     return SampleColumns.of_text(fields)
 
 
-def add_samples(container: Any, samples: Sequence[Mapping[str, Any] | pb.Sample] | SampleColumns) -> None:
+def add_samples(
+    container: Any, samples: Sequence[Mapping[str, Any] | pb.Sample] | SampleColumns, first: int = 0
+) -> None:
     """Append `samples` to a repeated Sample field (`request.samples`): columns, messages (copied) or dicts
-    by `sample_to_pb`'s rules. A dict of only text fields is one keyword call into protobuf's C code."""
+    by `sample_to_pb`'s rules. A dict of only text fields is one keyword call into protobuf's C code. A
+    sample that cannot be written is `sample_error`'s, numbered from `first` (the chunk's place in its batch)."""
     if isinstance(samples, SampleColumns):
         samples.fill(container)
         return
     add = container.add
-    for sample in samples:
-        if isinstance(sample, pb.Sample):
-            container.append(sample)
-        elif _TEXT_KEYS.issuperset(sample.keys()) and all(type(v) is str for v in sample.values()):
-            add(**sample)
-        else:
-            _fill_sample(add(), sample)
+    k, sample = 0, None
+    try:
+        for k, sample in enumerate(samples):  # noqa: B007 - `k` numbers the sample at fault below
+            if isinstance(sample, pb.Sample):
+                container.append(sample)
+            elif _TEXT_KEYS.issuperset(sample.keys()) and all(type(v) is str for v in sample.values()):
+                add(**sample)
+            else:
+                _fill_sample(add(), sample)
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise sample_error(sample, exc, first + k) from None
+
+
+def check_samples(samples: Any) -> None:
+    """A batch's `samples` must be a sequence of samples: TypeError for one sample given on its own (a
+    mapping, a Sample) or a text, which would be read key by key or letter by letter."""
+    if isinstance(samples, (Mapping, pb.Sample, str, bytes)):
+        raise TypeError(
+            f"samples must be a list of samples (mappings or Sample messages) or SampleColumns, not "
+            f"{type(samples).__name__}: for one sample, pass [sample] or call evaluate(sample)"
+        )
 
 
 GraderArg = str | Mapping[str, Any] | pb.GraderSpec
@@ -654,7 +725,13 @@ def graders_list(graders: Iterable[GraderArg] | GraderArg | None) -> list[Grader
         return []
     if isinstance(graders, (str, Mapping, pb.GraderSpec)):
         return [graders]
-    return list(graders)
+    try:
+        return list(graders)
+    except TypeError:
+        raise TypeError(
+            f"graders must be a grader (a name, a mapping with 'name', a GraderSpec) or a list of them, "
+            f"not {type(graders).__name__}"
+        ) from None
 
 
 def specs_to_pb(graders: Iterable[GraderArg] | GraderArg | None) -> list[pb.GraderSpec]:
