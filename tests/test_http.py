@@ -94,6 +94,27 @@ def test_labels_of_any_json_type_are_references(http_server):
     assert reply["extra_logs"]["grpcgrade_failed"] == [0.0] * (len(labels) + 1) + [1.0]
 
 
+def test_text_utf8_cannot_encode_fails_its_sample_only(http_server):
+    """JSON may escape a lone surrogate ("\\ud800": a completion cut inside a character by a detokenizer),
+    which json.loads takes and no UTF-8 string, so no protobuf message, can hold: that sample fails
+    (INVALID_SAMPLE, the failure reward and its flag), in a batch and in a crowd of one-sample posts whose
+    other samples the server grades together with it. (Before, the request answered 500, and so did every
+    post coalesced into the same chunk.)"""
+    body = {"query": ["72", "\ud800", "73", "72"], "labels": ["72", "72", "72", "7\udc80"]}
+    reply = post(authed(http_server.http, "/rewards/exact/get_reward"), body)
+    assert reply["rewards"] == [1.0, -1.0, 0.0, -1.0]
+    assert reply["extra_logs"]["grpcgrade_failed"] == [0.0, 1.0, 0.0, 1.0]
+
+    async def crowd() -> list[dict]:
+        url = authed(http_server.http, "/rewards/exact/get_reward")
+        bodies = [{"query": ["\ud800" if k % 5 == 2 else f"{k}"], "labels": [f"{k}"]} for k in range(20)]
+        return await asyncio.gather(*(openrlhf_post(url, b) for b in bodies))
+
+    replies = asyncio.run(crowd())
+    assert [r["rewards"][0] for r in replies] == [-1.0 if k % 5 == 2 else 1.0 for k in range(20)]
+    assert "field 'response': text that UTF-8 cannot encode" in http_server.log()
+
+
 def test_a_sample_that_cannot_be_graded_is_logged_and_counted(http_server):
     """A query that does not start with its prompt (a tokenizer that does not round-trip the prompt) and a
     request without labels for a reward that compares with one: failed samples, each counted per face, and

@@ -47,7 +47,8 @@ class ErrorCode(StrEnum):
 
     #: The grader raised on this sample.
     GRADER_FAILED = "GRADER_FAILED"
-    #: The sample cannot be graded: over a size limit, a reserved `extra` key, an input the grader refuses.
+    #: The sample cannot be graded: over a size limit, a reserved `extra` key, an input the grader refuses, text an
+    #: HTTP face's JSON carried that UTF-8 cannot encode (a lone surrogate, `"\ud800"`).
     INVALID_SAMPLE = "INVALID_SAMPLE"
     #: The grader returned something that is not a finite score or a valid rank.
     INVALID_RESULT = "INVALID_RESULT"

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from itertools import repeat
 from typing import Any, cast
 
-from grpcgrade.core.errors import MAX_DETAIL_CHARS, ErrorCode, InvalidParams, SampleProblem, encodable
+from grpcgrade.core.errors import MAX_DETAIL_CHARS, ErrorCode, InvalidParams, SampleProblem, describe, encodable
 from grpcgrade.core.result_cache import CacheMode
 from grpcgrade.core.rewards import Result, SpecData
 from grpcgrade.core.samples import (
@@ -448,7 +448,7 @@ def sample_to_pb(sample: Mapping[str, Any] | pb.Sample) -> pb.Sample:
     out = pb.Sample()
     try:
         _fill_sample(out, sample)
-    except (TypeError, ValueError, AttributeError) as exc:
+    except (TypeError, ValueError, AttributeError, OverflowError) as exc:
         raise sample_error(sample, exc) from None
     return out
 
@@ -460,18 +460,30 @@ def sample_error(sample: Any, exc: Exception, index: int | None = None) -> TypeE
     where = "the sample" if index is None else f"sample {index}"
     if not isinstance(sample, Mapping):
         return TypeError(f"{where} must be a mapping of its fields or a Sample message, not {type(sample).__name__}")
+    found = unwritable(sample, _fill_sample, _DICT_TEXTS)
+    why, kind = found if found is not None else (str(exc), type(exc))
+    wrong = ValueError if issubclass(kind, (ValueError, OverflowError)) else TypeError
+    return wrong(f"{where}{', ' if found else ': '}{why}")
+
+
+def unwritable(
+    sample: Mapping[str, Any], write: Callable[[pb.Sample, Mapping[str, Any]], None], texts: Sequence[str]
+) -> tuple[str, type[Exception]] | None:
+    """Which of `sample`'s fields `write` cannot put in a Sample, and why ("field 'response': text that UTF-8
+    cannot encode ..."), with the error's class; None when each field alone can be written. `texts`: the
+    writer's text fields (the rest travel in `extra`, as JSON)."""
     for key, value in sample.items():
         try:
-            _fill_sample(pb.Sample(), {key: value})
-        except (TypeError, ValueError, AttributeError) as own:
+            write(pb.Sample(), {key: value})
+        except (TypeError, ValueError, AttributeError, OverflowError) as own:
             if isinstance(own, UnicodeEncodeError):
                 why = f"text that UTF-8 cannot encode ({own.reason} at position {own.start})"
-            elif key in _DICT_TEXTS or key == "responses":
+            elif key in texts or key == "responses":
                 why = str(own)
             else:  # `extra` itself, or a key that travels in it
                 why = f"{own} (`extra` travels as JSON: str, numbers, booleans, None, lists, str-keyed mappings)"
-            return (ValueError if isinstance(own, ValueError) else TypeError)(f"{where}, field {key!r}: {why}")
-    return (ValueError if isinstance(exc, ValueError) else TypeError)(f"{where}: {exc}")
+            return f"field {key!r}: {why}", type(own)
+    return None
 
 
 #: The keys a sample dict may hold that map one to one onto a Sample's string fields.
@@ -493,6 +505,12 @@ def _fill_sample(out: pb.Sample, sample: Mapping[str, Any]) -> None:
     if extra:
         out.extra.update(extra)  # first: a key of the sample's own beside it wins (`_write` writes those)
     _write(out, sample, _DICT_TEXTS, _MESSAGE_KEYS)
+
+
+def unwritable_sample(kwargs: Mapping[str, Any], exc: Exception) -> SampleProblem:
+    """A face's sample `write_sample` could not write (`exc`), as the INVALID_SAMPLE it is, naming its field."""
+    found = unwritable(kwargs, write_sample, TEXT_FIELDS)
+    return SampleProblem(found[0] if found is not None else describe(exc))
 
 
 def write_sample(out: pb.Sample, kwargs: Mapping[str, Any]) -> None:
@@ -701,7 +719,7 @@ def add_samples(
                 add(**sample)
             else:
                 _fill_sample(add(), sample)
-    except (TypeError, ValueError, AttributeError) as exc:
+    except (TypeError, ValueError, AttributeError, OverflowError) as exc:
         raise sample_error(sample, exc, first + k) from None
 
 

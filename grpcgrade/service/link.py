@@ -40,7 +40,7 @@ from grpcgrade.grader import GraderError, GraderMode, GraderRank, GraderResult, 
 from grpcgrade.v1 import grading_pb2 as pb
 from grpcgrade.v1 import grading_pb2_grpc
 
-from .convert import spec_from_data, write_sample
+from .convert import spec_from_data, unwritable_sample, write_sample
 from .structs import struct_to_dict
 
 #: Samples per forwarded BatchEvaluate: the engine's loop parses one piece per step (a few ms).
@@ -242,8 +242,18 @@ class EngineLink:
         is asked as BatchEvaluateUnary when its answer is columns (one message each way costs the engine's
         process less than a stream), and as BatchEvaluate when that answer was over one message (the
         client's rule, `client.unary_refused`; the engine is never older than its face)."""
-        good = [(i, kw) for i, kw in chunk if not isinstance(kw, SampleProblem)]
-        bad = [(i, kw) for i, kw in chunk if isinstance(kw, SampleProblem)]
+        good: list[tuple[int, dict[str, Any]]] = [(i, kw) for i, kw in chunk if not isinstance(kw, SampleProblem)]
+        bad: list[tuple[int, SampleProblem]] = [(i, kw) for i, kw in chunk if isinstance(kw, SampleProblem)]
+        wrapped = pb.BatchEvaluateUnaryRequest()  # the request is written in place, for either method
+        request = wrapped.batch
+        request.view = pb.RESULT_VIEW_FULL if full or not pointwise(jobs) else pb.RESULT_VIEW_COLUMNS
+        request.cache = cache_of(jobs)
+        add = request.samples.add
+        try:
+            for _, kw in good:
+                write_sample(add(), kw)
+        except (TypeError, ValueError, AttributeError, OverflowError):
+            good = _written(request, good, bad)
         if bad:
             if self.observer is not None:
                 stats: list[Stats] = [problem_stats(job.grader.name, len(bad)) for job in jobs]
@@ -251,13 +261,6 @@ class EngineLink:
             yield unusable_result(jobs, [i for i, _ in bad], [p for _, p in bad])
         if not good:
             return
-        wrapped = pb.BatchEvaluateUnaryRequest()  # the request is written in place, for either method
-        request = wrapped.batch
-        request.view = pb.RESULT_VIEW_FULL if full or not pointwise(jobs) else pb.RESULT_VIEW_COLUMNS
-        request.cache = cache_of(jobs)
-        add = request.samples.add
-        for _, kw in good:
-            write_sample(add(), kw)
         if reward:
             request.reward = reward
         else:
@@ -289,6 +292,28 @@ class EngineLink:
                 yield ChunkResult([positions[k] for k in part.indices], part.columns, part.rewards)
         except grpc.aio.AioRpcError as exc:
             raise self.failed(exc.code(), exc.details() or "", tuple(exc.trailing_metadata() or ())) from None
+
+
+def _written(
+    request: pb.BatchEvaluateRequest,
+    good: list[tuple[int, dict[str, Any]]],
+    bad: list[tuple[int, SampleProblem]],
+) -> list[tuple[int, dict[str, Any]]]:
+    """`good`'s samples written into `request` again, each one protobuf cannot hold (a JSON body's lone
+    surrogate, which UTF-8 cannot encode; an integer past a double's range in `extra`) moved to `bad` as the
+    INVALID_SAMPLE it is, naming its field: one such sample never costs the others of its chunk (a coalesced
+    crowd's) their results. Only after a write failed: the usual chunk is written once."""
+    del request.samples[:]
+    add, kept = request.samples.add, []
+    for i, kw in good:
+        try:
+            write_sample(add(), kw)
+        except (TypeError, ValueError, AttributeError, OverflowError) as exc:
+            del request.samples[-1]
+            bad.append((i, unwritable_sample(kw, exc)))
+        else:
+            kept.append((i, kw))
+    return kept
 
 
 def _joined(parts: Sequence[ChunkResult], order: list[int], width: int) -> ChunkResult:
