@@ -181,6 +181,9 @@ def test_debug_brings_the_traceback_back():
             "grpc, canary, cache, quarantine, callers, tokenizer, coalesce_linger_seconds)",
         ),
         ("cache: {max_bytes: 0}", "cache.max_bytes: must be at least 1, got 0"),
+        # both were served before: a reward no call can name, and one of two rewards named "5" dropped
+        ('rewards: {"": [json_validator]}', "rewards: a reward needs a name, got ''"),
+        ('rewards: {5: [json_validator], "5": [json_match]}', "rewards.5: a second reward named '5'"),
         ("cache: {enabled: 'no'}", "cache.enabled: must be true or false, got 'no'"),
         ("quarantine: {ttl: 60}", "quarantine: unknown key 'ttl' (allowed: enabled, max_bytes, ttl_seconds)"),
         ("quarantine: 60", "quarantine: must be a mapping (keys: enabled, max_bytes, ttl_seconds)"),

@@ -300,8 +300,12 @@ def parse_config(data: dict[str, Any], source: str = "config", base: Path | None
         raise ConfigError(f"{source}: rewards: must be a mapping of reward names to rewards")
     rewards = {}
     canaries: list[Canary] = []
-    for name, body in raw_rewards.items():
-        where = f"{source}: rewards.{name}"
+    for key, body in raw_rewards.items():
+        name, where = str(key), f"{source}: rewards.{key}"
+        if key is None or not name:  # no call can name it: a request's empty `reward` asks for none
+            raise ConfigError(f"{source}: rewards: a reward needs a name, got {key!r}")
+        if name in rewards:  # YAML's 5 and "5", one name in every request
+            raise ConfigError(f"{where}: a second reward named {name!r}")
         body = {"graders": body} if isinstance(body, list) else body
         if not isinstance(body, dict) or not body.get("graders"):
             raise ConfigError(f"{where}: needs a list of graders (`graders:`, or the list itself)")
@@ -310,8 +314,8 @@ def parse_config(data: dict[str, Any], source: str = "config", base: Path | None
             raise ConfigError(f"{where}.graders: must be a list of graders")
         specs = [parse_spec(g, f"{where}.graders[{i}]") for i, g in enumerate(body["graders"])]
         tokenizer = parse_tokenizer(body.get("tokenizer"), f"{where}.tokenizer", base)
-        rewards[str(name)] = Reward(str(name), specs, str(body.get("description", "")), tokenizer)
-        canaries.extend(parse_canaries(body.get("canaries"), str(name), f"{where}.canaries"))
+        rewards[name] = Reward(name, specs, str(body.get("description", "")), tokenizer)
+        canaries.extend(parse_canaries(body.get("canaries"), name, f"{where}.canaries"))
     try:
         models = parse_models(data.get("models"))
     except ValueError as exc:
