@@ -280,6 +280,20 @@ def test_several_reward_functions_from_graders_need_no_server_without_check():
     assert [f.__name__ for f in funcs] == ["grpcgrade_shout"]
 
 
+def test_a_numpy_column_is_its_values_and_a_short_one_is_named(server):
+    """A reward function called with a column as a numpy array (a loop of one's own, another framework's
+    batch) reads it as the list of its values; a column a field is read from whose length is not the
+    batch's is an error naming it. (Before, both were left out without a word: every sample failed for
+    want of its reference, and the training step learnt nothing.)"""
+    import numpy as np
+
+    reward = reward_function(server.target, ["shout"])  # response == reference.upper()
+    assert reward(["p", "p"], ["AB", "CD"], answer=np.array(["ab", "cd"])) == [1.0, 1.0]
+    assert reward(["p", "p"], ["7", "8"], reference=np.array([7, 9])) == [1.0, 0.0]
+    with pytest.raises(ValueError, match="column 'answer' holds 1 values for 2 completions"):
+        reward(["p", "p"], ["AB", "CD"], answer=["ab"])
+
+
 def test_a_float_answer_column_is_the_whole_number_it_holds(server):
     """A parquet float column reaches TRL as Python floats (`datasets` converts): `72.0` is the answer 72,
     graded as the text "72" would be."""

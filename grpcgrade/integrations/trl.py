@@ -122,6 +122,17 @@ def completion_text(completion: Any) -> tuple[str, list[Any]]:
     return content, tool_calls
 
 
+def _listed(value: Any) -> list[Any] | None:
+    """A column given as an array of one dimension (numpy's, torch's) as the list of its values (Python's
+    own: numpy's `tolist`), None for anything else. Arrays are no `Sequence`: such a reference column was
+    left out, and every sample failed for want of a reference."""
+    tolist = getattr(value, "tolist", None)
+    if callable(tolist) and getattr(value, "ndim", None) == 1:
+        listed = tolist()
+        return listed if isinstance(listed, list) else None
+    return None
+
+
 class SampleBuilder:
     """TRL's keyword arguments -> grpcgrade samples (as columns), by the rules in the module docstring."""
 
@@ -164,11 +175,18 @@ class SampleBuilder:
         n = len(completions)
         if len(prompts) != n:
             raise ValueError(f"{len(prompts)} prompts but {n} completions")
-        columns = {
-            k: v
-            for k, v in kwargs.items()
-            if k not in TRL_KWARGS and isinstance(v, Sequence) and not isinstance(v, str) and len(v) == n
-        }
+        columns: dict[str, Sequence[Any]] = {}
+        for k, v in kwargs.items():
+            if k in TRL_KWARGS or isinstance(v, (str, bytes)):
+                continue
+            if not isinstance(v, Sequence):
+                v = _listed(v)
+                if v is None:  # not a column: a setting, an object
+                    continue
+            if len(v) == n:
+                columns[k] = v
+            elif self.mapping.get(k) is not None:  # a column a field is read from, of another batch's length
+                raise ValueError(f"column {k!r} holds {len(v)} values for {n} completions")
         fields, extra_names = self._plan(list(columns))
         ids = kwargs.get("completion_ids")
         # Derived from TRL's own argument, not a dataset column: `extra_columns` does not narrow it away (a
