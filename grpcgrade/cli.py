@@ -406,7 +406,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             try:
                 message = sample_to_pb(sample)
             except (TypeError, ValueError) as exc:
-                raise InputError(f"{name}, line {number}: not a sample: {exc}") from exc
+                raise InputError(f"{name}, line {number}: {exc}") from exc
             in_flight.append(sample)
             yield message
 

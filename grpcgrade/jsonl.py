@@ -21,11 +21,13 @@ class InputError(ValueError):
     """A line of the input is not a sample; the message names the file and the line."""
 
 
-def open_input(path: str) -> IO[str]:
-    """The input as text (`-`: stdin). Raises FileNotFoundError, IsADirectoryError, PermissionError."""
+def open_input(path: str) -> IO[bytes]:
+    """The input's bytes (`-`: stdin's), each line decoded by `read_samples`, which can then say which line
+    is not UTF-8 (a text reader decodes blocks of lines at once). Raises FileNotFoundError,
+    IsADirectoryError, PermissionError."""
     if path == STDIO:
-        return sys.stdin
-    return open(path, encoding="utf-8")  # noqa: SIM115 - the caller closes it
+        return sys.stdin.buffer
+    return open(path, "rb")  # noqa: SIM115 - the caller closes it
 
 
 def count_samples(path: str) -> int | None:
@@ -37,15 +39,24 @@ def count_samples(path: str) -> int | None:
         return sum(1 for line in fh if line.strip())
 
 
-def read_samples(fh: IO[str], name: str) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(line number, sample) for every non-blank line, read as it is needed."""
-    for number, line in enumerate(fh, 1):
-        if not line.strip():
+def read_samples(fh: IO[bytes], name: str) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, sample) for every non-blank line, read as it is needed; InputError naming the line
+    that is not UTF-8, not JSON, or nested deeper than the parser goes."""
+    for number, raw in enumerate(fh, 1):
+        if not raw.strip():
             continue
+        try:
+            line = raw.decode("utf-8-sig" if number == 1 else "utf-8")  # a BOM some editors write first
+        except UnicodeDecodeError as exc:
+            raise InputError(
+                f"{name}, line {number}: not UTF-8 text (byte {raw[exc.start]:#04x} at column {exc.start + 1})"
+            ) from None
         try:
             sample = json.loads(line)
         except json.JSONDecodeError as exc:
             raise InputError(f"{name}, line {number}: not JSON: {exc.msg} (column {exc.colno})") from exc
+        except RecursionError:
+            raise InputError(f"{name}, line {number}: not JSON this reader takes: nested too deeply") from None
         if not isinstance(sample, dict):
             raise InputError(f"{name}, line {number}: a sample is a JSON object, got {type(sample).__name__}")
         yield number, sample

@@ -275,6 +275,30 @@ def test_a_bad_json_line_fails_the_run_names_the_line_and_keeps_the_old_output(s
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl", "out.jsonl"]  # no temporary file left
 
 
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        (b"\xff\xfegarbage", "line 2: not UTF-8 text (byte 0xff at column 1)"),
+        (b"[" * 100_000 + b"]" * 100_000, "line 2: not JSON this reader takes: nested too deeply"),
+        (b'{"response": "\\ud800"}', "line 2: the sample, field 'response': text that UTF-8 cannot encode"),
+        (
+            b'{"response": "1", "extra": {"n": 1' + b"0" * 400 + b"}}",
+            "line 2: the sample, field 'extra': int too large",
+        ),
+    ],
+    ids=["not-utf8", "too-deep", "lone-surrogate", "huge-int"],
+)
+def test_an_input_line_eval_cannot_send_is_named(server, tmp_path, line, message):
+    """Each ended before in a message naming neither the file nor the line (a UnicodeDecodeError, a
+    RecursionError) or in protobuf's words ("surrogates not allowed", "int too large to convert")."""
+    source = tmp_path / "in.jsonl"
+    source.write_bytes(b'\xef\xbb\xbf{"response": "[]"}\n' + line + b"\n")  # a BOM first: read as none
+    out = grpcgrade("eval", str(source), "--grader", "json_validator", "--target", server.target, "-q")
+    assert out.returncode == 1
+    assert f"{source}, {message}" in out.stderr, out.stderr
+    no_traceback(out)
+
+
 def test_a_refused_run_keeps_the_old_output_and_a_good_one_replaces_it(server, tmp_path):
     source = jsonl(tmp_path / "in.jsonl", [{"response": "[]"}])
     output = tmp_path / "out.jsonl"
