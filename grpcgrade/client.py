@@ -39,6 +39,7 @@ from grpcgrade.service.convert import (
     graders_list,
     sample_to_pb,
     specs_to_pb,
+    unsendable,
 )
 
 from .batch_scores import BatchScores as BatchScores  # what batch_scores returns
@@ -460,7 +461,10 @@ class _Base:
         request.view = view
         as_cols = as_columns(samples) if columns and self._columns_ok else None
         if as_cols is not None:
-            as_cols.fill_columns(request.columns)
+            try:
+                as_cols.fill_columns(request.columns)
+            except (TypeError, ValueError, OverflowError) as exc:
+                raise unsendable(samples, exc, first) from None
         else:
             add_samples(request.samples, samples, first)
         return request
@@ -996,6 +1000,24 @@ class AsyncGradingClient(_Base):
         return Coalescer(self, graders_list(graders), reward, linger, max_batch, grader_timeout, view, **guards)
 
 
+def _sendable(
+    batch: list[tuple[Any, asyncio.Future[pb.EvaluateResponse]]],
+) -> list[tuple[Any, asyncio.Future[pb.EvaluateResponse]]]:
+    """A coalesced batch whose call could not be written: each sample the client cannot send fails its own
+    caller (the error `evaluate` would have raised for it alone), and the rest are returned to be sent.
+    Only after a write failed: the usual batch is written once."""
+    usable = []
+    for sample, future in batch:
+        try:
+            sample_to_pb(sample)
+        except (TypeError, ValueError) as exc:
+            if not future.done():
+                future.set_exception(exc)
+        else:
+            usable.append((sample, future))
+    return usable
+
+
 class Coalescer:
     """`await coalescer.evaluate(sample)` from many tasks at once: the samples that arrive within `linger`
     seconds of the first (at most `max_batch`) go to the server as one BatchEvaluate, and each caller gets
@@ -1069,6 +1091,16 @@ class Coalescer:
                 view=self.view,
                 **self.guards,
             )
+        except (TypeError, ValueError) as exc:  # a sample the client cannot send (`convert.sample_error`)
+            usable = _sendable(batch)
+            if len(usable) < len(batch):  # its caller alone gets the error; the others are sent again
+                if usable:
+                    await self._send(usable)
+                return
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(exc)
+            return
         except BaseException as exc:
             for _, future in batch:
                 if not future.done():

@@ -11,7 +11,7 @@ import time
 import grpc
 import pytest
 
-from grpcgrade.client import GradingClient
+from grpcgrade.client import GradingClient, SampleColumns
 from grpcgrade.errors import GradingError, InvalidRequest, ServerUnavailable, UnknownName
 from grpcgrade.testing import free_port, start_server
 
@@ -163,6 +163,17 @@ CANNOT_SEND = [
         "sample 5 must be a mapping of its fields or a Sample message",
     ),
     (lambda c: c.batch_scores([*OK, {"response": "b", "x": {1}}], J), ValueError, "sample 5, field 'x': "),
+    # texts only: the batch travels as columns, written whole
+    (
+        lambda c: c.batch_scores([*OK, {"response": "\ud800"}], J),
+        ValueError,
+        "sample 5, field 'response': text that UTF-8",
+    ),
+    (
+        lambda c: c.batch_scores(SampleColumns.of_text({"response": ["a"] * 5 + ["\ud800"]}), J),
+        ValueError,
+        "sample 5, field 'response': text that UTF-8 cannot encode",
+    ),
     (
         lambda c: list(c.evaluate_stream(iter([*OK, {"response": 10**5000}]), J)),
         ValueError,

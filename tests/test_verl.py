@@ -94,6 +94,23 @@ def test_coalescer_answers_each_caller_and_a_failed_call_reaches_all_of_its_call
     assert all(isinstance(r, grpc.RpcError) and r.code() == grpc.StatusCode.NOT_FOUND for r in results)
 
 
+def test_a_sample_the_client_cannot_send_fails_only_its_own_coalesced_caller(server):
+    """One caller's sample holds text UTF-8 cannot encode: that caller gets the ValueError `evaluate` raises
+    for it, and the other callers coalesced with it get their results. (Before, the batch's call could not
+    be written, and every caller of its batch got that error.)"""
+
+    async def go():
+        async with AsyncGradingClient(server.target) as client:
+            coalescer = client.coalescer(["json_validator"], max_batch=4)
+            texts = ["\ud800" if i == 5 else json.dumps(i) for i in range(10)]
+            calls = (coalescer.evaluate({"response": text}) for text in texts)
+            return await asyncio.gather(*calls, return_exceptions=True)
+
+    results = asyncio.run(go())
+    assert isinstance(results[5], ValueError) and "field 'response': text that UTF-8 cannot encode" in str(results[5])
+    assert [r.results[0].score for i, r in enumerate(results) if i != 5] == [1.0] * 9
+
+
 def test_numpy_labels_and_extra_info_as_veRL_hands_them(server, caplog):
     """veRL's dataset values arrive as numpy (its DataProto holds non-tensor columns as object arrays): an
     `np.int64` label, a float label from a parquet float column, numpy values in `extra_info`. Each must

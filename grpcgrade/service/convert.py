@@ -723,6 +723,20 @@ def add_samples(
         raise sample_error(sample, exc, first + k) from None
 
 
+def unsendable(samples: Sequence[Any], exc: Exception, first: int = 0) -> TypeError | ValueError:
+    """Why a batch written as columns could not be (`exc`): the first sample the client cannot send, in
+    `sample_error`'s words and numbered from `first`; found sample by sample, only after the write failed."""
+    for k in range(len(samples)):
+        sample = samples[k]
+        if isinstance(sample, pb.Sample):
+            continue
+        try:
+            _fill_sample(pb.Sample(), sample)
+        except (TypeError, ValueError, AttributeError, OverflowError) as own:
+            return sample_error(sample, own, first + k)
+    return exc if isinstance(exc, (TypeError, ValueError)) else ValueError(describe(exc))
+
+
 def check_samples(samples: Any) -> None:
     """A batch's `samples` must be a sequence of samples: TypeError for one sample given on its own (a
     mapping, a Sample) or a text, which would be read key by key or letter by letter."""
