@@ -63,6 +63,16 @@ def test_a_grpc_crowd_is_answered_every_call(crowd_server):
 
     async def crowd() -> list[float | None]:
         async with AsyncGradingClient(crowd_server.target, timeout=300) as client:
+            # The limit's 200 calls held first (napper stalls on "hang" until its 5 s limit: answered, not
+            # cancelled), so the crowd is refused in part whatever the machine's speed; before, a slow host's
+            # server sometimes kept up with the one client and nothing was refused.
+            hang = [{"name": "napper"}]
+            held = [
+                asyncio.ensure_future(client.evaluate({"response": "hang"}, hang, grader_timeout=5)) for _ in range(200)
+            ]
+            await asyncio.to_thread(
+                eventually, lambda: crowd_server.metric("grpcgrade_calls_admitted") == 200, "the limit held"
+            )
 
             async def one(text: str) -> float | None:
                 try:
@@ -74,7 +84,9 @@ def test_a_grpc_crowd_is_answered_every_call(crowd_server):
                 assert response.results[1].score == 1.0  # sleepy's, always
                 return response.results[0].score
 
-            return await asyncio.gather(*(one(t) for t in texts))
+            scores = await asyncio.gather(*(one(t) for t in texts))
+            assert {r.results[0].error.code for r in await asyncio.gather(*held)} == {"TIMEOUT"}
+            return scores
 
     scores = asyncio.run(crowd())
     assert outcomes == {"OK": CROWD}
