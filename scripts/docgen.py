@@ -79,6 +79,14 @@ GRPC_DOCS = {
     "face": "who serves the gRPC port when the engine's process does not: `python` (the face processes above) or "
     "`native` (the Go face, one process: built by `make native-face`; see "
     "[Operations](operations.md#the-native-grpc-face)); `--grpc-face` overrides it",
+    "max_connections": "gRPC connections open at once, per process serving the port (the engine's, each face "
+    "process, the native face); past it a new connection is closed at once, unread. Lowered to half the "
+    "process's open-files limit (`ulimit -n`) when above it, so that connections cannot take the descriptors "
+    "the server needs itself (see [Security](security.md#the-grpc-port))",
+    "handshake_timeout_seconds": "seconds a new connection may take to finish its TLS handshake and send HTTP/2's "
+    "preface and first SETTINGS; past it the connection is closed (gRPC's own default: 120)",
+    "idle_timeout_seconds": "seconds a connection may stay open with no call; past it the server sends it away "
+    "(HTTP/2's GOAWAY) and gRPC clients connect again on their next call",
 }
 HTTP_DOCS = {
     "failure_reward": "the reward a failed sample gets over HTTP, where the trainer needs a number (OpenRLHF, "

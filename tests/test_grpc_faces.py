@@ -297,7 +297,7 @@ def test_a_port_another_servers_faces_share_fails_the_start_naming_it(option):
         ({"processes": -1}, "grpc: processes must be a whole number from 0 to 64"),
         ({"processes": 65}, "grpc: processes must be a whole number from 0 to 64"),
         ({"processes": True}, "grpc: processes must be a whole number from 0 to 64"),
-        ({"procs": 2}, "grpc: unknown key 'procs' (allowed: processes, face)"),
+        ({"procs": 2}, "grpc: unknown key 'procs' (allowed: processes, face, max_connections, "),
         ([2], "grpc must be a mapping"),
     ],
 )

@@ -104,6 +104,14 @@ class GrpcConfig:
     # "native" (grpcgrade-grpc-face, in Go: one process using `processes` cores, 0: every core); `--grpc-face`
     # overrides. Why a Go face: a Python gRPC server spends 250-290 us of CPU a unary call (docs/performance.md).
     face: str = "python"
+    # What bounds a hostile or leaking client of the public gRPC port (docs/security.md), per serving process:
+    # connections open at once (each holds a descriptor and ~15 KB; without a cap, idle connections ran the
+    # server out of descriptors, and then nothing else could start: a sandbox, a worker, a scrape), the time a
+    # new connection may take to finish its TLS and HTTP/2 handshakes (gRPC's own default: 120 s), and how
+    # long one with no call may stay open (gRPC clients reconnect by themselves on their next call).
+    max_connections: int = 10_000
+    handshake_timeout_seconds: float = 10.0
+    idle_timeout_seconds: float = 300.0
 
 
 @dataclass
@@ -402,19 +410,34 @@ GRPC_FACES = ("python", "native")
 
 
 def parse_grpc(raw: Any, source: str) -> GrpcConfig:
-    """`grpc: {processes: N, face: python|native}` (N: 0 to MAX_GRPC_PROCESSES)."""
+    """`grpc: {processes: N, face: python|native, ...}` (N: 0 to MAX_GRPC_PROCESSES; the bounds: GRPC_BOUNDS)."""
     if raw is None:
         return GrpcConfig()
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: grpc must be a mapping")
-    _unknown(raw, ("processes", "face"), f"{source}: grpc")
+    _unknown(raw, ("processes", "face", *GRPC_BOUNDS), f"{source}: grpc")
     processes = raw.get("processes", 0)
     if isinstance(processes, bool) or not isinstance(processes, int) or not 0 <= processes <= MAX_GRPC_PROCESSES:
         raise ConfigError(f"{source}: grpc: processes must be a whole number from 0 to {MAX_GRPC_PROCESSES}")
     face = raw.get("face", "python")
     if face not in GRPC_FACES:
         raise ConfigError(f"{source}: grpc: face must be one of {', '.join(GRPC_FACES)}, not {face!r}")
-    return GrpcConfig(processes=processes, face=face)
+    bounds: dict[str, Any] = {}
+    for key, (kind, least, most) in GRPC_BOUNDS.items():
+        if key in raw:
+            bounds[key] = _number(raw[key], f"{source}: grpc: {key}", kind, least)
+            if bounds[key] > most:
+                raise ConfigError(f"{source}: grpc: {key}: must be at most {most:,}, got {raw[key]!r}")
+    return GrpcConfig(processes=processes, face=face, **bounds)
+
+
+#: The public gRPC port's bounds on hostile clients: each a number of this type within these bounds (gRPC
+#: takes them as C ints, of milliseconds for the times: a day is well within).
+GRPC_BOUNDS: dict[str, tuple[type[int] | type[float], float, int]] = {
+    "max_connections": (int, 1, 1_000_000),
+    "handshake_timeout_seconds": (float, 0.001, 86_400),
+    "idle_timeout_seconds": (float, 0.001, 86_400),
+}
 
 
 #: The HTTP face's bounds on hostile clients, each a positive number of this type.

@@ -46,7 +46,7 @@ from grpcgrade.core.errors import ConfigError
 
 from .grpc_face import relayed_methods
 from .metrics import Metrics
-from .options import ServeOptions
+from .options import ServeOptions, connection_cap
 from .restarts import Restarts, started
 
 log = logging.getLogger("grpcgrade.service.faces")
@@ -94,8 +94,9 @@ def binary() -> str:
 
 def arguments(options: ServeOptions, engine: str, config: ServerConfig, metrics: Metrics | None) -> list[str]:
     """The Go face's command-line options: the engine's address, the limits and linger of `config`, the
-    methods the engine serves (by kind), the latency histogram's buckets, the tokens and TLS files."""
-    limits = config.limits
+    connection bounds of its `grpc:` (as the Python server's: `options.public_server_options`), the methods
+    the engine serves (by kind), the latency histogram's buckets, the tokens and TLS files."""
+    limits, grpc_config = config.limits, config.grpc
     methods = {name: _KINDS[kinds] for name, kinds in relayed_methods().items()}
     bounds: list[float] = []
     if metrics is not None:  # the histogram's own upper bounds (+Inf last): the face counts per bucket
@@ -108,6 +109,9 @@ def arguments(options: ServeOptions, engine: str, config: ServerConfig, metrics:
         f"--linger={max(config.coalesce_linger_seconds, FACE_LINGER_SECONDS)}",
         f"--max-chunk={CHEAP_CHUNK}",
         f"--grace={options.grace_seconds}",
+        f"--max-connections={connection_cap(grpc_config.max_connections)}",
+        f"--handshake-timeout={grpc_config.handshake_timeout_seconds}",
+        f"--idle-timeout={grpc_config.idle_timeout_seconds}",
         f"--methods={json.dumps(methods)}",
         f"--buckets={','.join(_bound(b) for b in bounds)}",
     ]

@@ -5,6 +5,8 @@ tokens, and serve the public gRPC port as the server's process does without them
 
 from __future__ import annotations
 
+import logging
+import resource
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -14,6 +16,8 @@ from grpcgrade.core import tokens as token_counts
 from grpcgrade.core.config import ServerConfig, load_config
 from grpcgrade.core.errors import ConfigError, InvalidParams
 from grpcgrade.core.registry import Registry
+
+log = logging.getLogger("grpcgrade.service")
 
 
 @dataclass
@@ -87,8 +91,14 @@ def public_server_options(opts: ServeOptions, config: ServerConfig, *, shared: b
     (`shared`: they listen on it together, SO_REUSEPORT)."""
     max_bytes = config.limits.max_message_bytes
     pending = config.limits.max_pending_calls  # past gRPC's own pending limit its core cancels calls (admission)
+    grpc_config = config.grpc
     return [
         ("grpc.so_reuseport", 1 if shared else 0),
+        # Past the cap gRPC's core closes a new connection at once, unread; one that has not finished its
+        # handshakes (TLS, the HTTP/2 preface and first SETTINGS) in time is closed; so is one idle too long.
+        ("grpc.max_allowed_incoming_connections", connection_cap(grpc_config.max_connections)),
+        ("grpc.server_handshake_timeout_ms", _milliseconds(grpc_config.handshake_timeout_seconds)),
+        ("grpc.max_connection_idle_ms", _milliseconds(grpc_config.idle_timeout_seconds)),
         ("grpc.max_receive_message_length", max_bytes),
         ("grpc.max_send_message_length", max_bytes),
         ("grpc.server.max_pending_requests", pending),
@@ -100,3 +110,31 @@ def public_server_options(opts: ServeOptions, config: ServerConfig, *, shared: b
         ("grpc.max_connection_age_grace_ms", int(opts.grace_seconds * 1000)),
         *opts.extra_options,
     ]
+
+
+#: The share of this process's open-files limit the public gRPC port's connections may take: the rest stays
+#: for what the server opens itself (its workers' pipes, sandboxes, the metrics and HTTP faces' sockets).
+CONNECTIONS_SHARE_OF_OPEN_FILES = 0.5
+
+
+def connection_cap(configured: int) -> int:
+    """`grpc.max_connections`, lowered (and logged once per process) to `CONNECTIONS_SHARE_OF_OPEN_FILES` of
+    the open-files limit: connections past what the process can open would fail whatever opens a file next."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY:
+        return configured
+    room = max(1, int(soft * CONNECTIONS_SHARE_OF_OPEN_FILES))
+    if configured > room:
+        log.warning(
+            "grpc.max_connections %d is more than this process can hold beside its own files (open-files limit "
+            "%d): the gRPC port takes at most %d connections; raise `ulimit -n` to allow more",
+            configured,
+            soft,
+            room,
+        )
+        return room
+    return configured
+
+
+def _milliseconds(seconds: float) -> int:
+    return max(1, round(seconds * 1000))

@@ -14,7 +14,9 @@
 //   - auth: the server's bearer tokens (the auth token file), checked before a request is read; the health
 //     service is open, as on the server's own port.
 //   - bounds: at most --max-calls calls in flight (past it RESOURCE_EXHAUSTED with the retry hint at once),
-//     the message size limit both ways, the server's keepalive and connection-age settings.
+//     the message size limit both ways, the server's keepalive and connection-age settings, and its
+//     connection bounds: at most --max-connections open (connections.go), --handshake-timeout to finish
+//     TLS and the HTTP/2 preface, --idle-timeout without a call.
 //   - counts: to the server's process as JSON lines on stdout (counts.go), which serves them on /metrics.
 //
 // It is started by the server's process (grpcgrade.service.native_face) with the listening socket of the
@@ -64,6 +66,9 @@ type options struct {
 	linger          float64
 	maxChunk        int
 	grace           float64
+	maxConnections  int
+	handshake       float64
+	idle            float64
 	methods         string
 	buckets         string
 	tlsCert, tlsKey string
@@ -82,6 +87,9 @@ func parseOptions() options {
 	flag.Float64Var(&o.linger, "linger", 0.01, "how long calls of a plan gather while one of its chunks is graded (seconds)")
 	flag.IntVar(&o.maxChunk, "max-chunk", 1024, "samples in one chunk at most")
 	flag.Float64Var(&o.grace, "grace", 25, "how long in-flight calls may finish after SIGTERM (seconds)")
+	flag.IntVar(&o.maxConnections, "max-connections", 10000, "connections open at once; past it a new one is closed at once")
+	flag.Float64Var(&o.handshake, "handshake-timeout", 10, "how long a new connection may take to finish TLS and the HTTP/2 preface (seconds)")
+	flag.Float64Var(&o.idle, "idle-timeout", 300, "how long a connection without a call stays open (seconds)")
 	flag.StringVar(&o.methods, "methods", "{}", "JSON: every method the engine serves (/service/Method) and its kind")
 	flag.StringVar(&o.buckets, "buckets", "", "the handling-time histogram's upper bounds (seconds, comma-separated, +Inf last)")
 	flag.StringVar(&o.tlsCert, "tls-cert", "", "the server certificate (PEM)")
@@ -207,7 +215,7 @@ func serve(o options, report *reporter) error {
 	if len(tokens) > 0 {
 		f.coalescer.token = tokens[0]
 	}
-	grace := time.Duration(o.grace * float64(time.Second))
+	grace := seconds(o.grace)
 	handler := f.handle
 	if o.floor {
 		handler = floor
@@ -216,11 +224,13 @@ func serve(o options, report *reporter) error {
 		grpc.UnknownServiceHandler(handler),
 		grpc.MaxRecvMsgSize(o.maxMessageBytes),
 		grpc.MaxSendMsgSize(o.maxMessageBytes),
-		// The Python server's keepalive and connection age (options.public_server_options).
+		// The Python server's keepalive, connection age and connection bounds (options.public_server_options).
 		grpc.KeepaliveParams(keepalive.ServerParameters{
 			Time: 60 * time.Second, Timeout: 20 * time.Second,
 			MaxConnectionAge: 30 * time.Minute, MaxConnectionAgeGrace: grace,
+			MaxConnectionIdle: seconds(o.idle),
 		}),
+		grpc.ConnectionTimeout(seconds(o.handshake)),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 	}
 	creds, err := credentialsOf(o)
@@ -235,7 +245,7 @@ func serve(o options, report *reporter) error {
 	counted := make(chan struct{})
 	go func() { report.every(c, stopCounting); close(counted) }()
 	served := make(chan error, 1)
-	go func() { served <- server.Serve(listener) }()
+	go func() { served <- server.Serve(capConnections(listener, o.maxConnections)) }()
 	report.send(line{Ready: listener.Addr().(*net.TCPAddr).Port})
 
 	stop := make(chan os.Signal, 1)
@@ -260,6 +270,8 @@ func serve(o options, report *reporter) error {
 	<-counted
 	return nil
 }
+
+func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
 
 // floor answers a call with an empty message (a valid EvaluateResponse: every field at its default).
 func floor(_ interface{}, stream grpc.ServerStream) error {
