@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import socket
 import textwrap
 import threading
 import time
@@ -26,6 +27,7 @@ from grpcgrade.core.engine import ChunkResult, _pipelined
 from grpcgrade.core.errors import ConfigError
 from grpcgrade.core.samples import Limits
 from grpcgrade.service.convert import sample_to_pb, specs_to_pb
+from grpcgrade.service.metrics_http import MAX_CONNECTIONS as MAX_METRICS_CONNECTIONS
 from grpcgrade.testing import (
     CpuSince,
     cpu_seconds,
@@ -448,8 +450,6 @@ def test_a_cancelled_stream_is_counted_as_cancelled(inline_srv):
 def test_idle_metrics_connections_are_closed(inline_srv):
     """Prometheus' exposition server keeps a thread per open connection; one idle for 3 s is closed (the
     server's end: a read then sees end-of-file instead of waiting forever)."""
-    import socket
-
     idle = [socket.create_connection(("127.0.0.1", inline_srv.metrics_port)) for _ in range(3)]
     try:
         for s in idle:
@@ -458,6 +458,61 @@ def test_idle_metrics_connections_are_closed(inline_srv):
     finally:
         for s in idle:
             s.close()
+
+
+def _closed_unanswered(sock: socket.socket) -> bytes:
+    """What the server sent before it closed the connection (b"" when it answered nothing)."""
+    sock.settimeout(30)  # only a bound: a server that keeps it open fails here (a timeout raises)
+    received = b""
+    try:
+        while chunk := sock.recv(65536):
+            received += chunk
+    except ConnectionResetError:  # closed with our request unread
+        pass
+    return received
+
+
+def test_a_trickling_metrics_client_is_closed_at_its_request_deadline(inline_srv):
+    """A byte every half second never lets a read wait its 3 s: the whole request must still arrive within
+    `metrics_http.REQUEST_SECONDS` of the connection's start, else the connection (and its thread) ends."""
+    sock = socket.create_connection(("127.0.0.1", inline_srv.metrics_port))
+    try:
+        sock.sendall(b"G")
+        sock.settimeout(0.5)
+        deadline = time.monotonic() + 60  # only a bound
+        while time.monotonic() < deadline:
+            try:
+                sock.sendall(b"E")
+                if sock.recv(1) == b"":
+                    break
+            except TimeoutError:
+                continue
+            except OSError:  # reset: closed
+                break
+        else:
+            pytest.fail("a trickling metrics connection was kept open for 60 s")
+    finally:
+        sock.close()
+    assert "Traceback" not in inline_srv.log()  # a connection that ends so is no error of the server's
+
+
+def test_metrics_connections_past_the_cap_are_closed_unanswered(inline_srv):
+    """At most `metrics_http.MAX_CONNECTIONS` are handled at once (each a thread of the engine's process): a
+    scrape past them is closed unanswered, and answered once they have ended."""
+    held = []
+    try:
+        for _ in range(MAX_METRICS_CONNECTIONS):
+            held.append(socket.create_connection(("127.0.0.1", inline_srv.metrics_port)))
+            held[-1].sendall(b"G")  # a request begun: the connection is held until its deadline
+            time.sleep(0.005)  # each taken up before the next: the listen backlog is 5
+        extra = socket.create_connection(("127.0.0.1", inline_srv.metrics_port))
+        extra.sendall(b"GET /metrics HTTP/1.0\r\n\r\n")
+        assert _closed_unanswered(extra) == b""
+        extra.close()
+    finally:
+        for sock in held:
+            sock.close()
+    assert inline_srv.metrics()  # a scrape, answered
 
 
 # -- 11. a reader that never reads holds nothing for long ---------------------------------------------------

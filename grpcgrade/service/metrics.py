@@ -18,7 +18,7 @@ import platform
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+from wsgiref.simple_server import WSGIServer
 
 import grpc
 from prometheus_client import (
@@ -30,7 +30,6 @@ from prometheus_client import (
     make_wsgi_app,
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
-from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
@@ -44,6 +43,8 @@ from grpcgrade.core.grading import Stats
 from grpcgrade.core.plugins import PluginInfo
 from grpcgrade.core.rewards import RewardStats
 from grpcgrade.llm import usage
+
+from .metrics_http import serve_wsgi
 
 # gRFC A66 latency buckets, as grpc's own OpenTelemetry plugin uses.
 LATENCY_BUCKETS = (
@@ -474,8 +475,8 @@ class Metrics:
         self.chunk_seconds.labels(grader).observe(seconds)
 
     def serve(self, host: str, port: int) -> tuple[WSGIServer, threading.Thread]:
-        """prometheus-client's exposition server, except that a connection idle for `IDLE_SECONDS` is
-        closed: its server keeps a thread per open connection, and idle ones would pile up forever."""
+        """prometheus-client's exposition of this registry, by a server bounded against its clients
+        (`metrics_http`), in a daemon thread."""
         exposition = make_wsgi_app(self.registry)
 
         def app(environ: dict[str, Any], start_response: Any) -> Any:
@@ -483,18 +484,4 @@ class Metrics:
                 hook()
             return exposition(environ, start_response)
 
-        httpd = make_server(host, port, app, ThreadingWSGIServer, handler_class=_Handler)
-        thread = threading.Thread(target=httpd.serve_forever, name="metrics", daemon=True)
-        thread.start()
-        return httpd, thread
-
-
-#: Seconds a metrics connection may stay silent: a scrape sends its request at once.
-IDLE_SECONDS = 3.0
-
-
-class _Handler(WSGIRequestHandler):
-    timeout = IDLE_SECONDS  # socketserver sets it on the connection: an idle read ends the thread
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
-        """Scrapes are not logged."""
+        return serve_wsgi(host, port, app)
