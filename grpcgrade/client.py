@@ -19,6 +19,7 @@ import functools
 import json
 import math
 import queue
+import re
 import threading
 import time
 from collections import deque
@@ -237,13 +238,21 @@ def channel_target(target: Target) -> str:
 
 def _address(target: str) -> str:
     if target.startswith("http://"):
-        return target[len("http://") :].rstrip("/")
+        target = target[len("http://") :].rstrip("/")
     if target.startswith("https://"):
         raise ValueError(
             f"grpcgrade: target {target!r} is an HTTPS URL; give host:port and TLS as credentials= "
             "(grpcgrade.client.tls_credentials)"
         )
+    host_port = _HOST_PORT.fullmatch(target)
+    if host_port and not 1 <= int(host_port[1]) <= 65535:
+        # gRPC takes the port modulo 65536: localhost:99999 would reach whatever listens on 34463
+        raise ValueError(f"grpcgrade: target {target!r}: the port must be from 1 to 65535")
     return target
+
+
+#: A target written `host:port` or `[ipv6]:port` (not a gRPC name such as `dns:///...` or `ipv4:a,b`): its port.
+_HOST_PORT = re.compile(r"(?:\[[^\]]*\]|[^:\[\]/]*):(\d+)")
 
 
 def channel_options(max_message_bytes: int, server_name: str | None = None) -> list[tuple[str, Any]]:

@@ -113,6 +113,21 @@ def test_an_http_url_target_is_its_address_and_https_is_refused(client, server):
         GradingClient(f"https://{server.target}")
 
 
+@pytest.mark.parametrize("target", ["localhost:99999", "127.0.0.1:0", "[::1]:65536", "http://localhost:70000/"])
+def test_a_port_past_65535_is_refused_not_taken_modulo(target):
+    """gRPC takes a target's port modulo 65536 (`localhost:99999` connected to port 34463, whatever listens
+    there); the client refuses it, naming the target, as `serve --port` refuses such a port."""
+    with pytest.raises(ValueError, match=r"the port must be from 1 to 65535"):
+        GradingClient(target)
+    with pytest.raises(ValueError, match=r"the port must be from 1 to 65535"):
+        GradingClient(["127.0.0.1:50051", target])
+
+
+@pytest.mark.parametrize("target", ["localhost:65535", "[::1]:1", "dns:///grpcgrade.ns.svc:50051", "unix:/tmp/s"])
+def test_targets_with_a_port_in_range_or_a_grpc_name_are_taken(target):
+    GradingClient(target).close()  # no connection is made until a call
+
+
 # A sample or grader the client cannot send is refused by a TypeError or ValueError that names it: before,
 # these were Python's or protobuf's words from deep in the writing ("'str' object has no attribute 'get'",
 # "'int' object is not iterable", "Unexpected type", "unhashable type: 'slice'"), naming no sample or field.
