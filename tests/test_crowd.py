@@ -222,6 +222,30 @@ def test_admission_refuses_past_each_limit_and_frees_what_ends():
     assert admission.refused == {"max_queued_samples": 1, "max_concurrent_calls": 1, "max_memory_bytes": 1}
 
 
+def test_request_bodies_are_admitted_up_to_the_bytes_a_face_may_hold():
+    """`limits.max_pending_body_bytes`: like queued samples, a body that finds none held is admitted whatever
+    its size; past the limit the call is refused; leaving gives the bytes back; 0 is no limit."""
+    from grpcgrade.core.admission import BODY_BYTES, Admission
+    from grpcgrade.core.errors import Overloaded
+    from grpcgrade.core.samples import Limits
+
+    admission = Admission(Limits(max_pending_body_bytes=100))
+    admission.enter(body_bytes=150)  # alone: admitted
+    with pytest.raises(Overloaded, match=r"150 bytes of request bodies held, 1 more would pass 100 \(limits"):
+        admission.enter(body_bytes=1)
+    admission.enter()  # a call without a body is not held back by them
+    admission.leave(body_bytes=150)
+    admission.leave()
+    admission.enter(body_bytes=60)
+    admission.enter(body_bytes=40)  # 100: at the limit, not past it
+    with pytest.raises(Overloaded):
+        admission.enter(body_bytes=1)
+    assert (admission.calls, admission.body_bytes, admission.refused[BODY_BYTES]) == (2, 100, 2)
+    unlimited = Admission(Limits(max_pending_body_bytes=0))
+    unlimited.enter(body_bytes=10**9)
+    unlimited.enter(body_bytes=10**9)
+
+
 def test_the_coalescer_grades_at_once_what_the_engine_grades_inline():
     """A one-sample call the engine would grade inline (cheap graders, a small sample) gains nothing from
     waiting for others: it is graded at once (calls that hop to the workers are gathered: the crowd tests

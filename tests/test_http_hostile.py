@@ -35,10 +35,12 @@ from grpcgrade.v1 import grading_pb2 as pb
 from grpcgrade.v1 import grading_pb2_grpc as pb_grpc
 
 HEAD_SECONDS, IDLE_SECONDS, MAX_CONNECTIONS, MAX_BODY = 2, 2, 16, 4 * 1024 * 1024
+HELD_BODIES = 3  # bodies of MAX_BODY the face may hold at once
 CONFIG = f"""
 default_reward: exact
 http: {{header_timeout_seconds: {HEAD_SECONDS}, idle_timeout_seconds: {IDLE_SECONDS},
         max_connections: {MAX_CONNECTIONS}, max_body_bytes: {MAX_BODY}}}
+limits: {{max_pending_body_bytes: {HELD_BODIES * MAX_BODY}}}
 rewards:
   exact:
     graders: [{{name: string_match}}]
@@ -354,6 +356,32 @@ def test_connections_past_the_cap_are_closed_at_once(hostile_server: ServerProce
         assert time.monotonic() < deadline
         time.sleep(0.1)
     assert answer.startswith(b"HTTP/1.1 200 ")
+
+
+def test_bodies_past_what_a_face_may_hold_are_refused_503_before_they_are_read(hostile_server: ServerProcess) -> None:
+    """Each body is held from its head to its answer: 100 posts of 8 MB at once took a face process to 1.7 GB
+    resident. Past `limits.max_pending_body_bytes` a request is refused at once with the retry hint, unread,
+    counted under its limit; once the held bodies are gone, the same request is answered."""
+    port = hostile_server.http_port
+    held = []
+    try:
+        for _ in range(HELD_BODIES):  # heads declaring bodies of MAX_BODY that do not come
+            sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+            sock.sendall(b"POST /get_reward HTTP/1.1\r\nHost: x\r\n" + AUTH + b"Content-Type: application/json\r\n"
+                         b"Content-Length: " + str(MAX_BODY).encode() + b"\r\n\r\n")  # fmt: skip
+            held.append(sock)
+        eventually(lambda: reward_request(port).startswith(b"HTTP/1.1 503 "), "a request past the bodies held refused")
+        answer = reward_request(port)
+        assert answer.startswith(b"HTTP/1.1 503 ") and b"\r\nRetry-After: 1\r\n" in answer
+        assert b"max_pending_body_bytes" in answer
+    finally:
+        for sock in held:
+            sock.close()
+    eventually(lambda: reward_request(port).startswith(b"HTTP/1.1 200 "), "answered once the held bodies are gone")
+    eventually(
+        lambda: hostile_server.metric("grpcgrade_calls_refused_total", limit="max_pending_body_bytes") >= 2,
+        "the refusals counted under their limit",
+    )
 
 
 def test_the_server_raises_its_soft_open_files_limit(hostile_server: ServerProcess) -> None:

@@ -84,6 +84,10 @@ class Limits:
     max_memory_bytes: int = 0
     #: Calls gRPC's core may hold before the server takes them up (past it, gRPC itself cancels them).
     max_pending_calls: int = 65_536
+    #: HTTP request bodies held at once by one HTTP face process, read, parsed or being graded (their declared
+    #: sizes; a chunked one counts as `http.max_body_bytes`); 0: no such limit. Each body's memory is held
+    #: until its answer: 100 posts of 8 MB at once took one face process to 1.7 GB resident.
+    max_pending_body_bytes: int = 128 * 1024 * 1024
     #: The retry hint sent with a refusal (gRPC's `grpc-retry-pushback-ms`, HTTP's Retry-After).
     retry_after_seconds: float = 0.5
 

@@ -7,7 +7,9 @@ process waits (`grpcgrade bench --http-stall` measures both):
 
 * A body is refused with 413 before it is read when its Content-Length is over `http.max_body_bytes`
   (aiohttp's `client_max_size` stops a chunked one at the same size), and must arrive within
-  `http.body_timeout_seconds` (408 after).
+  `http.body_timeout_seconds` (408 after). The bodies a face process holds at once, from their heads to
+  their answers, are bounded by `limits.max_pending_body_bytes` (`body_bytes`; past it 503 with the retry
+  hint, before the body is read).
 * A body over `INLINE_PARSE_BYTES` is parsed in a separate process (`core.json_body`), by the C decoder,
   its depth and its arrays and objects counted there. Not in a thread: the C decoder holds the GIL for a
   whole call (a few MB of `[[],[],...]` takes seconds), and a pure-Python decoder in a thread, which hands
@@ -138,6 +140,16 @@ async def read_body(request: web.Request, http: HttpConfig) -> bytes:
         raise BodyError(f"the request body did not arrive within {http.body_timeout_seconds:g} s", 408) from None
     except web.HTTPRequestEntityTooLarge:  # a chunked body, stopped by client_max_size as it passed the limit
         raise BodyError(too_large(None, http.max_body_bytes), status=413) from None
+
+
+def body_bytes(request: web.Request, http: HttpConfig) -> int:
+    """What a request's body counts against `limits.max_pending_body_bytes` from its head, before it is read:
+    its declared length (one over `http.max_body_bytes` is refused 413 unread: it counts as that), and a
+    chunked body, whose length nothing declares, as the most it may be."""
+    declared = request.content_length
+    if declared is not None:
+        return min(declared, http.max_body_bytes)
+    return http.max_body_bytes if request.body_exists else 0
 
 
 def too_large(size: int | None, limit: int) -> str:
