@@ -133,9 +133,11 @@ LIMIT_DOCS = {
     "max_pending_calls": "calls gRPC's core holds before the server takes them up (it cancels calls past its own "
     "limit: 1,000 to 3,000 by default, the CANCELLED calls of a crowd); with the native gRPC face, the calls in "
     'flight on it, past which it refuses as above (`limit="max_pending_calls"` in the refusals\' metric)',
-    "max_pending_body_bytes": "HTTP request bodies one HTTP face process holds at once, from their heads to their "
-    "answers (their declared sizes; a chunked one counts as `http.max_body_bytes`); past it a request is refused "
-    "as above before its body is read (one that finds none held is admitted whatever its size); 0: no such limit",
+    "max_pending_request_bytes": "requests (gRPC messages, HTTP bodies) one serving process holds at once, from "
+    "their arrival to their answers: the server's process, each face process (an HTTP body by its declared size, "
+    "counted from its head; a chunked one as `http.max_body_bytes`); past it a call is refused as above (HTTP: "
+    "before the body is read); one that finds none held is admitted whatever its size; 0: no such limit "
+    "(see [Security](security.md#a-crowd-of-callers))",
     "retry_after_seconds": "the retry hint of a refusal: gRPC's `grpc-retry-pushback-ms` trailer, HTTP's "
     "`Retry-After` (whole seconds, at least 1); the Python client waits about this long, longer as refusals repeat",
 }

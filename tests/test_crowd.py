@@ -27,6 +27,7 @@ import pytest
 from expected import json_score
 
 from grpcgrade.client import AsyncGradingClient
+from grpcgrade.core.admission import PUSHBACK_KEY
 from grpcgrade.core.config import HttpConfig
 from grpcgrade.service.convert import sample_to_pb, specs_to_pb
 from grpcgrade.testing import eventually
@@ -222,28 +223,28 @@ def test_admission_refuses_past_each_limit_and_frees_what_ends():
     assert admission.refused == {"max_queued_samples": 1, "max_concurrent_calls": 1, "max_memory_bytes": 1}
 
 
-def test_request_bodies_are_admitted_up_to_the_bytes_a_face_may_hold():
-    """`limits.max_pending_body_bytes`: like queued samples, a body that finds none held is admitted whatever
-    its size; past the limit the call is refused; leaving gives the bytes back; 0 is no limit."""
-    from grpcgrade.core.admission import BODY_BYTES, Admission
+def test_requests_are_admitted_up_to_the_bytes_a_process_may_hold():
+    """`limits.max_pending_request_bytes`: like queued samples, a request that finds none held is admitted
+    whatever its size; past the limit the call is refused; leaving gives the bytes back; 0 is no limit."""
+    from grpcgrade.core.admission import REQUEST_BYTES, Admission
     from grpcgrade.core.errors import Overloaded
     from grpcgrade.core.samples import Limits
 
-    admission = Admission(Limits(max_pending_body_bytes=100))
-    admission.enter(body_bytes=150)  # alone: admitted
-    with pytest.raises(Overloaded, match=r"150 bytes of request bodies held, 1 more would pass 100 \(limits"):
-        admission.enter(body_bytes=1)
+    admission = Admission(Limits(max_pending_request_bytes=100))
+    admission.enter(request_bytes=150)  # alone: admitted
+    with pytest.raises(Overloaded, match=r"150 bytes of requests held, 1 more would pass 100 \(limits"):
+        admission.enter(request_bytes=1)
     admission.enter()  # a call without a body is not held back by them
-    admission.leave(body_bytes=150)
+    admission.leave(request_bytes=150)
     admission.leave()
-    admission.enter(body_bytes=60)
-    admission.enter(body_bytes=40)  # 100: at the limit, not past it
+    admission.enter(request_bytes=60)
+    admission.enter(request_bytes=40)  # 100: at the limit, not past it
     with pytest.raises(Overloaded):
-        admission.enter(body_bytes=1)
-    assert (admission.calls, admission.body_bytes, admission.refused[BODY_BYTES]) == (2, 100, 2)
-    unlimited = Admission(Limits(max_pending_body_bytes=0))
-    unlimited.enter(body_bytes=10**9)
-    unlimited.enter(body_bytes=10**9)
+        admission.enter(request_bytes=1)
+    assert (admission.calls, admission.request_bytes, admission.refused[REQUEST_BYTES]) == (2, 100, 2)
+    unlimited = Admission(Limits(max_pending_request_bytes=0))
+    unlimited.enter(request_bytes=10**9)
+    unlimited.enter(request_bytes=10**9)
 
 
 def test_the_coalescer_grades_at_once_what_the_engine_grades_inline():
@@ -313,3 +314,38 @@ def test_a_face_process_refusing_a_call_for_load_counts_it_as_refused(face_serve
         eventually(lambda: refused() == 2, "the gRPC face's refusal counted")  # its counts go every 50 ms
         held_call.cancel()
     eventually(lambda: admitted() == 0, "the held call cancelled")
+
+
+HOLDING = """
+limits: {max_pending_request_bytes: 300000}
+cache: {enabled: false}
+"""
+
+
+def test_grpc_requests_past_the_bytes_held_are_refused_and_taken_once_they_end(face_server):
+    """`limits.max_pending_request_bytes` counts a gRPC call's message from its arrival to its answer: with a
+    200 kB call held (an async grader that never answers), a second of 200 kB is refused RESOURCE_EXHAUSTED
+    naming the limit, with the retry hint, while a small one is answered; once the held call ends, the large
+    one is answered too."""
+    srv = face_server(HOLDING)
+    padding = "p" * 200_000
+
+    def call(response: str, reference: str) -> pb.EvaluateRequest:
+        return pb.EvaluateRequest(
+            graders=specs_to_pb(["napper"]), sample=sample_to_pb({"response": response, "reference": reference})
+        )
+
+    with grpc.insecure_channel(srv.target) as channel:
+        stub = pb_grpc.GradingServiceStub(channel)
+        held = stub.Evaluate.future(call("hang", padding), timeout=120)
+        eventually(lambda: srv.metric("grpcgrade_calls_admitted") == 1, "the held call admitted")
+        with pytest.raises(grpc.RpcError) as refusal:
+            stub.Evaluate(call("x", padding), timeout=30)
+        assert refusal.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "limits.max_pending_request_bytes" in refusal.value.details()
+        assert dict(refusal.value.trailing_metadata())[PUSHBACK_KEY]
+        assert stub.Evaluate(call("x", "small"), timeout=30).results[0].score == 1.0
+        held.cancel()
+        eventually(lambda: srv.metric("grpcgrade_calls_admitted") == 0, "the held call ended")
+        assert stub.Evaluate(call("x", padding), timeout=30).results[0].score == 1.0
+    assert srv.metric("grpcgrade_calls_refused_total", limit="max_pending_request_bytes") == 1

@@ -40,7 +40,7 @@ CONFIG = f"""
 default_reward: exact
 http: {{header_timeout_seconds: {HEAD_SECONDS}, idle_timeout_seconds: {IDLE_SECONDS},
         max_connections: {MAX_CONNECTIONS}, max_body_bytes: {MAX_BODY}}}
-limits: {{max_pending_body_bytes: {HELD_BODIES * MAX_BODY}}}
+limits: {{max_pending_request_bytes: {HELD_BODIES * MAX_BODY}}}
 rewards:
   exact:
     graders: [{{name: string_match}}]
@@ -360,7 +360,7 @@ def test_connections_past_the_cap_are_closed_at_once(hostile_server: ServerProce
 
 def test_bodies_past_what_a_face_may_hold_are_refused_503_before_they_are_read(hostile_server: ServerProcess) -> None:
     """Each body is held from its head to its answer: 100 posts of 8 MB at once took a face process to 1.7 GB
-    resident. Past `limits.max_pending_body_bytes` a request is refused at once with the retry hint, unread,
+    resident. Past `limits.max_pending_request_bytes` a request is refused at once with the retry hint, unread,
     counted under its limit; once the held bodies are gone, the same request is answered."""
     port = hostile_server.http_port
     held = []
@@ -373,13 +373,13 @@ def test_bodies_past_what_a_face_may_hold_are_refused_503_before_they_are_read(h
         eventually(lambda: reward_request(port).startswith(b"HTTP/1.1 503 "), "a request past the bodies held refused")
         answer = reward_request(port)
         assert answer.startswith(b"HTTP/1.1 503 ") and b"\r\nRetry-After: 1\r\n" in answer
-        assert b"max_pending_body_bytes" in answer
+        assert b"max_pending_request_bytes" in answer
     finally:
         for sock in held:
             sock.close()
     eventually(lambda: reward_request(port).startswith(b"HTTP/1.1 200 "), "answered once the held bodies are gone")
     eventually(
-        lambda: hostile_server.metric("grpcgrade_calls_refused_total", limit="max_pending_body_bytes") >= 2,
+        lambda: hostile_server.metric("grpcgrade_calls_refused_total", limit="max_pending_request_bytes") >= 2,
         "the refusals counted under their limit",
     )
 

@@ -35,10 +35,10 @@ PENDING_CALLS = "max_pending_calls"
 #: The trailer of a refusal for load: gRPC's retry hint in milliseconds (`grpc-retry-pushback-ms`, gRFC A6),
 #: which gRPC's own retry policy reads; the server sends it, the Python client and the faces' link read it.
 PUSHBACK_KEY = "grpc-retry-pushback-ms"
-#: The HTTP faces' bound on the request bodies one face process holds at once (`Limits.max_pending_body_bytes`).
-BODY_BYTES = "max_pending_body_bytes"
+#: The bound on the requests (gRPC messages, HTTP bodies) a process holds at once (`Limits.max_pending_request_bytes`).
+REQUEST_BYTES = "max_pending_request_bytes"
 #: The limits a call can be refused for, as the metrics label them.
-LIMITS = ("max_concurrent_calls", "max_queued_samples", "max_memory_bytes", PENDING_CALLS, BODY_BYTES)
+LIMITS = ("max_concurrent_calls", "max_queued_samples", "max_memory_bytes", PENDING_CALLS, REQUEST_BYTES)
 
 
 def resident_bytes() -> int:
@@ -63,7 +63,7 @@ class Admission:
         self.limits = limits
         self.calls = 0
         self.samples = 0
-        self.body_bytes = 0  # the HTTP request bodies of admitted calls (an HTTP face's process only)
+        self.request_bytes = 0  # the requests of admitted calls: gRPC messages, HTTP bodies
         self.refused: Counter[str] = Counter()  # by the limit that refused
         self._memory, self._clock = memory, clock
         self._rss, self._rss_at = 0, -MEMORY_READ_SECONDS
@@ -85,28 +85,28 @@ class Admission:
                 "max_queued_samples", f"{self.samples} samples queued, {samples} more would pass {limit}"
             )
 
-    def enter(self, samples: int = 0, body_bytes: int = 0) -> None:
-        """Admit a call of `samples` samples (0: not known yet, see `reserve`) and an HTTP request body of
-        `body_bytes`, or raise Overloaded. Like samples, a body that finds none held is admitted whatever its
-        size (up to `http.max_body_bytes`)."""
+    def enter(self, samples: int = 0, request_bytes: int = 0) -> None:
+        """Admit a call of `samples` samples (0: not known yet, see `reserve`) whose request (a gRPC message,
+        an HTTP body) is `request_bytes`, or raise Overloaded. Like samples, a request that finds none held is
+        admitted whatever its size (up to `limits.max_message_bytes`, `http.max_body_bytes`)."""
         limits = self.limits
         if self.calls >= limits.max_concurrent_calls:
             raise self._refuse("max_concurrent_calls", f"{self.calls} calls being handled")
         if limits.max_memory_bytes and self.resident() >= limits.max_memory_bytes:
             raise self._refuse("max_memory_bytes", f"{self._rss >> 20} MiB resident")
         self._check_samples(samples)
-        held, most = self.body_bytes, limits.max_pending_body_bytes
-        if body_bytes and held and most and held + body_bytes > most:
-            raise self._refuse(BODY_BYTES, f"{held} bytes of request bodies held, {body_bytes} more would pass {most}")
+        held, most = self.request_bytes, limits.max_pending_request_bytes
+        if request_bytes and held and most and held + request_bytes > most:
+            raise self._refuse(REQUEST_BYTES, f"{held} bytes of requests held, {request_bytes} more would pass {most}")
         self.calls += 1
         self.samples += samples
-        self.body_bytes += body_bytes
+        self.request_bytes += request_bytes
 
-    def leave(self, samples: int = 0, body_bytes: int = 0) -> None:
-        """A call admitted with `enter(samples, body_bytes)` has ended (answered, failed or cancelled)."""
+    def leave(self, samples: int = 0, request_bytes: int = 0) -> None:
+        """A call admitted with `enter(samples, request_bytes)` has ended (answered, failed or cancelled)."""
         self.calls -= 1
         self.samples -= samples
-        self.body_bytes -= body_bytes
+        self.request_bytes -= request_bytes
 
     def reserve(self, samples: int) -> None:
         """An admitted call's samples, once its body has been read (the HTTP faces); Overloaded past the

@@ -147,7 +147,7 @@ TOP_KEYS = (
     *("cache", "quarantine", "callers", "tokenizer", "coalesce_linger_seconds"),
 )
 #: The limits whose 0 means none.
-ZERO_IS_NO_LIMIT = ("max_memory_bytes", "max_pending_body_bytes")
+ZERO_IS_NO_LIMIT = ("max_memory_bytes", "max_pending_request_bytes")
 SPEC_KEYS = ("name", "params", "key", "weight", "gate")
 REWARD_KEYS = ("graders", "description", "canaries", "tokenizer")
 #: A canary's keys (`rewards.NAME.canaries[i]`), and the `canary:` section's.

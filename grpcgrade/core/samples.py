@@ -84,10 +84,11 @@ class Limits:
     max_memory_bytes: int = 0
     #: Calls gRPC's core may hold before the server takes them up (past it, gRPC itself cancels them).
     max_pending_calls: int = 65_536
-    #: HTTP request bodies held at once by one HTTP face process, read, parsed or being graded (their declared
-    #: sizes; a chunked one counts as `http.max_body_bytes`); 0: no such limit. Each body's memory is held
-    #: until its answer: 100 posts of 8 MB at once took one face process to 1.7 GB resident.
-    max_pending_body_bytes: int = 128 * 1024 * 1024
+    #: Requests (gRPC messages, HTTP bodies) one serving process holds at once, from their arrival to their
+    #: answers (an HTTP body by its declared size; a chunked one counts as `http.max_body_bytes`); 0: no such
+    #: limit. Without it 20 BatchEvaluate calls of 47 MB at once took the server's process to 1.1 GB, and
+    #: 100 posts of 8 MB one HTTP face process to 1.7 GB.
+    max_pending_request_bytes: int = 128 * 1024 * 1024
     #: The retry hint sent with a refusal (gRPC's `grpc-retry-pushback-ms`, HTTP's Retry-After).
     retry_after_seconds: float = 0.5
 

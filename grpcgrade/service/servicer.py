@@ -193,8 +193,9 @@ class GradingServicer(pb_grpc.GradingServiceServicer):
         return self.coalescer
 
     async def Evaluate(self, request: pb.EvaluateRequest, context: grpc.aio.ServicerContext) -> pb.EvaluateResponse:
+        size = request.ByteSize()
         try:
-            self.admission.enter(1)
+            self.admission.enter(1, size)
         except Overloaded as exc:
             await refuse_overloaded(context, exc)
         self._in_flight(1)
@@ -203,15 +204,13 @@ class GradingServicer(pb_grpc.GradingServiceServicer):
             kwargs = sample_kwargs(request.sample, self.limits, required=required_inputs(jobs))
             coalescer = self.coalescer_for(request)
             if coalescer is not None:  # graded with the concurrent calls of the same plan
-                results, reward = await coalescer.grade(jobs, kwargs, timeout, request.reward, request.ByteSize())
+                results, reward = await coalescer.grade(jobs, kwargs, timeout, request.reward, size)
             else:
-                graded = await self.engine.grade_chunk(
-                    jobs, [(0, kwargs)], timeout, request.reward, nbytes=request.ByteSize()
-                )
+                graded = await self.engine.grade_chunk(jobs, [(0, kwargs)], timeout, request.reward, nbytes=size)
                 results, reward = [column[0] for column in graded.columns], graded.rewards[0]
         finally:
             self._in_flight(-1)
-            self.admission.leave(1)
+            self.admission.leave(1, size)
         response = pb.EvaluateResponse()
         fill_response(response, request.sample.id, self._labels(jobs), results, reward, _full(request))
         if response.ByteSize() > self.limits.max_message_bytes:
@@ -219,8 +218,9 @@ class GradingServicer(pb_grpc.GradingServiceServicer):
         return response
 
     async def _admitted(self, request: ReceivedBatch, context: grpc.aio.ServicerContext) -> int:
-        """The batch's sample count, once the call is within the batch limit and admitted (`admission.enter`:
-        the caller leaves); aborts the call otherwise."""
+        """The batch's sample count, once the call is within the batch limit and admitted (`admission.enter`
+        with its samples and its message's bytes: the caller leaves with both); aborts the call
+        otherwise."""
         try:
             n = request.rows.n
         except InvalidParams as exc:
@@ -232,7 +232,7 @@ class GradingServicer(pb_grpc.GradingServiceServicer):
                 f"{self.limits.max_samples_per_batch}; split the batch (the Python client does)",
             )
         try:
-            self.admission.enter(n)
+            self.admission.enter(n, len(request.data))
         except Overloaded as exc:
             await refuse_overloaded(context, exc)
         return n
@@ -274,7 +274,7 @@ class GradingServicer(pb_grpc.GradingServiceServicer):
         try:
             await self._answer_batch(request, context, n, started)
         finally:
-            self.admission.leave(n)
+            self.admission.leave(n, len(request.data))
 
     async def BatchEvaluateUnary(self, request: ReceivedBatch, context: grpc.aio.ServicerContext) -> bytes:
         """BatchEvaluate answered in one message (a serialized BatchEvaluateUnaryResponse): the chunks' answers
@@ -311,7 +311,7 @@ class GradingServicer(pb_grpc.GradingServiceServicer):
                     await messages.aclose()
                 self._in_flight(-n)
         finally:
-            self.admission.leave(n)
+            self.admission.leave(n, len(request.data))
         if size > limit:
             await context.abort(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,

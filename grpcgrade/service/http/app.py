@@ -68,13 +68,13 @@ def build_http_app(
             CALLER.set(caller_name(request.headers.get(CALLER_HEADER)))
             body = body_bytes(request, http)
             try:
-                admission.enter(body_bytes=body)
+                admission.enter(request_bytes=body)
             except Overloaded as exc:
                 raise service_unavailable(exc) from None
             try:
                 response = await handler(request)
             finally:
-                admission.leave(body_bytes=body)
+                admission.leave(request_bytes=body)
             status = response.status
             return response
         except web.HTTPException as exc:

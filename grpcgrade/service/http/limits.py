@@ -8,7 +8,7 @@ process waits (`grpcgrade bench --http-stall` measures both):
 * A body is refused with 413 before it is read when its Content-Length is over `http.max_body_bytes`
   (aiohttp's `client_max_size` stops a chunked one at the same size), and must arrive within
   `http.body_timeout_seconds` (408 after). The bodies a face process holds at once, from their heads to
-  their answers, are bounded by `limits.max_pending_body_bytes` (`body_bytes`; past it 503 with the retry
+  their answers, are bounded by `limits.max_pending_request_bytes` (`body_bytes`; past it 503 with the retry
   hint, before the body is read).
 * A body over `INLINE_PARSE_BYTES` is parsed in a separate process (`core.json_body`), by the C decoder,
   its depth and its arrays and objects counted there. Not in a thread: the C decoder holds the GIL for a
@@ -143,7 +143,7 @@ async def read_body(request: web.Request, http: HttpConfig) -> bytes:
 
 
 def body_bytes(request: web.Request, http: HttpConfig) -> int:
-    """What a request's body counts against `limits.max_pending_body_bytes` from its head, before it is read:
+    """What a request's body counts against `limits.max_pending_request_bytes` from its head, before it is read:
     its declared length (one over `http.max_body_bytes` is refused 413 unread: it counts as that), and a
     chunked body, whose length nothing declares, as the most it may be."""
     declared = request.content_length
