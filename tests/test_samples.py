@@ -10,7 +10,9 @@ import json
 import numpy as np
 import pytest
 
-from grpcgrade.core.samples import as_text, plain
+from grpcgrade.core.errors import SampleProblem
+from grpcgrade.core.samples import Limits, as_text, plain
+from grpcgrade.v1 import grading_pb2 as pb
 
 
 @pytest.mark.parametrize(
@@ -48,3 +50,17 @@ def test_plain_gives_python_values_numpy_itself_gives():
     assert plain({"a": [np.int8(1), (np.float16(0.5),)]}) == {"a": [1, [0.5]]}
     marker = object()
     assert plain(marker) is marker  # anything else as it is
+
+
+def test_a_sample_problem_kept_as_a_value_carries_no_traceback():
+    """A rejected sample's problem is kept as a value (in the chunk's list, a column's rows): its traceback
+    would hold the frames it passed through, their texts and the list itself, a cycle only a full
+    collection frees (the HTTP face grew by every rejected text: tests/test_http_hostile.py)."""
+    from grpcgrade.service.convert import column_rows, sample_kwargs
+
+    limits = Limits(max_field_chars=10)
+    problem = sample_kwargs(pb.Sample(response="x" * 11), limits)
+    assert isinstance(problem, SampleProblem) and problem.__traceback__ is None
+    columns = pb.SampleColumns(response=["ok", "x" * 11])
+    rows = column_rows(columns, {"response": list(columns.response)}, 0, 2, limits)
+    assert isinstance(rows[1], SampleProblem) and rows[1].__traceback__ is None

@@ -44,6 +44,8 @@ from re import _constants as sre  # type: ignore[attr-defined]
 from re import _parser as sre_parse  # type: ignore[attr-defined]
 from typing import Any
 
+from grpcgrade.core.errors import as_value
+
 #: Longest pattern (in characters) accepted from a request; longer ones are refused before compilation.
 MAX_PATTERN_CHARS = 10_000
 #: Memory the compiled-pattern cache may hold (estimated from pattern and program sizes).
@@ -395,7 +397,7 @@ def _compile(pattern: str, flags: int) -> Pattern | Exception:
     try:
         translated = to_re2(pattern, flags)
     except re.error as exc:
-        return exc
+        return as_value(exc)  # cached: without the frames of its compiling
     if translated is not None:
         import re2
 
@@ -409,4 +411,4 @@ def _compile(pattern: str, flags: int) -> Pattern | Exception:
     try:
         return Pattern(pattern, flags, "python", False, sre_compile.compile(pattern, flags))
     except re.error as exc:
-        return exc
+        return as_value(exc)

@@ -7,7 +7,15 @@ from dataclasses import replace
 from itertools import repeat
 from typing import Any, cast
 
-from grpcgrade.core.errors import MAX_DETAIL_CHARS, ErrorCode, InvalidParams, SampleProblem, describe, encodable
+from grpcgrade.core.errors import (
+    MAX_DETAIL_CHARS,
+    ErrorCode,
+    InvalidParams,
+    SampleProblem,
+    as_value,
+    describe,
+    encodable,
+)
 from grpcgrade.core.result_cache import CacheMode
 from grpcgrade.core.rewards import Result, SpecData
 from grpcgrade.core.samples import (
@@ -86,7 +94,7 @@ def sample_kwargs(
         if required:
             _check_present(fields, [f for f in TEXT_FIELDS if sample.HasField(f)], required)
     except SampleProblem as exc:
-        return exc
+        return as_value(exc)
     return fields
 
 
@@ -167,7 +175,7 @@ def column_rows(
                 assert required is not None
                 _check_present(fields, sent, required)
         except SampleProblem as exc:
-            rows[k] = exc
+            rows[k] = as_value(exc)
     return rows
 
 

@@ -29,6 +29,7 @@ from grpcgrade.core.errors import (
     TooManyFailures,
     UnknownGrader,
     UnknownReward,
+    as_value,
 )
 from grpcgrade.core.guard import FailureTally, call_guards
 from grpcgrade.core.plan import required_inputs
@@ -380,8 +381,9 @@ class FaceContext:
                 check_sample(sample, self.limits)
                 return _complete(sample, required)
             except SampleProblem as exc:
-                unusable.append(exc)
-                return exc
+                problem = as_value(exc)  # kept: its traceback would hold this frame, and `unusable` it
+                unusable.append(problem)
+                return problem
 
         out = GradedBatch(n)
         deadline, failures = guards

@@ -38,7 +38,7 @@ from typing import Any
 
 from aiohttp import web
 
-from grpcgrade.core.errors import SampleProblem
+from grpcgrade.core.errors import SampleProblem, as_value
 from grpcgrade.core.samples import as_text
 
 from .common import FaceContext, agent_columns, faced, sample_fields
@@ -161,7 +161,7 @@ class OpenRLHFFace:
             try:
                 response = response_of(queries[i], prompt, ctx.http.strip_suffixes)
             except SampleProblem as exc:
-                return exc
+                return as_value(exc)
             return sample_fields(response, query=prompt, reference=label, agent=agent[i])
 
         graded = await ctx.grade(reward, jobs, LazySamples(n, sample), guards, FACE, request.content_length or 0)
