@@ -134,9 +134,9 @@ LIMIT_DOCS = {
     "limit: 1,000 to 3,000 by default, the CANCELLED calls of a crowd); with the native gRPC face, the calls in "
     'flight on it, past which it refuses as above (`limit="max_pending_calls"` in the refusals\' metric)',
     "max_pending_request_bytes": "requests (gRPC messages, HTTP bodies) one serving process holds at once, from "
-    "their arrival to their answers: the server's process, each face process (an HTTP body by its declared size, "
-    "counted from its head; a chunked one as `http.max_body_bytes`); past it a call is refused as above (HTTP: "
-    "before the body is read); one that finds none held is admitted whatever its size; 0: no such limit "
+    "their arrival to their answers: the server's process, each face process (an HTTP body counted as it "
+    "arrives; one whose declared size would pass the bound is refused before it is read); past it a call is "
+    "refused as above; one that finds none held is admitted whatever its size; 0: no such limit "
     "(see [Security](security.md#a-crowd-of-callers))",
     "retry_after_seconds": "the retry hint of a refusal: gRPC's `grpc-retry-pushback-ms` trailer, HTTP's "
     "`Retry-After` (whole seconds, at least 1); the Python client waits about this long, longer as refusals repeat",

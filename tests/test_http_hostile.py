@@ -360,22 +360,35 @@ def test_connections_past_the_cap_are_closed_at_once(hostile_server: ServerProce
     assert answer.startswith(b"HTTP/1.1 200 ")
 
 
-def test_bodies_past_what_a_face_may_hold_are_refused_503_before_they_are_read(hostile_server: ServerProcess) -> None:
-    """Each body is held from its head to its answer: 100 posts of 8 MB at once took a face process to 1.7 GB
-    resident. Past `limits.max_pending_request_bytes` a request is refused at once with the retry hint, unread,
-    counted under its limit; once the held bodies are gone, the same request is answered."""
+def _open_post(port: int, body: bytes) -> socket.socket:
+    """A post declaring a body of MAX_BODY bytes of which only `body` is sent: held open by the face."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+    sock.sendall(b"POST /get_reward HTTP/1.1\r\nHost: x\r\n" + AUTH + b"Content-Type: application/json\r\n"
+                 b"Content-Length: " + str(MAX_BODY).encode() + b"\r\n\r\n" + body)  # fmt: skip
+    return sock
+
+
+def test_bodies_past_what_a_face_may_hold_are_refused_503(hostile_server: ServerProcess) -> None:
+    """Each body is held from its arrival to its answer: 100 posts of 8 MB at once took a face process to
+    1.7 GB resident. Past `limits.max_pending_request_bytes` a request is refused at once with the retry hint,
+    unread, counted under its limit; once the held bodies are gone, the same request is answered."""
     port = hostile_server.http_port
-    held = []
+
+    def probe() -> bytes:
+        """A post declaring 5 kB, past the room the held bodies leave; without credentials, so that once
+        admitted it is answered 401 unread and holds nothing while the held bodies are read."""
+        return raw_request(port, b"POST /get_reward HTTP/1.1\r\nHost: x", b"x" * 5000)
+
+    held = [_open_post(port, b"x" * (MAX_BODY - 1)) for _ in range(HELD_BODIES)]  # all but their last byte
     try:
-        for _ in range(HELD_BODIES):  # heads declaring bodies of MAX_BODY that do not come
-            sock = socket.create_connection(("127.0.0.1", port), timeout=30)
-            sock.sendall(b"POST /get_reward HTTP/1.1\r\nHost: x\r\n" + AUTH + b"Content-Type: application/json\r\n"
-                         b"Content-Length: " + str(MAX_BODY).encode() + b"\r\n\r\n")  # fmt: skip
-            held.append(sock)
-        eventually(lambda: reward_request(port).startswith(b"HTTP/1.1 503 "), "a request past the bodies held refused")
-        answer = reward_request(port)
+        eventually(lambda: probe().startswith(b"HTTP/1.1 503 "), "a request past the bodies held refused")
+        answer = probe()
         assert answer.startswith(b"HTTP/1.1 503 ") and b"\r\nRetry-After: 1\r\n" in answer
         assert b"max_pending_request_bytes" in answer
+        for sock in held:  # still being read: none was refused
+            sock.setblocking(False)
+            with pytest.raises(BlockingIOError):
+                sock.recv(1)
     finally:
         for sock in held:
             sock.close()
@@ -384,6 +397,18 @@ def test_bodies_past_what_a_face_may_hold_are_refused_503_before_they_are_read(h
         lambda: hostile_server.metric("grpcgrade_calls_refused_total", limit="max_pending_request_bytes") >= 2,
         "the refusals counted under their limit",
     )
+
+
+def test_bodies_declared_and_not_sent_hold_nothing(hostile_server: ServerProcess) -> None:
+    """A body counts as it arrives, not as declared: clients declaring large bodies and trickling them (here
+    over four times the bound, sending nothing) cannot take the bound from the others."""
+    port = hostile_server.http_port
+    trickling = [_open_post(port, b"") for _ in range(MAX_CONNECTIONS - 2)]  # 14 x 4 MiB declared: 4.7 x the bound
+    try:
+        assert reward_request(port).startswith(b"HTTP/1.1 200 ")
+    finally:
+        for sock in trickling:
+            sock.close()
 
 
 def test_rejected_samples_leave_nothing_behind_in_the_face(hostile_server: ServerProcess) -> None:

@@ -95,9 +95,7 @@ class Admission:
         if limits.max_memory_bytes and self.resident() >= limits.max_memory_bytes:
             raise self._refuse("max_memory_bytes", f"{self._rss >> 20} MiB resident")
         self._check_samples(samples)
-        held, most = self.request_bytes, limits.max_pending_request_bytes
-        if request_bytes and held and most and held + request_bytes > most:
-            raise self._refuse(REQUEST_BYTES, f"{held} bytes of requests held, {request_bytes} more would pass {most}")
+        self.check_bytes(request_bytes)
         self.calls += 1
         self.samples += samples
         self.request_bytes += request_bytes
@@ -107,6 +105,20 @@ class Admission:
         self.calls -= 1
         self.samples -= samples
         self.request_bytes -= request_bytes
+
+    def hold(self, more: int, own: int = 0) -> None:
+        """`more` bytes of a request that holds `own` already have arrived (an HTTP body, counted as it is
+        read, so a client trickling a large declared body holds only what it sent); Overloaded past
+        `max_pending_request_bytes`, unless nothing but this request is held. `leave` gives them back."""
+        self.check_bytes(more, own)
+        self.request_bytes += more
+
+    def check_bytes(self, more: int, own: int = 0) -> None:
+        """Overloaded when `more` bytes for a request holding `own` would pass `max_pending_request_bytes`
+        while other requests hold some."""
+        held, most = self.request_bytes, self.limits.max_pending_request_bytes
+        if more and most and held > own and held + more > most:
+            raise self._refuse(REQUEST_BYTES, f"{held} bytes of requests held, {more} more would pass {most}")
 
     def reserve(self, samples: int) -> None:
         """An admitted call's samples, once its body has been read (the HTTP faces); Overloaded past the

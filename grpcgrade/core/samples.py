@@ -85,9 +85,10 @@ class Limits:
     #: Calls gRPC's core may hold before the server takes them up (past it, gRPC itself cancels them).
     max_pending_calls: int = 65_536
     #: Requests (gRPC messages, HTTP bodies) one serving process holds at once, from their arrival to their
-    #: answers (an HTTP body by its declared size; a chunked one counts as `http.max_body_bytes`); 0: no such
-    #: limit. Without it 20 BatchEvaluate calls of 47 MB at once took the server's process to 1.1 GB, and
-    #: 100 posts of 8 MB one HTTP face process to 1.7 GB.
+    #: answers (an HTTP body as it arrives, so a trickled one holds only what was sent); 0: no such limit.
+    #: Without it, 100 posts of 8 MB at once took one HTTP face process to 1.7 GB; 20 BatchEvaluate calls of
+    #: 47 MB at once took the server's process to 1.1 GB (0.69 GB with it: a gRPC message counts once it has
+    #: arrived, so the bound keeps calls from piling up, not a burst from arriving).
     max_pending_request_bytes: int = 128 * 1024 * 1024
     #: The retry hint sent with a refusal (gRPC's `grpc-retry-pushback-ms`, HTTP's Retry-After).
     retry_after_seconds: float = 0.5

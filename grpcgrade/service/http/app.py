@@ -29,7 +29,7 @@ from ..overload import service_unavailable
 from . import nemo_gym, openai_graders, openrlhf, slime
 from .common import FACE_KEY, NO_FACE, FaceContext, Handler
 from .forward import EngineLink
-from .limits import body_bytes, mark_head_arrived
+from .limits import HELD_KEY, HeldBody, declared_bytes, mark_head_arrived
 
 #: The status a request whose client went away is counted with (nginx's "client closed request").
 CLIENT_CLOSED_REQUEST = 499
@@ -59,22 +59,27 @@ def build_http_app(
     @web.middleware
     async def served(request: web.Request, handler: Handler) -> web.StreamResponse:
         """Every request: its connection's head timer stopped, its caller named (`callers`), admitted while
-        under the calls, memory and request bodies' limits (else 503 at once: `overload`; a face counts its
-        samples with `Admission.reserve` once it has read them), and counted under its face, method and
-        status. One middleware, not one for each: each is a coroutine and a call more per request."""
+        under the calls and memory limits and with room for its declared body (else 503 at once: `overload`;
+        its body counts against `limits.max_pending_request_bytes` as it is read, `limits.read_body`, and a
+        face counts its samples with `Admission.reserve` once it has read them), and counted under its face,
+        method and status. One middleware, not one for each: each is a coroutine and a call more per request."""
         mark_head_arrived(request)
         status = 500
         try:
             CALLER.set(caller_name(request.headers.get(CALLER_HEADER)))
-            body = body_bytes(request, http)
+            held = HeldBody(admission)
             try:
-                admission.enter(request_bytes=body)
+                admission.check_bytes(declared_bytes(request, http))  # a body sure to pass the bound: unread
+                admission.enter()
             except Overloaded as exc:
                 raise service_unavailable(exc) from None
+            request[HELD_KEY] = held  # the body's bytes count as `read_body` reads them
             try:
                 response = await handler(request)
+            except Overloaded as exc:  # the body passed the bound as it arrived
+                raise service_unavailable(exc) from None
             finally:
-                admission.leave(request_bytes=body)
+                admission.leave(request_bytes=held.bytes)
             status = response.status
             return response
         except web.HTTPException as exc:

@@ -7,9 +7,9 @@ process waits (`grpcgrade bench --http-stall` measures both):
 
 * A body is refused with 413 before it is read when its Content-Length is over `http.max_body_bytes`
   (aiohttp's `client_max_size` stops a chunked one at the same size), and must arrive within
-  `http.body_timeout_seconds` (408 after). The bodies a face process holds at once, from their heads to
-  their answers, are bounded by `limits.max_pending_request_bytes` (`body_bytes`; past it 503 with the retry
-  hint, before the body is read).
+  `http.body_timeout_seconds` (408 after). The bodies a face process holds at once, as read and until
+  their answers, are bounded by `limits.max_pending_request_bytes` (`HeldBody`; past it 503 with the retry
+  hint: before reading a body whose declared size would pass it, else as the body arrives).
 * A body over `INLINE_PARSE_BYTES` is parsed in a separate process (`core.json_body`), by the C decoder,
   its depth and its arrays and objects counted there. Not in a thread: the C decoder holds the GIL for a
   whole call (a few MB of `[[],[],...]` takes seconds), and a pure-Python decoder in a thread, which hands
@@ -35,6 +35,7 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
+from grpcgrade.core.admission import Admission
 from grpcgrade.core.config import HttpConfig
 from grpcgrade.core.executors import Task
 from grpcgrade.core.json_body import MAX_JSON_CONTAINERS, MAX_JSON_DEPTH, BodyError, init_process, parse_body
@@ -131,25 +132,61 @@ async def read_body(request: web.Request, http: HttpConfig) -> bytes:
     declared = request.content_length
     if declared is not None and declared > http.max_body_bytes:
         raise BodyError(too_large(declared, http.max_body_bytes), status=413)
+    held = request.get(HELD_KEY)
     if request.content.is_eof():  # the whole body arrived with the head: nothing to wait for, no timer
-        return await request.read()
+        body = await request.read()
+        if held is not None:
+            held.add(len(body))
+        return body
     try:
         async with asyncio.timeout(http.body_timeout_seconds):  # a timer; wait_for would add a task too
-            return await request.read()
+            if held is None:
+                return await request.read()
+            return await _read_held(request, held, http.max_body_bytes)
     except TimeoutError:
         raise BodyError(f"the request body did not arrive within {http.body_timeout_seconds:g} s", 408) from None
     except web.HTTPRequestEntityTooLarge:  # a chunked body, stopped by client_max_size as it passed the limit
         raise BodyError(too_large(None, http.max_body_bytes), status=413) from None
 
 
-def body_bytes(request: web.Request, http: HttpConfig) -> int:
-    """What a request's body counts against `limits.max_pending_request_bytes` from its head, before it is read:
-    its declared length (one over `http.max_body_bytes` is refused 413 unread: it counts as that), and a
-    chunked body, whose length nothing declares, as the most it may be."""
+def declared_bytes(request: web.Request, http: HttpConfig) -> int:
+    """A request's declared body size (at most `http.max_body_bytes`: a larger one is refused 413 unread;
+    0 for a chunked body, whose size nothing declares): checked against `limits.max_pending_request_bytes`
+    before anything is read."""
     declared = request.content_length
-    if declared is not None:
-        return min(declared, http.max_body_bytes)
-    return http.max_body_bytes if request.body_exists else 0
+    return 0 if declared is None else min(declared, http.max_body_bytes)
+
+
+class HeldBody:
+    """The bytes of one request's body read so far, counted against `limits.max_pending_request_bytes`
+    (`Admission.hold`: Overloaded past it) as they arrive; the middleware gives them back when the request
+    ends. Counted as read, not as declared: a client that declares large bodies and trickles them holds
+    only what it sent, and cannot take the bound from the others."""
+
+    __slots__ = ("admission", "bytes")
+
+    def __init__(self, admission: Admission) -> None:
+        self.admission, self.bytes = admission, 0
+
+    def add(self, more: int) -> None:
+        self.admission.hold(more, self.bytes)
+        self.bytes += more
+
+
+#: The request's `HeldBody` (set by the application's middleware).
+HELD_KEY = web.RequestKey("grpcgrade_held_body", HeldBody)
+
+
+async def _read_held(request: web.Request, held: HeldBody, limit: int) -> bytes:
+    """The body read piece by piece as it arrives, each piece counted (`HeldBody.add`), stopped past `limit`
+    (what aiohttp's `client_max_size` does for `request.read`)."""
+    body = bytearray()
+    async for piece in request.content.iter_any():
+        held.add(len(piece))
+        body += piece
+        if len(body) > limit:
+            raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=len(body))
+    return bytes(body)
 
 
 def too_large(size: int | None, limit: int) -> str:
