@@ -7,8 +7,9 @@ concurrent Evaluate calls on 2 cores, a third ended CANCELLED, with nothing to t
 
 Now the server takes every call up (gRPC's pending limit is raised to `limits.max_pending_calls`) and
 decides here, before any work, whether it holds it: while the calls being handled, the samples accepted
-and not yet answered, and the process's resident memory are under their limits (`Limits`), it is
-admitted and answered; past one it is refused at once with `Overloaded`, which the faces send as
+and not yet answered, the bytes of the requests held (gRPC messages once arrived, HTTP bodies as they
+arrive: `hold`) and the process's resident memory are under their limits (`Limits`), it is admitted and
+answered; past one it is refused at once with `Overloaded`, which the faces send as
 RESOURCE_EXHAUSTED with `grpc-retry-pushback-ms` (HTTP: 503 with Retry-After). The Python client waits
 the hint and sends the call again, until its deadline.
 
