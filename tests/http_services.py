@@ -13,6 +13,8 @@ from typing import Any
 
 #: What a behaviour returns: (HTTP status, JSON body or raw bytes, extra headers).
 Reply = tuple[int, Any, dict[str, str]]
+#: A reply header (value "") that keeps the body's length undeclared: the client reads to the connection's end.
+UNDECLARED = "X-Test-Undeclared-Length"
 #: (number of this request, counting from 1; its JSON body) -> the reply.
 Behaviour = Callable[[int, dict[str, Any]], Reply]
 
@@ -23,6 +25,8 @@ class Service:
 
     behave: Behaviour
     delay: float = 0.0
+    #: Write a body in pieces of this many bytes, a moment apart, as a network delivers a large answer (0: whole).
+    piece: int = 0
     url: str = ""
     requests: list[dict[str, Any]] = field(default_factory=list)
     paths: list[str] = field(default_factory=list)
@@ -46,9 +50,9 @@ class Service:
 
 
 @contextlib.contextmanager
-def http_service(behave: Behaviour, delay: float = 0.0) -> Iterator[Service]:
+def http_service(behave: Behaviour, delay: float = 0.0, piece: int = 0) -> Iterator[Service]:
     """A service answering POSTs on a free loopback port until the block ends."""
-    service = Service(behave, delay)
+    service = Service(behave, delay, piece)
 
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
@@ -58,10 +62,17 @@ def http_service(behave: Behaviour, delay: float = 0.0) -> Iterator[Service]:
             try:
                 self.send_response(status)
                 for name, value in {"Content-Type": "application/json", **headers}.items():
-                    self.send_header(name, value)
-                self.send_header("Content-Length", str(len(data)))
+                    if name != UNDECLARED:
+                        self.send_header(name, value)
+                if UNDECLARED not in headers:  # else HTTP/1.0's end of the body: the connection closes
+                    self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
-                self.wfile.write(data)
+                step = service.piece or len(data) or 1
+                for start in range(0, len(data), step):
+                    if start:
+                        self.wfile.flush()
+                        time.sleep(0.005)
+                    self.wfile.write(data[start : start + step])
             except (BrokenPipeError, ConnectionResetError):  # the client gave up (a timeout test)
                 pass
 

@@ -8,6 +8,7 @@ listed for each text in `VECTORS`.
 from __future__ import annotations
 
 import json
+import math
 import re
 import uuid
 from collections.abc import Iterator
@@ -19,6 +20,13 @@ from http_services import Service, http_service
 USAGE = {"prompt_tokens": 20, "completion_tokens": 7, "total_tokens": 27}
 EMBEDDING_USAGE = {"prompt_tokens": 4, "total_tokens": 4}
 VECTORS = {"cat": [1.0, 0.0], "kitten": [0.6, 0.8], "dog": [0.0, 1.0], "void": [0.0, 0.0]}
+#: Embeddings as wide as OpenAI's text-embedding-3-large (3,072 dimensions, ~60 kB of JSON each): an answer
+#: the endpoint's HTTP stack delivers in several reads.
+WIDE = 3072
+VECTORS["wide-sin"] = [math.sin(i) for i in range(WIDE)]
+VECTORS["wide-cos"] = [math.cos(i) for i in range(WIDE)]
+#: The endpoint writes its answers in pieces of this size, a moment apart, as a network delivers them.
+PIECE = 16 * 1024
 _MARKER = re.compile(r"CASE-[0-9a-f]{12}")
 
 
@@ -76,7 +84,7 @@ class Judge:
 @contextmanager
 def running_judge() -> Iterator[Judge]:
     judge = Judge()
-    with http_service(judge.behave) as service:
+    with http_service(judge.behave, piece=PIECE) as service:
         judge.service = service
         yield judge
 

@@ -31,7 +31,7 @@ import grpcgrade
 from grpcgrade.client import AsyncGradingClient
 from grpcgrade.core.config import parse_config
 from grpcgrade.core.errors import ConfigError, InvalidParams
-from grpcgrade.core.retry import MAX_BACKOFF_SECONDS, backoff
+from grpcgrade.core.retry import MAX_ANSWER_BYTES, MAX_BACKOFF_SECONDS, backoff
 from grpcgrade.graders.llm.correctness import CORRECTNESS_PROMPT_EN
 from grpcgrade.graders.llm.rank import RANK_PROMPT_ZH
 from grpcgrade.graders.llm.rubric import RUBRIC_PROMPT_EN, RUBRIC_PROMPT_ZH, LLMRubricGrader
@@ -48,6 +48,8 @@ KEY_ENV = "GRPCGRADE_TEST_JUDGE_KEY"
 KEY = "test-key-" + uuid.uuid4().hex
 CJK = re.compile(r"[\u4e00-\u9fff]")
 MARKER = re.compile(r"CASE:([\w-]+)")
+#: The fake endpoint writes a large answer in pieces of this size, a moment apart, as a network delivers it.
+PIECE = 64 * 1024
 
 
 def completion(content: str) -> dict[str, Any]:
@@ -113,6 +115,13 @@ class FakeJudge:
             return 200, completion('{"rank": [1, 1, 2], "reason": "a tie"}'), {}
         if kind == "badrequest":
             return 400, {"error": {"message": "bad request"}}, {}
+        if kind == "nested":  # JSON past the parser's nesting limit: the endpoint's fault, not the sample's
+            return 200, b"[" * 100_000 + b"]" * 100_000, {}
+        if kind == "oversize":  # a valid completion, one byte past the most the client reads
+            pad = MAX_ANSWER_BYTES - len(json.dumps(completion('{"score": 2, "reason": "r"}')))
+            return 200, {**completion('{"score": 2, "reason": "r"}'), "pad": "p" * pad}, {}
+        if kind == "long":  # a long reasoning: arrives over several reads
+            return 200, completion(json.dumps({"score": 2, "reason": "because " * 40_000})), {}
         if kind in ("flaky429", "flaky503", "drop") and count == 1:
             if kind == "drop":
                 return None
@@ -147,7 +156,7 @@ class FakeJudge:
                 pass
 
             def _send(self, status: int, body: Any, headers: dict[str, str]) -> None:
-                data = json.dumps(body).encode()
+                data = body if isinstance(body, bytes) else json.dumps(body).encode()
                 # a client that stopped waiting (the timeout test) has closed the connection: nothing to answer
                 with contextlib.suppress(BrokenPipeError, ConnectionResetError):
                     self.send_response(status)
@@ -156,7 +165,10 @@ class FakeJudge:
                     for k, v in headers.items():
                         self.send_header(k, v)
                     self.end_headers()
-                    self.wfile.write(data)
+                    for start in range(0, len(data), PIECE):  # as a network delivers a large answer: in pieces
+                        if start:
+                            time.sleep(0.002)
+                        self.wfile.write(data[start : start + PIECE])
 
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -659,6 +671,21 @@ def test_failures_that_retrying_cannot_fix_are_final(llm_client, judge):
     )
     assert "HTTP 401" in result_of(reply).error.message
     assert (len(judge.marked(rejected)), len(judge.marked(unauthorised))) == (1, 1)
+
+
+def test_answers_are_read_whole_and_the_endpoints_faults_are_its_own(llm_client, judge):
+    """A long reasoning (~320 kB, more than one read of the connection) is read whole: the client read once
+    and refused what had arrived as "not JSON". An answer nested past the parser's limit is the endpoint's
+    error (GRADER_FAILED naming the model), not INVALID_SAMPLE, which blamed the sample; one past the most
+    the client reads is refused naming the limit."""
+    long, nested, oversize = case("long"), case("nested"), case("oversize")
+    rubric = [{"name": "llm_rubric", "params": {"rubric": "r"}}]
+    replies = llm_client.batch_evaluate([{"response": f"CASE:{m}"} for m in (long, nested, oversize)], rubric)
+    graded, deep, big = (result_of(r) for r in replies)
+    assert graded.score == 2.0 and not graded.HasField("error")
+    assert (deep.error.code, big.error.code) == ("GRADER_FAILED", "GRADER_FAILED")
+    assert "model 'default'" in deep.error.message and "nested too deeply" in deep.error.message
+    assert f"over {MAX_ANSWER_BYTES} bytes" in big.error.message
 
 
 def test_an_answer_slower_than_the_model_timeout_is_an_error_result(llm_client, judge):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import re
 import subprocess
 import sys
@@ -386,6 +387,17 @@ def test_cosine_compares_embeddings_of_the_configured_model(configured):
     zero = asyncio.run(grader.aevaluate(a="cat", b="void"))
     assert isinstance(zero, GraderError) and "all zeros" in zero.error
     assert set(VECTORS) >= {"cat", "kitten", "dog"}
+
+
+def test_cosine_of_wide_embeddings_reads_the_whole_answer(configured):
+    """Two 3,072-dimension embeddings are ~120 kB of JSON, more than one read of the connection brings: the
+    client read only what had arrived and refused the rest as "not JSON" (every such sample failed)."""
+    grader = openai_grader(similarity("cosine", input="{{ item.a }}", reference="{{ item.b }}"))
+    a, b = VECTORS["wide-sin"], VECTORS["wide-cos"]
+    expected = sum(x * y for x, y in zip(a, b, strict=True)) / math.sqrt(sum(x * x for x in a) * sum(y * y for y in b))
+    result = asyncio.run(grader.aevaluate(a="wide-sin", b="wide-cos"))
+    assert isinstance(result, GraderScore), result
+    assert result.score == pytest.approx(expected)
 
 
 def test_multi_combines_sub_graders_by_the_formula_and_reports_each():

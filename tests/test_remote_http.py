@@ -13,10 +13,11 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from http_services import Reply, Service, http_service
+from http_services import UNDECLARED, Reply, Service, http_service
 
 from grpcgrade.core.errors import InvalidParams
 from grpcgrade.core.grading import grade_async
+from grpcgrade.core.retry import MAX_ANSWER_BYTES
 from grpcgrade.core.samples import Limits
 from grpcgrade.grader import GraderError, GraderScore
 from grpcgrade.graders.kolibrify.remote_http import RemoteHttpGrader
@@ -185,6 +186,30 @@ def test_a_bad_reward_fails_only_its_sample_and_a_bad_body_fails_the_call(start_
     out = grade(RemoteHttpGrader(start_service(lambda n, body: (200, b"<html>", {})).url), batch_of(2))
     assert scores(out) == ["INVALID_RESULT"] * 2
     assert "not JSON" in out[0].error
+
+
+@pytest.mark.parametrize("declared", [True, False], ids=["declared-length", "read-to-the-end"])
+def test_an_answer_past_the_bound_fails_the_call_read_no_further(start_service, declared):
+    """An answer over MAX_ANSWER_BYTES, its length declared or not, fails the call's samples naming the bound
+    (INVALID_RESULT, not retried): the whole answer was read into memory and graded, however long."""
+
+    def padded(number: int, body: dict[str, Any]) -> Reply:
+        return 200, {"results": results(body), "pad": "p" * MAX_ANSWER_BYTES}, {} if declared else {UNDECLARED: ""}
+
+    service = start_service(padded)
+    out = grade(RemoteHttpGrader(service.url, max_retries=2), batch_of(2))
+    assert scores(out) == ["INVALID_RESULT"] * 2
+    assert f"over {MAX_ANSWER_BYTES} bytes" in out[0].error
+    assert len(service.requests) == 1
+
+
+def test_an_answer_nested_past_the_parsers_limit_is_the_services_fault(start_service):
+    """JSON nested past the interpreter's recursion limit fails the call as the service's bad answer
+    (INVALID_RESULT, saying so); it was a bare RecursionError, reported as the grader's own failure."""
+    service = start_service(lambda n, body: (200, b"[" * 100_000 + b"]" * 100_000, {}))
+    out = grade(RemoteHttpGrader(service.url), batch_of(2))
+    assert scores(out) == ["INVALID_RESULT"] * 2
+    assert "nested too deeply" in out[0].error
 
 
 def test_500_is_retried_until_it_succeeds(start_service):

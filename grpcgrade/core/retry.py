@@ -1,5 +1,5 @@
-"""HTTP services the server does not control (remote graders, LLM judges): backoff, and what of their
-error answers may be shown.
+"""HTTP services the server does not control (remote graders, LLM judges): backoff, how much of an answer
+is read, and what of their error answers may be shown.
 
 Exponential backoff with jitter so a burst of failing samples does not retry in lockstep, never sooner
 than the service's Retry-After, never longer than a cap. An error answer's body goes into the sample's
@@ -13,6 +13,9 @@ import random
 import re
 from collections.abc import Iterable, Mapping
 
+#: The largest answer read from such a service (a judgment, a pair of embeddings, a chunk's rewards are far
+#: smaller); past it the answer is an error, read no further.
+MAX_ANSWER_BYTES = 16 * 1024 * 1024
 #: How much of an error answer's body an error message repeats.
 ERROR_EXCERPT_CHARS = 300
 REDACTED = "[redacted]"

@@ -26,7 +26,14 @@ import aiohttp
 from grpcgrade.core.context import CALLER, SAMPLE_TIME_LIMIT
 from grpcgrade.core.errors import GraderRateLimited, GraderTimeout
 from grpcgrade.core.loops import closed_with_its_loop
-from grpcgrade.core.retry import MAX_BACKOFF_SECONDS, backoff, error_excerpt, is_transient, retry_after
+from grpcgrade.core.retry import (
+    MAX_ANSWER_BYTES,
+    MAX_BACKOFF_SECONDS,
+    backoff,
+    error_excerpt,
+    is_transient,
+    retry_after,
+)
 
 from .limits import LimitWaitExpired, ModelLimiter, TokenEstimate
 from .prompt import ChatMessage
@@ -72,10 +79,21 @@ class _Throttled(_Transient):
         self.status = status
 
 
-#: The largest answer read from the endpoint (a judgment, or a batch of embeddings, is far smaller).
-MAX_ANSWER_BYTES = 16 * 1024 * 1024
 #: The answers that say "over the limit, come back later", retried within the sample's time limit.
 THROTTLED = frozenset({429, 503})
+
+
+async def read_answer(content: aiohttp.StreamReader, limit: int) -> bytes:
+    """An answer's body to its end, or its first `limit` + 1 bytes when it is longer. One `read(n)` returns
+    only what has arrived so far: a large answer (two 3,072-dimension embeddings are ~120 kB) comes in
+    several, and reading once cut it short."""
+    body = bytearray()
+    while len(body) <= limit:
+        piece = await content.read(limit + 1 - len(body))
+        if not piece:
+            break
+        body += piece
+    return bytes(body)
 
 
 def _left(deadline: float | None) -> float | None:
@@ -250,7 +268,7 @@ class ChatModel:
         try:
             async with asyncio.timeout(limit), client.post(url, json=body) as response:
                 status, headers = response.status, response.headers
-                raw = await response.content.read(MAX_ANSWER_BYTES + 1)
+                raw = await read_answer(response.content, MAX_ANSWER_BYTES)
         except TimeoutError:
             if left is not None and limit >= left:
                 raise GraderTimeout from None
@@ -268,6 +286,8 @@ class ChatModel:
             raise ChatError(f"model {c.name!r}: the answer is over {MAX_ANSWER_BYTES} bytes")
         try:
             return json.loads(raw)
+        except RecursionError:  # the endpoint's fault, not the sample's (which a RecursionError would be blamed on)
+            raise ChatError(f"model {c.name!r}: not JSON this server takes: nested too deeply") from None
         except ValueError:
             raise ChatError(f"model {c.name!r}: not JSON: {self._excerpt(text)}") from None
 

@@ -20,6 +20,7 @@ request could pass a `url` to: that would let any caller make the server send re
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -27,7 +28,7 @@ from typing import Any
 import httpx
 
 from grpcgrade.core.errors import ErrorCode, InvalidParams
-from grpcgrade.core.retry import backoff, error_excerpt, is_transient, retry_after
+from grpcgrade.core.retry import MAX_ANSWER_BYTES, backoff, error_excerpt, is_transient, retry_after
 from grpcgrade.graders.kolibrify.compat import GradeResult, GraderInput
 
 from .adapters import BatchFailure, KolibrifyGraderAdapter
@@ -65,6 +66,25 @@ def payload(item: GraderInput) -> dict[str, Any]:
     }
 
 
+def _too_long() -> BatchFailure:
+    return BatchFailure(ErrorCode.INVALID_RESULT, f"the grading service's answer is over {MAX_ANSWER_BYTES} bytes")
+
+
+async def _bounded_body(response: httpx.Response) -> bytes:
+    """A streamed answer's body (decoded, when compressed) to its end; BatchFailure past MAX_ANSWER_BYTES,
+    read no further (`client.post` would read any length into memory), or at once for a declared length
+    past it. Not retried: a retry brings the same answer."""
+    declared = response.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_ANSWER_BYTES:
+        raise _too_long()
+    body = bytearray()
+    async for piece in response.aiter_bytes():
+        body += piece
+        if len(body) > MAX_ANSWER_BYTES:
+            raise _too_long()
+    return bytes(body)
+
+
 class HttpGradingClient:
     """The Kolibrify-protocol call: `grade_batch` is one POST (with retries) of the whole input list.
 
@@ -95,15 +115,20 @@ class HttpGradingClient:
             self._slots = asyncio.Semaphore(self.max_concurrency)
         return self._client, self._slots
 
-    async def _post(self, body: dict[str, Any]) -> httpx.Response:
+    async def _post(self, body: dict[str, Any]) -> bytes:
+        """The service's successful answer's body (at most MAX_ANSWER_BYTES); BatchFailure once the retries
+        are spent, or at once for an answer no retry can mend."""
         client, slots = self._session()
         attempts = self.max_retries + 1
         for attempt in range(attempts):
             after = None
             try:
-                async with slots:  # waiting for a slot does not count against the call's time limit
-                    async with asyncio.timeout(self.timeout_s):
-                        response = await client.post(self.url, json=body)
+                async with (
+                    slots,  # waiting for a slot does not count against the call's time limit
+                    asyncio.timeout(self.timeout_s),
+                    client.stream("POST", self.url, json=body) as response,
+                ):
+                    raw = await _bounded_body(response)
             except (httpx.TimeoutException, TimeoutError):
                 failure = BatchFailure(
                     ErrorCode.TIMEOUT, f"the grading service did not answer within {self.timeout_s:g} s"
@@ -114,8 +139,8 @@ class HttpGradingClient:
                 )
             else:
                 if response.is_success:
-                    return response
-                status, excerpt = response.status_code, error_excerpt(response.text)
+                    return raw
+                status, excerpt = response.status_code, error_excerpt(raw.decode("utf-8", "replace"))
                 failure = BatchFailure(ErrorCode.GRADER_FAILED, f"grading service answered HTTP {status}: {excerpt}")
                 if not is_transient(status):
                     raise failure  # the request itself is wrong: sending it again cannot help
@@ -135,11 +160,13 @@ class HttpGradingClient:
         raise BatchFailure(failure.code, f"{failure} ({attempts} attempt{'s' if attempts > 1 else ''})")
 
     async def grade_batch(self, inputs: Sequence[GraderInput]) -> list[GradeResult]:
-        response = await self._post({"samples": [payload(item) for item in inputs]})
+        raw = await self._post({"samples": [payload(item) for item in inputs]})
         try:
-            data = response.json()
+            data = json.loads(raw)
+        except RecursionError:  # the service's fault: left uncaught it would be blamed on the samples
+            raise BatchFailure(ErrorCode.INVALID_RESULT, "the grading service's answer is nested too deeply") from None
         except ValueError as exc:
-            raise BatchFailure(ErrorCode.INVALID_RESULT, f"the grading service's answer is not JSON: {exc}") from exc
+            raise BatchFailure(ErrorCode.INVALID_RESULT, f"the grading service's answer is not JSON: {exc}") from None
         results = data.get("results") if isinstance(data, dict) else None
         if not isinstance(results, list):
             raise BatchFailure(ErrorCode.INVALID_RESULT, 'the grading service\'s answer has no "results" list')
