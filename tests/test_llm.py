@@ -120,6 +120,8 @@ class FakeJudge:
         if kind == "oversize":  # a valid completion, one byte past the most the client reads
             pad = MAX_ANSWER_BYTES - len(json.dumps(completion('{"score": 2, "reason": "r"}')))
             return 200, {**completion('{"score": 2, "reason": "r"}'), "pad": "p" * pad}, {}
+        if kind == "deepjudgment":  # a judgment nested past the parser's limit (quoting a response, say)
+            return 200, completion('{"a": ' * 5_000 + '{"score": 3}'), {}
         if kind == "long":  # a long reasoning: arrives over several reads
             return 200, completion(json.dumps({"score": 2, "reason": "because " * 40_000})), {}
         if kind in ("flaky429", "flaky503", "drop") and count == 1:
@@ -282,6 +284,19 @@ def test_json_objects_are_found_in_prose_and_fences_nested_ones_not_separately()
     text = 'I think {not json} so:\n```json\n{"score": 4, "detail": {"score": 1}}\n```\nand {"rank": [1]}'
     assert json_objects(text) == [{"score": 4, "detail": {"score": 1}}, {"rank": [1]}]
     assert json_objects("no braces at all") == []
+
+
+def test_reading_an_answer_is_bounded_however_the_response_shapes_it():
+    """A judge may quote the graded response, so its answer's shape is the trainer's policy's: a run of
+    braces is passed over (each was a decoding try, the time growing with the square of the length), an
+    answer nested past the parser's limit or made of endless broken objects is the judge's unusable
+    answer (a RecursionError before, blamed on the sample; a scan of seconds on the event loop)."""
+    assert parse_score("{" * 20_000 + '{"score": 3, "reason": "r"}') == (3.0, "r")
+    with pytest.raises(JudgeOutputError, match="nested too deeply"):
+        json_objects('{"a": ' * 5_000 + '{"score": 3}')
+    with pytest.raises(JudgeOutputError, match="too many JSON objects, or broken ones"):
+        json_objects('{"a": 1, ' * 20_000 + '{"score": 3}')
+    assert json_objects('{ }{\n"score": 2}') == [{}, {"score": 2}]  # every start an object can have
 
 
 def test_parse_score_takes_the_last_object_with_a_score():
@@ -677,15 +692,16 @@ def test_answers_are_read_whole_and_the_endpoints_faults_are_its_own(llm_client,
     """A long reasoning (~320 kB, more than one read of the connection) is read whole: the client read once
     and refused what had arrived as "not JSON". An answer nested past the parser's limit is the endpoint's
     error (GRADER_FAILED naming the model), not INVALID_SAMPLE, which blamed the sample; one past the most
-    the client reads is refused naming the limit."""
-    long, nested, oversize = case("long"), case("nested"), case("oversize")
+    the client reads is refused naming the limit; so is a judgment nested too deeply (INVALID_SAMPLE too)."""
+    markers = [case(kind) for kind in ("long", "nested", "oversize", "deepjudgment")]
     rubric = [{"name": "llm_rubric", "params": {"rubric": "r"}}]
-    replies = llm_client.batch_evaluate([{"response": f"CASE:{m}"} for m in (long, nested, oversize)], rubric)
-    graded, deep, big = (result_of(r) for r in replies)
+    replies = llm_client.batch_evaluate([{"response": f"CASE:{m}"} for m in markers], rubric)
+    graded, deep, big, deep_judgment = (result_of(r) for r in replies)
     assert graded.score == 2.0 and not graded.HasField("error")
-    assert (deep.error.code, big.error.code) == ("GRADER_FAILED", "GRADER_FAILED")
+    assert [r.error.code for r in (deep, big, deep_judgment)] == ["GRADER_FAILED"] * 3
     assert "model 'default'" in deep.error.message and "nested too deeply" in deep.error.message
     assert f"over {MAX_ANSWER_BYTES} bytes" in big.error.message
+    assert "answer is nested too deeply to read" in deep_judgment.error.message
 
 
 def test_an_answer_slower_than_the_model_timeout_is_an_error_result(llm_client, judge):

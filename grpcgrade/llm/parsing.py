@@ -10,10 +10,19 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
 _DECODER = json.JSONDecoder()
 _EXCERPT = 200
+#: Where a JSON object can start: a brace, blanks, then a key's quote or the closing brace.
+_OBJECT_START = re.compile(r"\{[ \t\n\r]*[\"}]")
+#: The characters the failed decoding tries of one answer may scan: this many (~40 ms), plus...
+SCAN_FLOOR = 64 * 1024 * 1024
+#: ...this many per character of the answer.
+SCAN_FACTOR = 16
+#: What an object decoded costs beyond its characters, in characters scanned (~2 us).
+OBJECT_COST = 2048
 
 
 class JudgeOutputError(ValueError):
@@ -26,18 +35,32 @@ def _excerpt(text: str) -> str:
 
 
 def json_objects(text: str) -> list[dict[str, Any]]:
-    """The top-level JSON objects in `text`, in order (one inside another is not listed separately)."""
+    """The top-level JSON objects in `text`, in order (one inside another is not listed separately).
+
+    Read on the server's event loop, from a text the graded response can shape (a judge may quote it), so
+    its cost is bounded: decoding is tried only where an object can start (`{`, blanks, then `"` or `}`),
+    and the tries may scan at most `SCAN_FLOOR` + `SCAN_FACTOR` x its length characters (a failure's error
+    also counts the lines before it; an object found counts `OBJECT_COST` more), past which the answer is
+    refused. Tried at every `{` without a bound, 16 kB of `{` took 0.18 s and 144 kB of `{"a": 1, ` 1 s:
+    the time grew with the square of the length."""
     found = []
-    pos = text.find("{")
-    while pos != -1:
+    budget = SCAN_FLOOR + SCAN_FACTOR * len(text)
+    start = _OBJECT_START.search(text)
+    while start is not None:
+        pos = start.start()
         try:
             value, end = _DECODER.raw_decode(text, pos)
-        except ValueError:
-            pos = text.find("{", pos + 1)
-            continue
-        if isinstance(value, dict):
+        except RecursionError:
+            raise JudgeOutputError("the judge's answer is nested too deeply to read") from None
+        except json.JSONDecodeError as exc:
+            budget -= exc.pos
+            start = _OBJECT_START.search(text, pos + 1)
+        else:
+            budget -= end - pos + OBJECT_COST
             found.append(value)
-        pos = text.find("{", end)
+            start = _OBJECT_START.search(text, end)
+        if budget < 0:
+            raise JudgeOutputError("the judge's answer holds too many JSON objects, or broken ones, to read")
     return found
 
 
