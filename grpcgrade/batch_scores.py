@@ -28,10 +28,13 @@ class BatchScores:
     - `scores[key][i]`: the grader's score; None where it failed, with the error in `errors[key][i]`.
     - `cached[key]`: the samples whose result came from the server's result cache.
     - `graders[key]`: the registered grader name behind each key, in the request's order.
+    - `unsent[i]`: why sample i was never sent, for a sample the client cannot write into a request (a lone
+      surrogate in a text...): its reward and scores are None, as for a failed grader.
     """
 
     def __init__(self, n: int) -> None:
         self.n = n
+        self.unsent: dict[int, str] = {}
         self.rewards: list[float | None] = [None] * n
         self.scores: dict[str, list[float | None]] = {}
         self.errors: dict[str, dict[int, pb.GraderError]] = {}
@@ -129,6 +132,22 @@ class BatchScores:
             self._answered[i] = 1
             count += 1
         return count
+
+    def spread(self, rows: Sequence[int], n: int, unsent: dict[int, str]) -> BatchScores:
+        """This table, which answered `rows` of a batch of `n` samples, as that batch's table: the samples not
+        sent (`unsent`, by index, with why) have no reward and no scores."""
+        out = BatchScores(n)
+        out.unsent = dict(unsent)
+        out._answered[:] = b"\x01" * n
+        for j, i in enumerate(rows):
+            out.rewards[i] = self.rewards[j]
+        for key, column in self.scores.items():
+            target = out._column(key, self.graders[key])
+            for j, i in enumerate(rows):
+                target[i] = column[j]
+            out.errors[key] = {rows[j]: error for j, error in self.errors[key].items()}
+            out.cached[key] = [rows[j] for j in self.cached[key]]
+        return out
 
     def check(self) -> BatchScores:
         """Every sample must have come back; a gap is the server's bug, never silently a None."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import logging
 import math
 import queue
 import re
@@ -41,11 +42,13 @@ from grpcgrade.service.convert import (
     sample_to_pb,
     specs_to_pb,
     unsendable,
+    unsent_rows,
 )
 
 from .batch_scores import BatchScores as BatchScores  # what batch_scores returns
 from .core.admission import PUSHBACK_KEY as PUSHBACK_KEY  # a refusal for load's retry hint (docs/security.md)
 from .core.context import CALLER_HEADER
+from .core.errors import UnsendableSample as UnsendableSample  # a sample the client cannot send
 from .core.retry import backoff
 from .errors import FailureBudgetExceeded as FailureBudgetExceeded
 from .errors import GradingError as GradingError
@@ -55,6 +58,8 @@ from .gc_pause import paused as gc_paused
 from .gc_pause import resume as gc_resume
 from .v1 import grading_pb2 as pb
 from .v1 import grading_pb2_grpc as pb_grpc
+
+log = logging.getLogger("grpcgrade.client")
 
 SERVICE_CONFIG = {
     "loadBalancingConfig": [{"round_robin": {}}],
@@ -612,12 +617,33 @@ class GradingClient(_Base):
         """The batch's rewards and scores as columns (`BatchScores`: None where a grader failed): a trainer's
         call, the least work on both ends. Samples travel as SampleColumns where they can (columns, or dicts
         of text fields) and results as RESULT_VIEW_COLUMNS; pointwise graders only (INVALID_ARGUMENT for a
-        listwise one). Options as for `batch_evaluate`."""
+        listwise one). Options as for `batch_evaluate`.
+
+        A sample the client cannot send (`UnsendableSample`: a lone surrogate in a text...) is masked, not
+        an error, as a trainer needs: its reward and scores are None, why in `unsent`, and a warning is
+        logged; the others are graded (sent again without it, should it have been found mid-batch)."""
+        options = (graders, reward, timeout, grader_timeout, on_progress, (budget_seconds, max_failure_ratio, cache))
+        try:
+            return self._scores(samples, *options)
+        except UnsendableSample:
+            unsent, rows = _unsent(samples)
+            if not unsent:
+                raise
+            return self._scores([samples[i] for i in rows], *options).spread(rows, len(samples), unsent)
+
+    def _scores(
+        self,
+        samples: Sequence[Any],
+        graders: Graders,
+        reward: str,
+        timeout: float | None,
+        grader_timeout: float,
+        on_progress: Progress | None,
+        guards: Guards,
+    ) -> BatchScores:
         table = BatchScores(len(samples))
-        guards = (budget_seconds, max_failure_ratio, cache)
-        self._each_chunk(
-            samples, graders, reward, pb.RESULT_VIEW_COLUMNS, grader_timeout, timeout, guards, table.add, on_progress
-        )
+        view = pb.RESULT_VIEW_COLUMNS
+        self._each_chunk(samples, graders, reward, view, grader_timeout, timeout, guards, table.add, on_progress)
         return table.check()
 
     def _each_chunk(
@@ -894,8 +920,26 @@ class AsyncGradingClient(_Base):
         cache: Cache = None,
     ) -> BatchScores:
         """`GradingClient.batch_scores`, awaited."""
+        options = (graders, reward, timeout, grader_timeout, on_progress, (budget_seconds, max_failure_ratio, cache))
+        try:
+            return await self._scores(samples, *options)
+        except UnsendableSample:
+            unsent, rows = _unsent(samples)
+            if not unsent:
+                raise
+            return (await self._scores([samples[i] for i in rows], *options)).spread(rows, len(samples), unsent)
+
+    async def _scores(
+        self,
+        samples: Sequence[Any],
+        graders: Graders,
+        reward: str,
+        timeout: float | None,
+        grader_timeout: float,
+        on_progress: Progress | None,
+        guards: Guards,
+    ) -> BatchScores:
         table = BatchScores(len(samples))
-        guards = (budget_seconds, max_failure_ratio, cache)
         view = pb.RESULT_VIEW_COLUMNS
         await self._each_chunk(samples, graders, reward, view, grader_timeout, timeout, guards, table.add, on_progress)
         return table.check()
@@ -1007,6 +1051,18 @@ class AsyncGradingClient(_Base):
         """One-sample calls that arrive together leave as one BatchEvaluate (see `Coalescer`); `guards`:
         `budget_seconds`, `max_failure_ratio`, `cache`, for each coalesced call."""
         return Coalescer(self, graders_list(graders), reward, linger, max_batch, grader_timeout, view, **guards)
+
+
+def _unsent(samples: Sequence[Any]) -> tuple[dict[int, str], list[int]]:
+    """The samples of a trainer's batch the client cannot send (by index, with why) and the rows of the
+    others, once writing the batch failed; the masked ones are logged. None at fault alone: the batch as a
+    whole could not be written."""
+    unsent = unsent_rows(samples)
+    if not unsent:
+        return unsent, []
+    first = next(iter(unsent.values()))
+    log.warning("grpcgrade: %d of %d samples cannot be sent and are masked; %s", len(unsent), len(samples), first)
+    return unsent, [i for i in range(len(samples)) if i not in unsent]
 
 
 def _sendable(

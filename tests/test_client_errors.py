@@ -3,6 +3,7 @@ grader or reward), against real servers; a server that goes away is retried for 
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import threading
@@ -11,7 +12,7 @@ import time
 import grpc
 import pytest
 
-from grpcgrade.client import GradingClient, SampleColumns
+from grpcgrade.client import AsyncGradingClient, GradingClient, SampleColumns, UnsendableSample
 from grpcgrade.errors import GradingError, InvalidRequest, ServerUnavailable, UnknownName
 from grpcgrade.testing import free_port, start_server
 
@@ -177,18 +178,6 @@ CANNOT_SEND = [
         TypeError,
         "sample 5 must be a mapping of its fields or a Sample message",
     ),
-    (lambda c: c.batch_scores([*OK, {"response": "b", "x": {1}}], J), ValueError, "sample 5, field 'x': "),
-    # texts only: the batch travels as columns, written whole
-    (
-        lambda c: c.batch_scores([*OK, {"response": "\ud800"}], J),
-        ValueError,
-        "sample 5, field 'response': text that UTF-8",
-    ),
-    (
-        lambda c: c.batch_scores(SampleColumns.of_text({"response": ["a"] * 5 + ["\ud800"]}), J),
-        ValueError,
-        "sample 5, field 'response': text that UTF-8 cannot encode",
-    ),
     (
         lambda c: list(c.evaluate_stream(iter([*OK, {"response": 10**5000}]), J)),
         ValueError,
@@ -209,3 +198,42 @@ def test_a_sample_or_grader_the_client_cannot_send_is_named(server, call, error,
         call(client)
     assert message in str(caught.value)
     assert not isinstance(caught.value, GradingError)
+    if "sample" in message and "samples must" not in message:  # a sample's fault: typed, with its place
+        assert isinstance(caught.value, UnsendableSample)
+        assert caught.value.index == (None if message.startswith("the sample") else 5)
+
+
+# `batch_scores`, a trainer's call, masks a sample it cannot send instead of failing the step: the others
+# are graded (JSON objects: json_validator's 1.0), its reward and scores are None, `unsent` says why. It
+# raised, as `batch_evaluate` does (the training step ended on one odd sample of its data).
+VALID = [{"response": f'{{"k": {i}}}'} for i in range(5)]
+MASKED = [
+    (lambda: [*VALID, {"response": "b", "x": {1}}], "sample 5, field 'x': "),
+    (lambda: [*VALID, {"response": "\ud800"}], "sample 5, field 'response': text that UTF-8"),  # texts: columns
+    (
+        lambda: SampleColumns.of_text({"response": [s["response"] for s in VALID] + ["\ud800"]}),
+        "sample 5, field 'response': text that UTF-8 cannot encode",
+    ),
+    (lambda: [{"response": "\udc80"}, *VALID[:2], {"response": 10**5000}, *VALID[2:]], "sample 0, field"),
+]
+
+
+@pytest.mark.parametrize(("samples", "message"), MASKED)
+def test_batch_scores_masks_a_sample_it_cannot_send_and_grades_the_others(server, samples, message, caplog):
+    batch = samples()
+    bad = [i for i in range(len(batch)) if i not in (good := [i for i, s in enumerate(batch) if s in VALID])]
+    with GradingClient(server.target, chunk_size=2, timeout=60) as client:
+        table = client.batch_scores(batch, J)
+    assert [table.rewards[i] for i in good] == [1.0] * 5
+    assert [table.rewards[i] for i in bad] == [None] * len(bad) and table.masked == len(bad)
+    assert [table.scores["json_validator"][i] for i in bad] == [None] * len(bad)
+    assert sorted(table.unsent) == bad and message in table.unsent[bad[0]]
+    assert f"{len(bad)} of {len(batch)} samples cannot be sent and are masked" in caplog.text
+
+    async def awaited():
+        async with AsyncGradingClient(server.target, chunk_size=2, timeout=60) as client:
+            return await client.batch_scores(batch, J)
+
+    table = asyncio.run(awaited())
+    assert table.rewards == [1.0 if i in good else None for i in range(len(batch))]
+    assert sorted(table.unsent) == bad

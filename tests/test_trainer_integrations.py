@@ -79,6 +79,11 @@ def test_skyrl_env_steps_are_graded_and_failures_flagged(server, trainers_python
     assert step["reward"] == -1.0 and step["metadata"]["grpcgrade_failed"] is True  # the configured failure value
     assert step["metadata"]["grpcgrade_error"].startswith("misbehave ")
     assert failed["aggregated"] == {"grpcgrade_failed": 1.0}  # SkyRL's own aggregation of the env metrics
+    # an action the client cannot send (a lone surrogate) is a failed step, not an exception out of step()
+    unsent = run(trainers_python, "skyrl_env.py", server, "gsm8k", [{**rows[0], "action": "72\ud800"}])
+    (step,) = unsent["steps"]
+    assert step["reward"] == -1.0 and step["metadata"]["grpcgrade_failed"] is True
+    assert step["metadata"]["grpcgrade_error"].startswith("grpcgrade.client INVALID_SAMPLE: not sent: the sample, ")
 
 
 def test_areal_wrapper_gets_rewards_with_token_counts_and_rejects_failed_samples(server, trainers_python):
@@ -100,6 +105,9 @@ def test_areal_wrapper_gets_rewards_with_token_counts_and_rejects_failed_samples
                  [{"prompt": "q", "completion": "nan", "completion_ids": [1], "answer": ""}])  # fmt: skip
     (result,) = failed["results"]
     assert result["error"].startswith("SampleFailed: grpcgrade: the sample's graders failed (misbehave ")
+    unsent = run(trainers_python, "areal_reward.py", server, "capped", [{**rows[0], "completion": "72\ud800"}])
+    (result,) = unsent["results"]  # rejected as a failed sample, not a ValueError of the client's
+    assert result["error"].startswith("SampleFailed: grpcgrade: the sample's graders failed (grpcgrade.client ")
 
 
 def test_verifiers_rubric_scores_groups_and_rollouts_as_direct_grading(server, trainers_python):
@@ -117,9 +125,10 @@ def test_verifiers_rubric_scores_groups_and_rollouts_as_direct_grading(server, t
     # a loop per run: each run's client closed as its loop ends (before: left open, its connection with it)
     assert [left for _, left in out["loops"]] == [0, 0, 0] and all(during >= 1 for during, _ in out["loops"])
     flaky = [{"question": "q", "completion": "nan", "answer": ""}, {"question": "q", "completion": "ok", "answer": ""}]
+    flaky.append({"question": "q", "completion": "ok\ud800", "answer": ""})  # one the client cannot send
     failed = run(trainers_python, "verifiers_rubric.py", server, "flaky", flaky)
-    assert [s["reward"] for s in failed["group"]] == [0.0, 1.0]  # failure_reward, and a grade
-    assert [s["metrics"]["grpcgrade_failed"] for s in failed["group"]] == [1.0, 0.0]
+    assert [s["reward"] for s in failed["group"]] == [0.0, 1.0, 0.0]  # failure_reward, a grade, failure_reward
+    assert [s["metrics"]["grpcgrade_failed"] for s in failed["group"]] == [1.0, 0.0, 1.0]
 
 
 @pytest.mark.parametrize(

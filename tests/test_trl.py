@@ -183,6 +183,17 @@ def test_a_failed_grader_masks_the_sample_and_is_logged(server):
     assert log.extra["grpcgrade/shout"] == [1.0, 0.0]
 
 
+def test_a_sample_the_client_cannot_send_is_masked_not_the_steps_end(server):
+    """A dataset value UTF-8 cannot encode (a lone surrogate: JSON cut between a surrogate pair's halves, as
+    JavaScript's string lengths do) masks its completion; the others are graded. It ended the step."""
+    reward = reward_function(server.target, ["json_validator"])
+    log = FakeTrainerLog()
+    inputs = [{"prompt": "p", "answer": "a"}, {"prompt": "p", "answer": "\ud83d"}, {"prompt": "p", "answer": "b"}]
+    rows = trl_rewards([reward], inputs, ["p"] * 3, ['{"k": 1}'] * 3, [[1]] * 3, log=log)
+    assert same([r[0] for r in rows], [1.0, math.nan, 1.0])
+    assert log.metrics["grpcgrade/masked"] == [1.0]
+
+
 def trl_sum(rows: list[list[float]], weights: list[float] | None = None) -> list[float]:
     """The reward TRL trains on from rewards_per_func (`sum_then_normalize`, `_generate_and_score_completions`
     in grpo_trainer.py): each function's value times its reward weight, summed with `nansum` (a NaN counts

@@ -111,6 +111,16 @@ def test_a_sample_the_client_cannot_send_fails_only_its_own_coalesced_caller(ser
     assert [r.results[0].score for i, r in enumerate(results) if i != 5] == [1.0] * 9
 
 
+def test_a_sample_the_client_cannot_send_is_a_failed_sample_not_the_runs_end(server):
+    """A solution or label UTF-8 cannot encode (a lone surrogate) is flagged failed with `failure_score`;
+    veRL's reward loop does not catch exceptions, so the ValueError `compute_score` raised ended the run."""
+    fn = verl_wrap(compute_score, {"target": server.target, "reward": "flaky", "failure_score": -1.0})
+    items = [("d", "OK", "ok", {}), ("d", "OK\ud800", "ok", {}), ("d", "OK", "ok\udc80", {}), ("d", "ok", "ok", {})]
+    rewards, extra = reward_loop(fn, items)
+    assert rewards == [1.0, -1.0, -1.0, 0.5]
+    assert extra["grpcgrade/failed"] == [0.0, 1.0, 1.0, 0.0]
+
+
 def test_numpy_labels_and_extra_info_as_veRL_hands_them(server, caplog):
     """veRL's dataset values arrive as numpy (its DataProto holds non-tensor columns as object arrays): an
     `np.int64` label, a float label from a parquet float column, numpy values in `extra_info`. Each must

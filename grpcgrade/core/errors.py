@@ -137,6 +137,23 @@ class SampleProblem(ValueError):
     """This sample cannot be graded at all; every grader reports it as INVALID_SAMPLE."""
 
 
+class UnsendableSample(Exception):  # noqa: N818 - named for what it is; raised as one of the two below
+    """A sample a client cannot write into a request (a lone surrogate in a text, a value `extra` cannot
+    carry...): raised before any server sees it, as `UnsendableValue` or `UnsendableType`, which are also
+    the ValueError or TypeError the client has always raised for it. `index`: the sample's place in its
+    batch (None for a sample sent alone). A trainer's integration catches this one to mask the sample."""
+
+    index: int | None = None
+
+
+class UnsendableValue(UnsendableSample, ValueError):
+    """A sample with a value of the right type the client cannot send (see `UnsendableSample`)."""
+
+
+class UnsendableType(UnsendableSample, TypeError):
+    """A sample, or a value in it, of a type the client cannot send (see `UnsendableSample`)."""
+
+
 Kept = TypeVar("Kept", bound=BaseException)
 
 

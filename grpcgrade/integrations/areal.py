@@ -24,7 +24,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from grpcgrade.integrations.common import as_text, failure_of, reward_of, shared_client, usable_extra
+from grpcgrade.client import UnsendableSample
+from grpcgrade.integrations.common import (
+    as_text,
+    failure_of,
+    reward_of,
+    shared_client,
+    unsent_result,
+    usable_extra,
+)
 
 
 class SampleFailed(RuntimeError):
@@ -62,7 +70,10 @@ class RewardFunction:
             "completion_tokens": len(completion_ids),
             **usable_extra(data.items(), skip=frozenset((self.reference_key, "completion_tokens"))),
         }
-        result = shared_client(self.target, self.token, self.timeout).evaluate(sample, reward=self.reward)
+        try:
+            result = shared_client(self.target, self.token, self.timeout).evaluate(sample, reward=self.reward)
+        except UnsendableSample as exc:
+            result = unsent_result(exc)
         value = reward_of(result)
         if value is None:
             raise SampleFailed(f"grpcgrade: the sample's graders failed ({failure_of(result)}); it has no reward")

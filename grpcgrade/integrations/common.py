@@ -10,8 +10,9 @@ import threading
 from collections.abc import Iterable
 from typing import Any
 
-from grpcgrade.client import GradingClient
+from grpcgrade.client import GradingClient, UnsendableSample
 from grpcgrade.core.chat import last_text as last_text  # prompts and completions as chats
+from grpcgrade.core.errors import ErrorCode
 from grpcgrade.core.samples import AGENT_FIELDS, INPUT_FIELDS, SAMPLE_FIELDS, plain
 from grpcgrade.core.samples import as_text as as_text  # the integrations' rule for a field's text
 from grpcgrade.core.tokens import TOKENIZER_PARAM, no_tokenizer_message
@@ -87,6 +88,14 @@ def score_of(result: pb.EvaluateResponse, key: str) -> float | None:
     if found is None or found.HasField("error") or found.rank:
         return None
     return found.score
+
+
+def unsent_result(exc: UnsendableSample) -> pb.EvaluateResponse:
+    """The result of a sample the client cannot send (a lone surrogate in its text...): no reward and an
+    INVALID_SAMPLE error saying why, for the failure path every integration has (masked, flagged, logged),
+    rather than an exception that ends the trainer's step over one odd sample of its data."""
+    error = pb.GraderError(code=ErrorCode.INVALID_SAMPLE, message=f"not sent: {exc}")
+    return pb.EvaluateResponse(results=[pb.GraderResult(grader="grpcgrade.client", error=error)])
 
 
 def failure_of(result: pb.EvaluateResponse) -> str:

@@ -28,6 +28,7 @@ from typing import Any
 
 from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput
 
+from grpcgrade.client import UnsendableSample
 from grpcgrade.integrations.common import (
     as_text,
     failure_of,
@@ -36,6 +37,7 @@ from grpcgrade.integrations.common import (
     require_counts,
     reward_of,
     shared_client,
+    unsent_result,
     usable_extra,
 )
 
@@ -83,7 +85,10 @@ class GrpcgradeEnv(BaseTextEnv):
     def grade(self, action: str) -> tuple[float, dict[str, Any]]:
         """The action's reward and the step's metadata (the failure value and flag when its graders failed)."""
         sample = {"query": self.query, "response": action, "reference": self.reference, **self.extra}
-        result = self.client.evaluate(sample, reward=self.reward_name)
+        try:
+            result = self.client.evaluate(sample, reward=self.reward_name)
+        except UnsendableSample as exc:
+            result = unsent_result(exc)
         value = reward_of(result)
         self.failed = value is None
         if value is None:

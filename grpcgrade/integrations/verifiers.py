@@ -30,9 +30,18 @@ from typing import Any
 
 import verifiers as vf
 
-from grpcgrade.client import DEFAULT_LINGER, AsyncGradingClient, Coalescer
+from grpcgrade.client import DEFAULT_LINGER, AsyncGradingClient, Coalescer, UnsendableSample
 from grpcgrade.core.loops import PerLoop
-from grpcgrade.integrations.common import as_text, failure_of, last_text, log, require_counts, reward_of, usable_extra
+from grpcgrade.integrations.common import (
+    as_text,
+    failure_of,
+    last_text,
+    log,
+    require_counts,
+    reward_of,
+    unsent_result,
+    usable_extra,
+)
 
 #: The rubric's function names (and so the keys of `state["metrics"]`).
 REWARD_NAME = "grpcgrade"
@@ -67,7 +76,10 @@ def rubric(
             "reference": as_text(answer),
             **usable_extra((info or {}).items()),
         }
-        result = await coalescers.get().evaluate(sample)
+        try:
+            result = await coalescers.get().evaluate(sample)
+        except UnsendableSample as exc:
+            result = unsent_result(exc)
         value = reward_of(result)
         state[STATE_KEY] = float(value is None)
         if value is None:

@@ -38,7 +38,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from grpcgrade.client import DEFAULT_LINGER, DEFAULT_MAX_BATCH, AsyncGradingClient, Cache, Coalescer
+from grpcgrade.client import DEFAULT_LINGER, DEFAULT_MAX_BATCH, AsyncGradingClient, Cache, Coalescer, UnsendableSample
 from grpcgrade.core.loops import PerLoop
 from grpcgrade.integrations.common import (  # absolute: veRL may load this file by path
     agent_inputs,
@@ -47,6 +47,7 @@ from grpcgrade.integrations.common import (  # absolute: veRL may load this file
     score_of,
     uncounted_gates,
     uncounted_refusal,
+    unsent_result,
     usable_extra,
 )
 from grpcgrade.v1 import grading_pb2 as pb
@@ -164,7 +165,10 @@ async def compute_score(
         raise uncounted_refusal(chosen, gates, "veRL's compute_score")
     guards = {"budget_seconds": float(budget_seconds), "max_failure_ratio": max_failure_ratio, "cache": cache}
     coalescer = conn.coalescer(chosen, **guards)
-    result = await coalescer.evaluate(sample_of(solution_str, ground_truth, extra_info))
+    try:
+        result = await coalescer.evaluate(sample_of(solution_str, ground_truth, extra_info))
+    except UnsendableSample as exc:
+        result = unsent_result(exc)
     value = reward_of(result)
     out = {"score": float(failure_score) if value is None else value, FAILED_KEY: float(value is None)}
     for key in keys:

@@ -12,6 +12,9 @@ from grpcgrade.core.errors import (
     ErrorCode,
     InvalidParams,
     SampleProblem,
+    UnsendableSample,
+    UnsendableType,
+    UnsendableValue,
     as_value,
     describe,
     encodable,
@@ -461,17 +464,21 @@ def sample_to_pb(sample: Mapping[str, Any] | pb.Sample) -> pb.Sample:
     return out
 
 
-def sample_error(sample: Any, exc: Exception, index: int | None = None) -> TypeError | ValueError:
+def sample_error(sample: Any, exc: Exception, index: int | None = None) -> UnsendableSample:
     """A sample the client could not write, said plainly: which one (`index`, in its batch), which field, and
     what is wrong, rather than protobuf's or Python's words from deep in the writing ("'str' object has no
     attribute 'get'", "Unexpected type"). Made only once writing failed: the writers stay as fast."""
     where = "the sample" if index is None else f"sample {index}"
     if not isinstance(sample, Mapping):
-        return TypeError(f"{where} must be a mapping of its fields or a Sample message, not {type(sample).__name__}")
-    found = unwritable(sample, _fill_sample, _DICT_TEXTS)
-    why, kind = found if found is not None else (str(exc), type(exc))
-    wrong = ValueError if issubclass(kind, (ValueError, OverflowError)) else TypeError
-    return wrong(f"{where}{', ' if found else ': '}{why}")
+        why = f"{where} must be a mapping of its fields or a Sample message, not {type(sample).__name__}"
+        out: UnsendableSample = UnsendableType(why)
+    else:
+        found = unwritable(sample, _fill_sample, _DICT_TEXTS)
+        said, kind = found if found is not None else (str(exc), type(exc))
+        wrong = UnsendableValue if issubclass(kind, (ValueError, OverflowError)) else UnsendableType
+        out = wrong(f"{where}{', ' if found else ': '}{said}")
+    out.index = index
+    return out
 
 
 def unwritable(
@@ -731,7 +738,7 @@ def add_samples(
         raise sample_error(sample, exc, first + k) from None
 
 
-def unsendable(samples: Sequence[Any], exc: Exception, first: int = 0) -> TypeError | ValueError:
+def unsendable(samples: Sequence[Any], exc: Exception, first: int = 0) -> UnsendableSample | TypeError | ValueError:
     """Why a batch written as columns could not be (`exc`): the first sample the client cannot send, in
     `sample_error`'s words and numbered from `first`; found sample by sample, only after the write failed."""
     for k in range(len(samples)):
@@ -743,6 +750,21 @@ def unsendable(samples: Sequence[Any], exc: Exception, first: int = 0) -> TypeEr
         except (TypeError, ValueError, AttributeError, OverflowError) as own:
             return sample_error(sample, own, first + k)
     return exc if isinstance(exc, (TypeError, ValueError)) else ValueError(describe(exc))
+
+
+def unsent_rows(samples: Sequence[Any]) -> dict[int, str]:
+    """Every sample of a batch the client cannot send, by index, with `sample_error`'s words for it: what a
+    trainer's call masks (`batch_scores`). Sample by sample, only after writing the batch failed."""
+    out = {}
+    for k in range(len(samples)):
+        sample = samples[k]
+        if isinstance(sample, pb.Sample):
+            continue
+        try:
+            _fill_sample(pb.Sample(), sample)
+        except (TypeError, ValueError, AttributeError, OverflowError) as own:
+            out[k] = str(sample_error(sample, own, k))
+    return out
 
 
 def check_samples(samples: Any) -> None:
