@@ -97,9 +97,13 @@ def grace_seconds(text: str) -> float:
 
 
 def client_options(args: argparse.Namespace) -> dict[str, Any]:
-    """GradingClient keyword arguments from the connection options."""
-    from .client import read_token, tls_credentials
+    """GradingClient keyword arguments from the connection options (and `--target` checked: a usage error)."""
+    from .client import channel_target, read_token, tls_credentials
 
+    try:
+        channel_target(args.target)
+    except ValueError as exc:
+        raise UsageError(f"--target: {exc}".replace(": grpcgrade: ", ": ")) from None
     tls = args.tls or any((args.tls_ca, args.tls_cert, args.tls_key))
     if bool(args.tls_cert) != bool(args.tls_key):
         raise UsageError("--tls-cert and --tls-key go together: the client certificate and its key")
@@ -442,13 +446,13 @@ def cmd_health(args: argparse.Namespace) -> int:
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    from .client import channel_options
+    from .client import channel_options, channel_target
     from .v1 import grading_pb2 as pb
 
     service_name = pb.DESCRIPTOR.services_by_name["GradingService"].full_name
 
     options = client_options(args)
-    target, creds = args.target, options["credentials"]
+    target, creds = channel_target(args.target), options["credentials"]
     channel_args = channel_options(4 * 1024 * 1024, options["server_name"])
     channel = grpc.secure_channel(target, creds, channel_args) if creds else grpc.insecure_channel(target, channel_args)
     with channel:

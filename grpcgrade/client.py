@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import ipaddress
 import json
 import logging
 import math
 import queue
 import re
+import socket
 import threading
 import time
 from collections import deque
@@ -232,13 +234,20 @@ def call_timeout(request: pb.BatchEvaluateRequest, timeout: float) -> float:
 def channel_target(target: Target) -> str:
     """One address, a gRPC name (`dns:///svc:50051`), or several addresses balanced round-robin. An
     `http://host:port` URL (what an HTTP habit writes) is its `host:port`; an `https://` one is refused:
-    TLS is the client's `credentials=`, not a scheme."""
+    TLS is the client's `credentials=`, not a scheme. ValueError naming the target for anything else: gRPC
+    would take `localhost` (no port) as port 443 and retry a malformed one until `unavailable_seconds`."""
     if isinstance(target, str):
         return _address(target)
     addresses = [_address(a) for a in target]
     if len(addresses) == 1:
         return addresses[0]
-    return "ipv4:" + ",".join(addresses)
+    return _balanced(addresses)
+
+
+#: gRPC's own name schemes (`dns:///name:port`, `unix:/path`, `ipv4:a:p,b:p`...): such a target goes as it is.
+GRPC_SCHEMES = ("dns:", "unix:", "unix-abstract:", "ipv4:", "ipv6:", "vsock:", "xds:", "google-c2p:")
+#: A target written `host:port` or `[ipv6]:port`: the host, the port.
+_HOST_PORT = re.compile(r"(\[[0-9A-Fa-f:.]+(?:%[\w.-]+)?\]|[A-Za-z0-9_.-]+):(\d+)")
 
 
 def _address(target: str) -> str:
@@ -249,15 +258,53 @@ def _address(target: str) -> str:
             f"grpcgrade: target {target!r} is an HTTPS URL; give host:port and TLS as credentials= "
             "(grpcgrade.client.tls_credentials)"
         )
+    if target.startswith(GRPC_SCHEMES):
+        return target
     host_port = _HOST_PORT.fullmatch(target)
-    if host_port and not 1 <= int(host_port[1]) <= 65535:
+    if host_port is None:
+        raise ValueError(
+            f"grpcgrade: target {target!r} is not host:port, [ipv6]:port or a gRPC name (dns:///host:port, unix:/path)"
+        )
+    if not 1 <= int(host_port[2]) <= 65535:
         # gRPC takes the port modulo 65536: localhost:99999 would reach whatever listens on 34463
         raise ValueError(f"grpcgrade: target {target!r}: the port must be from 1 to 65535")
     return target
 
 
-#: A target written `host:port` or `[ipv6]:port` (not a gRPC name such as `dns:///...` or `ipv4:a,b`): its port.
-_HOST_PORT = re.compile(r"(?:\[[^\]]*\]|[^:\[\]/]*):(\d+)")
+def _balanced(addresses: list[str]) -> str:
+    """Several addresses as one gRPC target, balanced round-robin. gRPC lists only IP addresses of one
+    family (`ipv4:a:p,b:p`, `ipv6:[a]:p,[b]:p`), so a name is resolved here, once, when the client is made
+    (every address it has; IPv4 when each name has one): for a set of servers that changes, give one DNS
+    name instead. ValueError for a gRPC name in the list or a name that does not resolve."""
+    found: list[list[ipaddress.IPv4Address | ipaddress.IPv6Address]] = []
+    ports = []
+    for address in addresses:
+        host_port = _HOST_PORT.fullmatch(address)
+        if host_port is None:
+            raise ValueError(f"grpcgrade: target {address!r}: a list holds host:port addresses, not gRPC names")
+        host, port = host_port[1].strip("[]").partition("%")[0], host_port[2]
+        try:
+            ips = [ipaddress.ip_address(host)]
+        except ValueError:
+            try:
+                infos = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
+            except OSError as exc:
+                raise ValueError(
+                    f"grpcgrade: target {address!r} in the list: {host!r} does not resolve ({exc})"
+                ) from None
+            ips = list(dict.fromkeys(ipaddress.ip_address(info[4][0]) for info in infos))
+        found.append(ips)
+        ports.append(port)
+    for version, scheme in ((4, "ipv4:"), (6, "ipv6:")):
+        if all(any(ip.version == version for ip in ips) for ips in found):
+            listed = (
+                f"{ip}:{port}" if version == 4 else f"[{ip}]:{port}"
+                for ips, port in zip(found, ports, strict=True)
+                for ip in ips
+                if ip.version == version
+            )
+            return scheme + ",".join(dict.fromkeys(listed))
+    raise ValueError(f"grpcgrade: targets {addresses!r} mix IPv4 and IPv6 addresses, which gRPC cannot balance")
 
 
 def channel_options(max_message_bytes: int, server_name: str | None = None) -> list[tuple[str, Any]]:

@@ -147,6 +147,10 @@ def test_every_option_of_every_command_has_help():
         (["bench", "--samples", "-5"], "--samples: must be at least 1, got -5"),
         (["health", "--tls-cert", "/no/cert.pem"], "--tls-cert and --tls-key go together"),
         (["serve", "--config", "/no/such.yaml"], "--config /no/such.yaml: no such file"),
+        # gRPC took a target without a port as port 443 and retried a malformed one until --timeout
+        (["health", "--target", "localhost"], "--target: target 'localhost' is not host:port"),
+        (["quarantine", "list", "--target", "::::"], "--target: target '::::' is not host:port"),
+        (["eval", "/no/such.jsonl", "--grader", "json_validator", "--target", "a b:1"], "--target: target 'a b:1'"),
     ],
 )
 def test_usage_errors_exit_2_with_a_message(args, message):

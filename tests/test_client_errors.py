@@ -124,6 +124,27 @@ def test_a_port_past_65535_is_refused_not_taken_modulo(target):
         GradingClient(["127.0.0.1:50051", target])
 
 
+@pytest.mark.parametrize("target", ["localhost", "localhost:", ":50051", "::::", "a b:50051", "::1:50051", "h:1/x"])
+def test_a_target_that_is_neither_host_port_nor_a_grpc_name_is_refused_at_once(target):
+    """gRPC took `localhost` (no port) as port 443, and retried a malformed target ('::::', a name with a
+    space) for the client's `unavailable_seconds` before UNAVAILABLE; the client refuses it, naming it."""
+    with pytest.raises(ValueError, match=r"is not host:port, \[ipv6\]:port or a gRPC name") as caught:
+        GradingClient(target)
+    assert repr(target) in str(caught.value)
+
+
+def test_a_list_of_targets_must_resolve_to_one_address_family():
+    """A list is balanced over IP addresses of one family (gRPC's `ipv4:` / `ipv6:` lists): a name that does
+    not resolve, a gRPC name, or IPv4 beside IPv6 is a ValueError when the client is made (before: UNKNOWN,
+    "the target uri is not valid", at the first call)."""
+    with pytest.raises(ValueError, match="'no-such-host.invalid' does not resolve"):
+        GradingClient(["no-such-host.invalid:50051", "127.0.0.1:50051"])
+    with pytest.raises(ValueError, match="a list holds host:port addresses, not gRPC names"):
+        GradingClient(["dns:///a:50051", "127.0.0.1:50051"])
+    with pytest.raises(ValueError, match="mix IPv4 and IPv6 addresses"):
+        GradingClient(["127.0.0.1:50051", "[::1]:50051"])
+
+
 @pytest.mark.parametrize("target", ["localhost:65535", "[::1]:1", "dns:///grpcgrade.ns.svc:50051", "unix:/tmp/s"])
 def test_targets_with_a_port_in_range_or_a_grpc_name_are_taken(target):
     GradingClient(target).close()  # no connection is made until a call

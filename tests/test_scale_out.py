@@ -86,6 +86,18 @@ def test_round_robin_spreads_calls_over_every_replica(replicas: list[ServerProce
         assert share >= CALLS / REPLICAS * 0.75, shares  # round-robin: a third each, give or take
 
 
+def test_a_list_of_names_is_balanced_over_the_addresses_they_resolve_to(replicas: list[ServerProcess]) -> None:
+    """`localhost:PORT` per replica: gRPC balances lists of IP addresses only (`ipv4:a:p,b:p`), so the client
+    resolves the names when it is made. Before, the first call failed UNKNOWN ("the target uri is not valid")."""
+    before = [served(s) for s in replicas]
+    with GradingClient([f"localhost:{s.port}" for s in replicas], timeout=30) as client:
+        assert run_calls(client, 0, CALLS) == expected_scores(0, CALLS)
+    shares = [served(s) - b for s, b in zip(replicas, before, strict=True)]
+    assert sum(shares) == CALLS
+    for share in shares:
+        assert share >= CALLS / REPLICAS * 0.75, shares
+
+
 def test_sigterm_on_one_replica_mid_run_loses_no_call(replicas: list[ServerProcess]) -> None:
     victim, survivors = replicas[-1], replicas[:-1]
     before = [served(s) for s in survivors]
