@@ -20,6 +20,7 @@ import ipaddress
 import json
 import logging
 import math
+import numbers
 import queue
 import re
 import socket
@@ -420,6 +421,35 @@ def _lazy_chunks(samples: Iterable[Any], size: int, linger: float) -> Iterator[l
         stop.set()
 
 
+def _seconds(name: str, value: Any, *, zero: bool = False) -> float:
+    """A client option of seconds: a finite number, > 0 (>= 0 with `zero`); ValueError naming it. gRPC
+    took an infinite or NaN deadline as one already past (every call DEADLINE_EXCEEDED at once)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number of seconds, not {type(value).__name__}")
+    if not math.isfinite(value) or value < 0 or (value == 0 and not zero):
+        raise ValueError(f"{name} must be a finite number of seconds {'>= 0' if zero else '> 0'}, got {value!r}")
+    return float(value)
+
+
+def _count(name: str, value: Any) -> int:
+    """A client option counting something: a whole number >= 1; TypeError or ValueError naming it."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be a whole number, not {type(value).__name__}")
+    if value < 1:
+        raise ValueError(f"{name} must be at least 1, got {value}")
+    return int(value)
+
+
+def _header(name: str, value: Any) -> str:
+    """A value sent as gRPC metadata (`token`, `caller`): printable ASCII, or gRPC fails every call INTERNAL
+    ("Invalid metadata"). ValueError naming the option, never showing the value (a token is a secret)."""
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a str, not {type(value).__name__}")
+    if not (value.isascii() and value.isprintable()):
+        raise ValueError(f"{name} must be printable ASCII (it travels as gRPC metadata)")
+    return value
+
+
 class _Base:
     """What both clients share. `caller` names this client to the server (`x-grpcgrade-caller`): its calls'
     judgments take that caller's share of each judge model's limits (docs/llm-judges.md#fair-share).
@@ -442,18 +472,26 @@ class _Base:
         gc_pause: float = GC_PAUSE_SECONDS,
     ) -> None:
         self.target = channel_target(target)
-        self.gc_pause = gc_pause  # a multi-chunk call's seconds with Python's cyclic collector off (`gc_pause`)
-        self.timeout = timeout
-        self.unavailable_seconds = unavailable_seconds
-        self.chunk_size = chunk_size
-        self.max_in_flight = max_in_flight
-        self._metadata: tuple[tuple[str, str], ...] = (("authorization", f"Bearer {token}"),) if token else ()
+        # a multi-chunk call's seconds with Python's cyclic collector off (`gc_pause`)
+        self.gc_pause = _seconds("gc_pause", gc_pause, zero=True)
+        self.timeout = _seconds("timeout", timeout)
+        self.unavailable_seconds = _seconds("unavailable_seconds", unavailable_seconds, zero=True)
+        self.chunk_size = _count("chunk_size", chunk_size)
+        self.max_in_flight = _count("max_in_flight", max_in_flight)
+        max_message_bytes = _count("max_message_bytes", max_message_bytes)
+        self._metadata: tuple[tuple[str, str], ...] = (
+            (("authorization", f"Bearer {_header('token', token)}"),) if token else ()
+        )
         if caller:  # this client's share of the server's judge models (docs/llm-judges.md#fair-share)
-            self._metadata += ((CALLER_HEADER, caller),)
+            self._metadata += ((CALLER_HEADER, _header("caller", caller)),)
         self._credentials = credentials
         self._options = channel_options(max_message_bytes, server_name)
         self._columns_ok = True  # False once a server showed it does not read SampleColumns
         self._unary_ok = True  # False once a server showed it has no BatchEvaluateUnary
+
+    def _deadline(self, timeout: float | None) -> float:
+        """A call's seconds: its own `timeout=` (checked as the client's is), else the client's."""
+        return self.timeout if not timeout else _seconds("timeout", timeout)
 
     def _retry_or_raise(self, error: GradingError, deadline: float | None, pause: float) -> float:
         """When the caller may try again (the server is unavailable and the client's `unavailable_seconds`
@@ -490,7 +528,7 @@ class _Base:
 
         request = getattr(admin_pb2, f"{method}Request")(grader=grader)
         stub = admin_pb2_grpc.AdminServiceStub(self.channel)  # type: ignore[attr-defined]  # each client has one
-        return getattr(stub, method)(request, timeout=timeout or self.timeout, metadata=self._metadata)
+        return getattr(stub, method)(request, timeout=self._deadline(timeout), metadata=self._metadata)
 
     @staticmethod
     def _missing(out: list[pb.EvaluateResponse | None]) -> list[pb.EvaluateResponse]:
@@ -606,7 +644,7 @@ class GradingClient(_Base):
     ) -> pb.EvaluateResponse:
         request = self._evaluate_request(sample, graders, reward, grader_timeout, view)
         request.cache = cache_mode(cache)
-        deadline = time.monotonic() + (timeout or self.timeout)
+        deadline = time.monotonic() + (self._deadline(timeout))
         attempt = 0
         while True:  # a refusal for load is sent again after the server's hint, until the deadline
             try:
@@ -726,7 +764,7 @@ class GradingClient(_Base):
             wrapped = pb.BatchEvaluateUnaryRequest()  # the request is written in place, for either method
             request = self._batch_request(part, graders, reward, grader_timeout, view, columns, wrapped.batch, start)
             set_guards(request, started, *guards)
-            deadline = call_timeout(request, timeout or self.timeout)
+            deadline = call_timeout(request, self._deadline(timeout))
             try:
                 got = place(start, answers(wrapped, deadline, unary))
             except grpc.RpcError as exc:
@@ -789,7 +827,7 @@ class GradingClient(_Base):
         def run(part: list[Any], start: int) -> list[pb.EvaluateResponse]:
             out: list[pb.EvaluateResponse | None] = [None] * len(part)
             request = self._batch_request(part, graders, reward, grader_timeout, view, columns=False, first=start)
-            stream = self.stub.BatchEvaluate(request, timeout=timeout or self.timeout, metadata=self._metadata)
+            stream = self.stub.BatchEvaluate(request, timeout=self._deadline(timeout), metadata=self._metadata)
             with lock:
                 calls.add(stream)
                 if stopped.is_set():
@@ -833,7 +871,7 @@ class GradingClient(_Base):
 
     @_retrying
     def list_graders(self, *, timeout: float | None = None) -> pb.ListGradersResponse:
-        return self.stub.ListGraders(pb.ListGradersRequest(), timeout=timeout or self.timeout, metadata=self._metadata)
+        return self.stub.ListGraders(pb.ListGradersRequest(), timeout=self._deadline(timeout), metadata=self._metadata)
 
     def wait_ready(self, timeout: float) -> None:
         """Block until the channel is connected; ConnectionError naming the target after `timeout` seconds."""
@@ -847,7 +885,7 @@ class GradingClient(_Base):
         """Ask the server to resolve `graders` or `reward` without grading anything (a BatchEvaluate of no
         samples): an unknown name or bad params raise grpc.RpcError (NOT_FOUND, INVALID_ARGUMENT) now."""
         request = self._batch_request([], graders_list(graders), reward, 0.0, pb.RESULT_VIEW_SCORES)
-        for _ in self.stub.BatchEvaluate(request, timeout=timeout or self.timeout, metadata=self._metadata):
+        for _ in self.stub.BatchEvaluate(request, timeout=self._deadline(timeout), metadata=self._metadata):
             pass
 
     # -- administration (AdminService, on the same channel and token) --------------------------------
@@ -900,7 +938,7 @@ class AsyncGradingClient(_Base):
         """Ask the server to resolve `graders` or `reward` without grading anything (a BatchEvaluate of no
         samples): an unknown name or bad params raise grpc.RpcError (NOT_FOUND, INVALID_ARGUMENT) now."""
         request = self._batch_request([], graders_list(graders), reward, 0.0, pb.RESULT_VIEW_SCORES)
-        async for _ in self.stub.BatchEvaluate(request, timeout=timeout or self.timeout, metadata=self._metadata):
+        async for _ in self.stub.BatchEvaluate(request, timeout=self._deadline(timeout), metadata=self._metadata):
             pass
 
     @_aretrying
@@ -917,7 +955,7 @@ class AsyncGradingClient(_Base):
     ) -> pb.EvaluateResponse:
         request = self._evaluate_request(sample, graders, reward, grader_timeout, view)
         request.cache = cache_mode(cache)
-        deadline = time.monotonic() + (timeout or self.timeout)
+        deadline = time.monotonic() + (self._deadline(timeout))
         attempt = 0
         while True:  # a refusal for load is sent again after the server's hint, until the deadline
             try:
@@ -1030,7 +1068,7 @@ class AsyncGradingClient(_Base):
                     part, graders, reward, grader_timeout, view, columns, wrapped.batch, start
                 )
                 set_guards(request, started, *guards)
-                deadline = call_timeout(request, timeout or self.timeout)
+                deadline = call_timeout(request, self._deadline(timeout))
                 got = 0
                 try:
                     async for message in answers(wrapped, deadline, unary):
@@ -1066,7 +1104,7 @@ class AsyncGradingClient(_Base):
     @_aretrying
     async def list_graders(self, *, timeout: float | None = None) -> pb.ListGradersResponse:
         return await self.stub.ListGraders(
-            pb.ListGradersRequest(), timeout=timeout or self.timeout, metadata=self._metadata
+            pb.ListGradersRequest(), timeout=self._deadline(timeout), metadata=self._metadata
         )
 
     @_aretrying

@@ -145,6 +145,41 @@ def test_a_list_of_targets_must_resolve_to_one_address_family():
         GradingClient(["127.0.0.1:50051", "[::1]:50051"])
 
 
+@pytest.mark.parametrize(
+    ("option", "value", "error", "message"),
+    [
+        # each failed late and in other words: range()'s "arg 3 must not be zero", "server returned no
+        # result" (a negative chunk), a ThreadPoolExecutor's, gRPC's RESOURCE_EXHAUSTED at the first call...
+        ("chunk_size", 0, ValueError, "chunk_size must be at least 1, got 0"),
+        ("chunk_size", -1, ValueError, "chunk_size must be at least 1, got -1"),
+        ("chunk_size", 2.5, TypeError, "chunk_size must be a whole number, not float"),
+        ("max_in_flight", 0, ValueError, "max_in_flight must be at least 1"),
+        ("max_message_bytes", 0, ValueError, "max_message_bytes must be at least 1"),
+        # ...and gRPC took an infinite or NaN deadline as one already past: every call DEADLINE_EXCEEDED
+        ("timeout", float("inf"), ValueError, "timeout must be a finite number of seconds > 0, got inf"),
+        ("timeout", float("nan"), ValueError, "timeout must be a finite number of seconds > 0, got nan"),
+        ("timeout", -1, ValueError, "timeout must be a finite number of seconds > 0"),
+        ("timeout", "60", TypeError, "timeout must be a number of seconds, not str"),
+        ("unavailable_seconds", -1, ValueError, "unavailable_seconds must be a finite number of seconds >= 0"),
+        ("gc_pause", float("inf"), ValueError, "gc_pause must be a finite number of seconds >= 0"),
+        # gRPC failed every call INTERNAL ("Invalid metadata"); the message never shows the token
+        ("token", "s3cret\n", ValueError, "token must be printable ASCII (it travels as gRPC metadata)"),
+        ("caller", "équipe", ValueError, "caller must be printable ASCII"),
+    ],
+)
+def test_a_client_option_out_of_range_is_refused_naming_it(option, value, error, message):
+    for client in (GradingClient, AsyncGradingClient):
+        with pytest.raises(error) as caught:
+            client("127.0.0.1:50051", **{option: value})
+        assert message in str(caught.value) and "s3cret" not in str(caught.value)
+
+
+def test_a_calls_own_timeout_is_checked_as_the_clients_is(client):
+    with pytest.raises(ValueError, match="timeout must be a finite number of seconds > 0, got inf"):
+        client.evaluate({"response": "{}"}, J, timeout=float("inf"))
+    assert client.evaluate({"response": "{}"}, J, timeout=30).results[0].score == 1.0
+
+
 @pytest.mark.parametrize("target", ["localhost:65535", "[::1]:1", "dns:///grpcgrade.ns.svc:50051", "unix:/tmp/s"])
 def test_targets_with_a_port_in_range_or_a_grpc_name_are_taken(target):
     GradingClient(target).close()  # no connection is made until a call
