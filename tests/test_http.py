@@ -92,6 +92,9 @@ def test_labels_of_any_json_type_are_references(http_server):
     # null is no reference: string_match requires one, so that sample failed rather than matched ""
     assert reply["rewards"] == [1.0] * len(labels) + [0.0, -1.0]
     assert reply["extra_logs"]["grpcgrade_failed"] == [0.0] * (len(labels) + 1) + [1.0]
+    # NaN (Python's json writes it for a pandas column's missing number) is none too: it matched "NaN"
+    reply = post(authed(http_server.http, "/rewards/exact/get_reward"), {"query": ["NaN"], "labels": [float("nan")]})
+    assert (reply["rewards"], reply["extra_logs"]["grpcgrade_failed"]) == ([-1.0], [1.0])
 
 
 def test_text_utf8_cannot_encode_fails_its_sample_only(http_server):

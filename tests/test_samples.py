@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from grpcgrade.core.errors import SampleProblem
-from grpcgrade.core.samples import Limits, as_text, plain
+from grpcgrade.core.samples import Limits, as_text, is_missing, plain
 from grpcgrade.v1 import grading_pb2 as pb
 
 
@@ -41,6 +41,13 @@ from grpcgrade.v1 import grading_pb2 as pb
 )
 def test_as_text(value, text):
     assert as_text(value) == text
+
+
+def test_missing_values_are_none_nan_and_pandas_na_and_nothing_else():
+    missing = [None, float("nan"), np.float64("nan"), np.float32("nan"), np.nan]
+    present = ["", "NaN", "None", 0, 0.0, np.float64(1.5), np.int64(0), float("inf"), [], [float("nan")], {}]
+    assert [is_missing(v) for v in missing] == [True] * len(missing)
+    assert [is_missing(v) for v in present] == [False] * len(present)
 
 
 def test_plain_gives_python_values_numpy_itself_gives():

@@ -84,6 +84,10 @@ def test_skyrl_env_steps_are_graded_and_failures_flagged(server, trainers_python
     (step,) = unsent["steps"]
     assert step["reward"] == -1.0 and step["metadata"]["grpcgrade_failed"] is True
     assert step["metadata"]["grpcgrade_error"].startswith("grpcgrade.client INVALID_SAMPLE: not sent: the sample, ")
+    # no ground truth: math_exact's reference is missing (INVALID_SAMPLE), not "" graded (a made-up 0)
+    unlabelled = run(trainers_python, "skyrl_env.py", server, "gsm8k", [{**rows[0], "ground_truth": None}])
+    (step,) = unlabelled["steps"]
+    assert step["reward"] == -1.0 and step["metadata"]["grpcgrade_error"].startswith("math_exact INVALID_SAMPLE")
 
 
 def test_areal_wrapper_gets_rewards_with_token_counts_and_rejects_failed_samples(server, trainers_python):
@@ -108,6 +112,9 @@ def test_areal_wrapper_gets_rewards_with_token_counts_and_rejects_failed_samples
     unsent = run(trainers_python, "areal_reward.py", server, "capped", [{**rows[0], "completion": "72\ud800"}])
     (result,) = unsent["results"]  # rejected as a failed sample, not a ValueError of the client's
     assert result["error"].startswith("SampleFailed: grpcgrade: the sample's graders failed (grpcgrade.client ")
+    unlabelled = run(trainers_python, "areal_reward.py", server, "capped", [{**rows[0], "answer": None}])
+    (result,) = unlabelled["results"]  # no answer: a missing reference, not "" graded 0
+    assert result["error"].startswith("SampleFailed: grpcgrade: the sample's graders failed (math_exact INVALID_SAMPLE")
 
 
 def test_verifiers_rubric_scores_groups_and_rollouts_as_direct_grading(server, trainers_python):
@@ -129,6 +136,18 @@ def test_verifiers_rubric_scores_groups_and_rollouts_as_direct_grading(server, t
     failed = run(trainers_python, "verifiers_rubric.py", server, "flaky", flaky)
     assert [s["reward"] for s in failed["group"]] == [0.0, 1.0, 0.0]  # failure_reward, a grade, failure_reward
     assert [s["metrics"]["grpcgrade_failed"] for s in failed["group"]] == [1.0, 0.0, 1.0]
+    unlabelled = run(trainers_python, "verifiers_rubric.py", server, "gsm8k", [{**rows[0], "answer": None}])
+    assert [s["metrics"]["grpcgrade_failed"] for s in unlabelled["group"]] == [1.0]  # no answer: no reference
+
+
+def test_pandas_missing_values_are_missing(trainers_python):
+    """pandas (in the trainers' installation, as in theirs) marks a missing value NA or NaT, and a missing
+    number NaN: each is a field the sample does not carry; a value pandas holds is not."""
+    values = "pd.NA, pd.NaT, pd.Series([1.0, None])[1], pd.Timestamp(0), pd.Series(['x'])[0]"
+    code = f"import pandas as pd\nfrom grpcgrade.core.samples import is_missing as m\nprint([m(v) for v in ({values})])"
+    done = subprocess.run([str(trainers_python), "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["[True,", "True,", "True,", "False,", "False]"]
 
 
 @pytest.mark.parametrize(

@@ -194,6 +194,16 @@ def test_a_sample_the_client_cannot_send_is_masked_not_the_steps_end(server):
     assert log.metrics["grpcgrade/masked"] == [1.0]
 
 
+def test_a_nan_answer_is_missing_and_masks_its_completion(server):
+    """A dataset's numeric answer column holds NaN where a row has none (pandas): the reference is missing,
+    so math_exact fails that completion and TRL masks it, as for None. Before, it was graded against "NaN"."""
+    reward = reward_function(server.target, reward="gsm8k_text")
+    answer = "<think>\nr\n</think>\n72"
+    inputs = [{"prompt": "p", "answer": 72.0}, {"prompt": "p", "answer": float("nan")}]
+    rows = trl_rewards([reward], inputs, ["p"] * 2, [answer] * 2, [[1]] * 2)
+    assert rows[0][0] == pytest.approx(1.0) and math.isnan(rows[1][0])
+
+
 def trl_sum(rows: list[list[float]], weights: list[float] | None = None) -> list[float]:
     """The reward TRL trains on from rewards_per_func (`sum_then_normalize`, `_generate_and_score_completions`
     in grpo_trainer.py): each function's value times its reward weight, summed with `nansum` (a NaN counts

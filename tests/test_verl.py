@@ -121,6 +121,20 @@ def test_a_sample_the_client_cannot_send_is_a_failed_sample_not_the_runs_end(ser
     assert extra["grpcgrade/failed"] == [0.0, 1.0, 1.0, 0.0]
 
 
+def test_a_nan_label_is_a_missing_reference_not_a_text(server):
+    """A parquet float column read through pandas holds NaN where a row has no answer: that ground truth is
+    missing (math_exact, which requires a reference, fails the sample: flagged, its score NaN), as None
+    is. Before, the reference was the text "NaN": graded, a reward nobody meant (failed 0.0)."""
+    np = pytest.importorskip("numpy")
+    fn = verl_wrap(compute_score, {"target": server.target, "reward": "gsm8k_text", "failure_score": -1.0})
+    answer = "<think>\nr\n</think>\n72"
+    items = [("d", answer, 72.0, {}), ("d", answer, float("nan"), {}), ("d", answer, np.float32("nan"), {})]
+    rewards, extra = reward_loop(fn, [*items, ("d", answer, None, {})])
+    assert extra["grpcgrade/failed"] == [0.0, 1.0, 1.0, 1.0]
+    assert rewards[1:] == [-1.0] * 3 and rewards[0] == pytest.approx(1.0)
+    assert [math.isnan(s) for s in extra["grpcgrade/math_exact"]] == [False, True, True, True]
+
+
 def test_numpy_labels_and_extra_info_as_veRL_hands_them(server, caplog):
     """veRL's dataset values arrive as numpy (its DataProto holds non-tensor columns as object arrays): an
     `np.int64` label, a float label from a parquet float column, numpy values in `extra_info`. Each must

@@ -127,6 +127,26 @@ def _whole(value: Any) -> Any:
     return value
 
 
+#: The types pandas uses for a missing value (`pd.NA`, `pd.NaT`), by name: pandas is never imported.
+_PANDAS_MISSING = frozenset(("NAType", "NaTType"))
+
+
+def is_missing(value: Any) -> bool:
+    """Whether a trainer's dataset value stands for no value: None, a float NaN (what pandas, and a parquet
+    column read through it, holds where a row of a numeric column has none; numpy's too), pandas' NA and
+    NaT. Such a label is a field the sample does not carry, as None is (docs/calling.md, missing inputs):
+    as text it was "NaN", which a grader compared with the response and scored 0, a wrong reward, not a
+    mask. A string "NaN" is a text like any other."""
+    if value is None:
+        return True
+    kind = type(value)
+    if kind is str:
+        return False
+    if isinstance(value, float) or (kind.__module__ == "numpy" and kind.__name__.startswith("float")):
+        return bool(value != value)
+    return kind.__name__ in _PANDAS_MISSING and kind.__module__.startswith("pandas")
+
+
 def as_text(value: Any) -> str:
     """A field's text from a trainer's dataset value, one rule for every way in (the trainers'
     integrations, the HTTP faces): a string as it is; None as no text (callers that can tell leave the

@@ -26,8 +26,8 @@ from typing import Any
 
 from grpcgrade.client import UnsendableSample
 from grpcgrade.integrations.common import (
-    as_text,
     failure_of,
+    field,
     reward_of,
     shared_client,
     unsent_result,
@@ -66,7 +66,7 @@ class RewardFunction:
         sample = {
             "query": prompt,
             "response": completions,
-            "reference": as_text(data.get(self.reference_key)),
+            **field("reference", data.get(self.reference_key)),
             "completion_tokens": len(completion_ids),
             **usable_extra(data.items(), skip=frozenset((self.reference_key, "completion_tokens"))),
         }

@@ -15,6 +15,7 @@ from grpcgrade.core.chat import last_text as last_text  # prompts and completion
 from grpcgrade.core.errors import ErrorCode
 from grpcgrade.core.samples import AGENT_FIELDS, INPUT_FIELDS, SAMPLE_FIELDS, plain
 from grpcgrade.core.samples import as_text as as_text  # the integrations' rule for a field's text
+from grpcgrade.core.samples import is_missing as is_missing  # a dataset's "no value" (None, NaN, pandas' NA)
 from grpcgrade.core.tokens import TOKENIZER_PARAM, no_tokenizer_message
 from grpcgrade.v1 import grading_pb2 as pb
 
@@ -24,6 +25,13 @@ RESERVED = frozenset(INPUT_FIELDS) | frozenset(SAMPLE_FIELDS) | frozenset(AGENT_
 
 #: Values that are their own JSON form (a float only when finite): no round trip through `json`.
 _PLAIN = frozenset({str, int, bool, type(None)})
+
+
+def field(name: str, value: Any) -> dict[str, str]:
+    """A sample's text field from a trainer's value: `{name: text}`, or nothing for a value that stands for
+    none (`is_missing`: None, NaN, pandas' NA), so a grader that requires the field answers INVALID_SAMPLE
+    (masked) instead of grading "" or "NaN" (a made-up 0)."""
+    return {} if is_missing(value) else {name: as_text(value)}
 
 
 def json_value(value: Any) -> Any:

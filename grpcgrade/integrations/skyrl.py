@@ -30,8 +30,8 @@ from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput
 
 from grpcgrade.client import UnsendableSample
 from grpcgrade.integrations.common import (
-    as_text,
     failure_of,
+    field,
     last_text,
     log,
     require_counts,
@@ -70,7 +70,7 @@ class GrpcgradeEnv(BaseTextEnv):
         self.client = shared_client(self.target, token, timeout)
         self.failure_reward = float(_setting(env_config, "failure_reward", 0.0))
         spec = extras.get("reward_spec") or {}
-        self.reference = as_text(spec.get("ground_truth") if isinstance(spec, Mapping) else None)
+        self.reference = field("reference", spec.get("ground_truth") if isinstance(spec, Mapping) else None)
         info = extras.get("extra_info") or {}
         self.extra = usable_extra(info.items()) if isinstance(info, Mapping) else {}
         if "completion_tokens" not in self.extra:  # a count in the row's extra_info reaches the gate
@@ -84,7 +84,7 @@ class GrpcgradeEnv(BaseTextEnv):
 
     def grade(self, action: str) -> tuple[float, dict[str, Any]]:
         """The action's reward and the step's metadata (the failure value and flag when its graders failed)."""
-        sample = {"query": self.query, "response": action, "reference": self.reference, **self.extra}
+        sample = {"query": self.query, "response": action, **self.reference, **self.extra}
         try:
             result = self.client.evaluate(sample, reward=self.reward_name)
         except UnsendableSample as exc:

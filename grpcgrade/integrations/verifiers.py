@@ -33,8 +33,8 @@ import verifiers as vf
 from grpcgrade.client import DEFAULT_LINGER, AsyncGradingClient, Coalescer, UnsendableSample
 from grpcgrade.core.loops import PerLoop
 from grpcgrade.integrations.common import (
-    as_text,
     failure_of,
+    field,
     last_text,
     log,
     require_counts,
@@ -73,7 +73,7 @@ def rubric(
         sample = {
             "query": last_text(prompt, "user"),
             "response": last_text(completion, "assistant"),
-            "reference": as_text(answer),
+            **field("reference", answer),
             **usable_extra((info or {}).items()),
         }
         try:

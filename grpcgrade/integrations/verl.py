@@ -42,7 +42,7 @@ from grpcgrade.client import DEFAULT_LINGER, DEFAULT_MAX_BATCH, AsyncGradingClie
 from grpcgrade.core.loops import PerLoop
 from grpcgrade.integrations.common import (  # absolute: veRL may load this file by path
     agent_inputs,
-    as_text,
+    field,
     reward_of,
     score_of,
     uncounted_gates,
@@ -116,16 +116,15 @@ def sample_of(solution_str: str, ground_truth: Any, extra_info: Mapping[str, Any
     JSON-valued item of `extra_info` goes to `extra` (see `usable_extra`), the agent loop's `num_turns`
     among them, but its `messages`, `tool_calls` and `tool_definitions` lists (what an agent loop puts in its
     `extra_fields`, which veRL's reward loop merges into `extra_info`) are the sample's agent inputs. A
-    ground truth of None, or no query in `extra_info`, is a field the sample does not carry: a grader that
-    requires it answers INVALID_SAMPLE instead of grading an empty text."""
+    ground truth of None or NaN (`is_missing`), or no query in `extra_info`, is a field the sample does not
+    carry: a grader that requires it answers INVALID_SAMPLE instead of grading an empty text."""
     info = dict(extra_info or {})
     query = next((info[k] for k in ("question", "query", "prompt") if isinstance(info.get(k), str)), None)
     sample_id = next((info[k] for k in ID_KEYS if info.get(k) is not None), "")
     sample: dict[str, Any] = {"id": str(sample_id), "response": solution_str}
     if query is not None:
         sample["query"] = query
-    if ground_truth is not None:
-        sample["reference"] = as_text(ground_truth)
+    sample.update(field("reference", ground_truth))
     extra = usable_extra(info.items(), frozenset(("question", "prompt", *ID_KEYS)))
     if extra:  # without it, a sample of texts only: one keyword call fills its message (`add_samples`)
         sample["extra"] = extra

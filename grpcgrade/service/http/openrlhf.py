@@ -39,7 +39,7 @@ from typing import Any
 from aiohttp import web
 
 from grpcgrade.core.errors import SampleProblem, as_value
-from grpcgrade.core.samples import as_text
+from grpcgrade.core.samples import as_text, is_missing
 
 from .common import FaceContext, agent_columns, faced, sample_fields
 from .limits import json_size, off_loop
@@ -96,7 +96,7 @@ def _labels(body: dict[str, Any], n: int, max_chars: int) -> list[str | None | S
         if label is not None and type(label) is not str and json_size(label) > max_chars:
             out.append(SampleProblem(f"its label is over {max_chars} characters as JSON (max_field_chars)"))
         else:
-            out.append(None if label is None else as_text(label))
+            out.append(None if is_missing(label) else as_text(label))
     return out
 
 
