@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from itertools import repeat
 from typing import Any, cast
@@ -738,9 +738,9 @@ def add_samples(
         raise sample_error(sample, exc, first + k) from None
 
 
-def unsendable(samples: Sequence[Any], exc: Exception, first: int = 0) -> UnsendableSample | TypeError | ValueError:
-    """Why a batch written as columns could not be (`exc`): the first sample the client cannot send, in
-    `sample_error`'s words and numbered from `first`; found sample by sample, only after the write failed."""
+def _unwritable(samples: Sequence[Any], first: int = 0) -> Iterator[tuple[int, UnsendableSample]]:
+    """Each sample of a batch the client cannot send, with its index (from `first`) and `sample_error`'s
+    words for it; tried sample by sample, so only after writing the batch failed."""
     for k in range(len(samples)):
         sample = samples[k]
         if isinstance(sample, pb.Sample):
@@ -748,23 +748,21 @@ def unsendable(samples: Sequence[Any], exc: Exception, first: int = 0) -> Unsend
         try:
             _fill_sample(pb.Sample(), sample)
         except (TypeError, ValueError, AttributeError, OverflowError) as own:
-            return sample_error(sample, own, first + k)
+            yield first + k, sample_error(sample, own, first + k)
+
+
+def unsendable(samples: Sequence[Any], exc: Exception, first: int = 0) -> UnsendableSample | TypeError | ValueError:
+    """Why a batch written as columns could not be (`exc`): the first sample the client cannot send,
+    numbered from `first` (`exc` itself when no sample alone is at fault)."""
+    for _, error in _unwritable(samples, first):
+        return error
     return exc if isinstance(exc, (TypeError, ValueError)) else ValueError(describe(exc))
 
 
 def unsent_rows(samples: Sequence[Any]) -> dict[int, str]:
-    """Every sample of a batch the client cannot send, by index, with `sample_error`'s words for it: what a
-    trainer's call masks (`batch_scores`). Sample by sample, only after writing the batch failed."""
-    out = {}
-    for k in range(len(samples)):
-        sample = samples[k]
-        if isinstance(sample, pb.Sample):
-            continue
-        try:
-            _fill_sample(pb.Sample(), sample)
-        except (TypeError, ValueError, AttributeError, OverflowError) as own:
-            out[k] = str(sample_error(sample, own, k))
-    return out
+    """Every sample of a batch the client cannot send, by index, with why: what a trainer's call masks
+    (`batch_scores`)."""
+    return {k: str(error) for k, error in _unwritable(samples)}
 
 
 def check_samples(samples: Any) -> None:
