@@ -297,6 +297,8 @@ def test_reading_an_answer_is_bounded_however_the_response_shapes_it():
     with pytest.raises(JudgeOutputError, match="too many JSON objects, or broken ones"):
         json_objects('{"a": 1, ' * 20_000 + '{"score": 3}')
     assert json_objects('{ }{\n"score": 2}') == [{}, {"score": 2}]  # every start an object can have
+    # an object Python cannot read (an integer past its 4,300 digits) is passed over, as one not JSON is
+    assert parse_score('{"x": ' + "1" * 5000 + '} {"score": 3, "reason": "r"}') == (3.0, "r")
 
 
 def test_parse_score_takes_the_last_object_with_a_score():

@@ -52,8 +52,8 @@ def json_objects(text: str) -> list[dict[str, Any]]:
             value, end = _DECODER.raw_decode(text, pos)
         except RecursionError:
             raise JudgeOutputError("the judge's answer is nested too deeply to read") from None
-        except json.JSONDecodeError as exc:
-            budget -= exc.pos
+        except ValueError as exc:  # not JSON here (or an integer past CPython's 4,300 digits: scanned to the end)
+            budget -= exc.pos if isinstance(exc, json.JSONDecodeError) else len(text)
             start = _OBJECT_START.search(text, pos + 1)
         else:
             budget -= end - pos + OBJECT_COST
