@@ -103,7 +103,7 @@ def client_options(args: argparse.Namespace) -> dict[str, Any]:
     try:
         channel_target(args.target)
     except ValueError as exc:
-        raise UsageError(f"--target: {exc}".replace(": grpcgrade: ", ": ")) from None
+        raise UsageError(f"--target: {str(exc).removeprefix('grpcgrade: ')}") from None
     tls = args.tls or any((args.tls_ca, args.tls_cert, args.tls_key))
     if bool(args.tls_cert) != bool(args.tls_key):
         raise UsageError("--tls-cert and --tls-key go together: the client certificate and its key")

@@ -147,6 +147,12 @@ def is_missing(value: Any) -> bool:
     return kind.__name__ in _PANDAS_MISSING and kind.__module__.startswith("pandas")
 
 
+def text_or_none(value: Any) -> str | None:
+    """A trainer's value as a field's text (`as_text`), or None for one that stands for no value
+    (`is_missing`): the field the sample does not carry."""
+    return None if is_missing(value) else as_text(value)
+
+
 def as_text(value: Any) -> str:
     """A field's text from a trainer's dataset value, one rule for every way in (the trainers'
     integrations, the HTTP faces): a string as it is; None as no text (callers that can tell leave the

@@ -15,7 +15,7 @@ from grpcgrade.core.chat import last_text as last_text  # prompts and completion
 from grpcgrade.core.errors import ErrorCode
 from grpcgrade.core.samples import AGENT_FIELDS, INPUT_FIELDS, SAMPLE_FIELDS, plain
 from grpcgrade.core.samples import as_text as as_text  # the integrations' rule for a field's text
-from grpcgrade.core.samples import is_missing as is_missing  # a dataset's "no value" (None, NaN, pandas' NA)
+from grpcgrade.core.samples import text_or_none as text_or_none  # None for a dataset's "no value" (NaN...)
 from grpcgrade.core.tokens import TOKENIZER_PARAM, no_tokenizer_message
 from grpcgrade.v1 import grading_pb2 as pb
 
@@ -31,7 +31,8 @@ def field(name: str, value: Any) -> dict[str, str]:
     """A sample's text field from a trainer's value: `{name: text}`, or nothing for a value that stands for
     none (`is_missing`: None, NaN, pandas' NA), so a grader that requires the field answers INVALID_SAMPLE
     (masked) instead of grading "" or "NaN" (a made-up 0)."""
-    return {} if is_missing(value) else {name: as_text(value)}
+    text = text_or_none(value)
+    return {} if text is None else {name: text}
 
 
 def json_value(value: Any) -> Any:

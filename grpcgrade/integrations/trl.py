@@ -44,7 +44,7 @@ from grpcgrade.core.loops import PerLoop
 from grpcgrade.service.convert import SampleColumns, all_text, specs_to_pb
 from grpcgrade.v1 import grading_pb2 as pb
 
-from .common import RESERVED, agent_inputs, as_text, is_missing, usable_extra
+from .common import RESERVED, agent_inputs, text_or_none, usable_extra
 
 #: Keyword arguments TRL passes for the reward function's own use; never sample data.
 TRL_KWARGS = frozenset({"trainer_state", "log_extra", "log_metric", "environments", "completion_ids"})
@@ -210,7 +210,7 @@ class SampleBuilder:
             if field == "query":
                 texts[field] = [None if v is None else prompt_text(v) for v in values]
             else:  # None, NaN, pandas' NA: the sample does not carry the field
-                texts[field] = [None if is_missing(v) else as_text(v) for v in values]
+                texts[field] = [text_or_none(v) for v in values]
             gaps = gaps or None in texts[field]
         extras: list[dict[str, Any]] | None = None
         if extra_names or want_tokens:

@@ -41,7 +41,7 @@ from aiohttp import web
 
 from grpcgrade.core.chat import last_text, message_text
 from grpcgrade.core.grading import inputs_of
-from grpcgrade.core.samples import INPUT_FIELDS, SAMPLE_FIELDS, as_text, is_missing
+from grpcgrade.core.samples import INPUT_FIELDS, SAMPLE_FIELDS, text_or_none
 
 from .common import FaceContext, faced, sample_fields
 from .limits import off_loop
@@ -188,9 +188,7 @@ def rollout_sample(body: Mapping[str, Any], declared: frozenset[str]) -> dict[st
     if tokens is not None:
         extra["completion_tokens"] = tokens
     answer_given = body.get(REFERENCE_KEY)
-    reference = (
-        None if is_missing(answer_given) else as_text(answer_given)
-    )  # none (null, NaN): INVALID_SAMPLE if required
+    reference = text_or_none(answer_given)  # none (null, NaN): INVALID_SAMPLE if required
     return sample_fields(response_text(items), query=query_of(params), reference=reference, extra=extra, agent=agent)
 
 

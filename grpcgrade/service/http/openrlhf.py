@@ -39,7 +39,7 @@ from typing import Any
 from aiohttp import web
 
 from grpcgrade.core.errors import SampleProblem, as_value
-from grpcgrade.core.samples import as_text, is_missing
+from grpcgrade.core.samples import text_or_none
 
 from .common import FaceContext, agent_columns, faced, sample_fields
 from .limits import json_size, off_loop
@@ -80,7 +80,7 @@ def _strings(body: dict[str, Any], key: str, n: int | None) -> list[str] | None:
 
 def _labels(body: dict[str, Any], n: int, max_chars: int) -> list[str | None | SampleProblem]:
     """Each sample's reference. OpenRLHF sends its dataset's labels as they are (`data[label_key]`): a
-    number or a list of answers is taken as its JSON text (`samples.as_text`); null, or no `labels`, is no
+    number or a list of answers is taken as its JSON text (`samples.as_text`); null or NaN, or no `labels`, is no
     reference (a grader that requires one answers INVALID_SAMPLE). A label whose JSON text would be over
     `max_chars` is its sample's problem, found without encoding it at once (`json_size`): this runs off
     the loop, and one C encoding of a large label would hold the GIL, and so the loop, throughout."""
@@ -96,7 +96,7 @@ def _labels(body: dict[str, Any], n: int, max_chars: int) -> list[str | None | S
         if label is not None and type(label) is not str and json_size(label) > max_chars:
             out.append(SampleProblem(f"its label is over {max_chars} characters as JSON (max_field_chars)"))
         else:
-            out.append(None if is_missing(label) else as_text(label))
+            out.append(text_or_none(label))
     return out
 
 

@@ -33,7 +33,7 @@ from typing import Any
 from aiohttp import web
 
 from grpcgrade.core.chat import last_text
-from grpcgrade.core.samples import as_text, is_missing
+from grpcgrade.core.samples import text_or_none
 
 from .common import FaceContext, Graded, faced, sample_fields
 
@@ -83,7 +83,7 @@ class SlimeFace:
         if not isinstance(response, str):
             raise web.HTTPBadRequest(text="`response` is required: a string")
         label = body.get("label")
-        reference = None if is_missing(label) else as_text(label)  # no label (null, NaN): INVALID_SAMPLE if required
+        reference = text_or_none(label)  # no label (null, NaN): INVALID_SAMPLE if required
         sample = sample_fields(response, query=_query(body.get("prompt")), reference=reference)
         guards = ctx.guards(_guard_options(request), 1, started, ratio=False)
         (graded,) = await ctx.grade(name, jobs, [sample], guards, FACE, request.content_length or 0)
