@@ -1,7 +1,8 @@
 """`grpcgrade serve --ray ADDRESS` on a real local Ray cluster of two nodes (`ray.cluster_utils.Cluster`,
 one CPU each): the workers are Ray actors spread over both nodes, answers are the grader's, and an actor
 killed mid-batch costs no sample its result (the chunk is run again sample by sample on the others) and
-is replaced, counted in the restarts metric as a local worker is.
+is replaced, counted in the restarts metric as a local worker is; actors that die as they start fail the
+server's start, or later make it NOT_SERVING until one stays up, as local workers do.
 
 Marked `ray` (`make test-ray`; .ci/run runs it): it needs the grpcgrade[ray] extra and ~1 min per cluster.
 The cluster is shut down by its own handle (never `ray stop`, which would stop every Ray on the machine).
@@ -19,8 +20,9 @@ import time
 
 import pytest
 from expected import json_score
+from grpc_health.v1 import health_pb2
 
-from grpcgrade.testing import start_server
+from grpcgrade.testing import health_status, start_server
 
 pytestmark = pytest.mark.ray
 
@@ -32,7 +34,8 @@ def cluster(plugin_env):
     """Two Ray nodes on this machine, with the test plugins importable by their workers."""
     mp = pytest.MonkeyPatch()
     ray_tmp = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's socket paths must fit in 107 bytes
-    env = {"RAY_TMPDIR": ray_tmp, "RAY_AUTH_MODE": "disabled", **plugin_env}
+    gate = os.path.join(ray_tmp, "warm-exit")  # while it exists, an actor exits as it warms (testplugin's `warmed`)
+    env = {"RAY_TMPDIR": ray_tmp, "RAY_AUTH_MODE": "disabled", "GRPCGRADE_TEST_WARM_EXIT": gate, **plugin_env}
     for key, value in env.items():
         mp.setenv(key, value)
     nodes = ray_cluster_utils.Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
@@ -82,4 +85,44 @@ def test_serve_ray_grades_on_both_nodes_and_survives_a_lost_actor(cluster, tmp_p
         assert server.metric("grpcgrade_worker_pool_restarts_total") >= 1
         assert server.metric("grpcgrade_workers_alive") == 2
     finally:
+        assert server.stop() == 0
+
+
+def test_actors_that_die_as_they_start_fail_the_start_then_the_health_check(cluster, tmp_path):
+    """As a local worker pool: the first actors dying as they start (a node without a plugin's module, a
+    plugin that kills its process) stop `serve` with a message, not a server that says SERVING and grades
+    nothing; later replacements that keep dying make it NOT_SERVING (each slot waiting longer between
+    tries, not a busy loop of new actors) until one stays up, and it grades again."""
+    nodes, env = cluster
+    gate = env["GRPCGRADE_TEST_WARM_EXIT"]
+    for name in ("first", "second"):
+        (tmp_path / name).mkdir()
+    open(gate, "w").close()
+    try:
+        with pytest.raises(RuntimeError, match="a Ray actor ended while starting"):
+            start_server(tmp_path / "first", "--ray", nodes.address, env=env, wait=300)
+    finally:
+        os.remove(gate)
+    server = start_server(tmp_path / "second", "--ray", nodes.address, "--log-level", "info", env=env, wait=300)
+    try:
+        open(gate, "w").close()
+        for pid in actor_pids(server.log()):
+            os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 120
+        while health_status(server.target) != health_pb2.HealthCheckResponse.NOT_SERVING:
+            assert time.monotonic() < deadline, "still SERVING with no actor able to start"
+            time.sleep(0.5)
+        assert server.metric("grpcgrade_workers_alive") == 0
+        os.remove(gate)
+        while health_status(server.target) != health_pb2.HealthCheckResponse.SERVING:
+            assert time.monotonic() < deadline + 60, "not SERVING again once actors could start"
+            time.sleep(0.5)
+        texts = [padded(i) for i in range(100)]
+        with server.client(timeout=120, chunk_size=25) as client:
+            results = client.batch_evaluate([{"response": t} for t in texts], ["json_validator"])
+        assert [r.results[0].score for r in results] == [json_score(t) for t in texts]
+        assert server.metric("grpcgrade_worker_pool_restarts_total") >= 2 * 3  # each slot's three tries
+    finally:
+        if os.path.exists(gate):
+            os.remove(gate)
         assert server.stop() == 0

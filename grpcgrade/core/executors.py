@@ -34,7 +34,7 @@ import abc
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -45,6 +45,38 @@ log = logging.getLogger(__name__)
 #: What a work item's watchdog allows beyond `timeout x size`: pickling, a busy machine, a worker's start.
 #: The per-sample limit itself is enforced where the work runs (`grading`).
 WATCHDOG_GRACE_SECONDS = 2.0
+
+
+#: A process that dies before it is up waits this long (doubling, to `RESPAWN_MAX_SECONDS`) to start again,
+#: so a plugin that kills every new process (or a cluster whose nodes cannot import it) costs a process every
+#: few seconds, not a busy loop.
+RESPAWN_FIRST_SECONDS = 0.1
+RESPAWN_MAX_SECONDS = 5.0
+#: Deaths before ready in a row, in every slot, that make an executor unhealthy (`Executor.healthy`).
+UNHEALTHY_STARTS = 3
+
+
+class StartFailures:
+    """Per slot (a place for one process, kept as its process is replaced), the processes that died in a row
+    before they were up: how long the next one waits to start, and whether the executor can keep any
+    process up. One rule for the local pool and the Ray actors."""
+
+    def __init__(self) -> None:
+        self._in_a_row: dict[int, int] = {}
+
+    def up(self, slot: int) -> None:
+        """`slot`'s process is up: its failures are behind it."""
+        self._in_a_row.pop(slot, None)
+
+    def ended(self, slot: int, was_up: bool) -> float:
+        """`slot`'s process ended (`was_up`: after it was up); returns the seconds before the next starts."""
+        fails = self._in_a_row.get(slot, 0) + (0 if was_up else 1)
+        self._in_a_row[slot] = fails
+        return 0.0 if not fails else min(RESPAWN_FIRST_SECONDS * 2 ** (fails - 1), RESPAWN_MAX_SECONDS)
+
+    def healthy(self, slots: Iterable[int]) -> bool:
+        """False once every slot's process has died `UNHEALTHY_STARTS` times in a row before it was up."""
+        return any(self._in_a_row.get(slot, 0) < UNHEALTHY_STARTS for slot in slots)
 
 
 class WorkerDied(Exception):

@@ -14,7 +14,14 @@ policy is the same: a chunk whose actor died or hung is run again sample by samp
   (another machine's monotonic clock is not ours).
 - An actor that dies (its node lost, its process killed, out of memory) is `WorkerDied`; one past the
   work's watchdog (`executors.watchdog`) is killed, `WorkTimedOut`. Either way a new actor takes its place,
-  counted in `restarts` (the `grpcgrade_worker_pool_restarts_total` metric, as for local workers).
+  counted in `restarts` (the `grpcgrade_worker_pool_restarts_total` metric, as for local workers). A call
+  the server holds open on every actor (`watch`) ends when the actor dies, so one lost while idle is
+  replaced at once too, not found dead by the next work item.
+- Actors dying before they are up follow the local pool's rule (`executors.StartFailures`): one of the
+  first fails the server's start; later, each slot waits longer between tries, and once every slot has
+  failed three times in a row the executor is unhealthy (the health check says NOT_SERVING) until one
+  stays up. Any Ray failure other than a grader's own exception (`RayTaskError`) costs the actor its place,
+  since what it holds is unknown.
 - Cancelling a call's work sends the actor a cancel message (a second, tiny method on a threaded actor);
   its grading loop stops at the next sample or tick (`grading.cancellable`), and the actor is handed out
   again once it has.
@@ -30,11 +37,12 @@ import importlib
 import itertools
 import logging
 import os
+import threading
 from typing import Any
 
 from . import grading
 from .errors import GraderCancelled
-from .executors import Executor, Item, Task, WorkerDied, WorkTimedOut, watchdog
+from .executors import Executor, Item, StartFailures, Task, WorkerDied, WorkTimedOut, watchdog
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +58,7 @@ NAMESPACE = "grpcgrade"
 
 class GradingActor:
     """One worker on the cluster: the registry's graders, warmed, and one task at a time. A threaded actor
-    of two: `run` grades, `cancel` (tiny) may arrive while it does."""
+    of three: `run` grades, `cancel` (tiny) may arrive while it does, `watch` is held open by the server."""
 
     def __init__(self) -> None:
         ray = _ray()
@@ -75,6 +83,11 @@ class GradingActor:
     def cancel(self, seq: int) -> None:
         self.stop = seq
 
+    def watch(self) -> None:
+        """Never returns: the server holds this call open so that the actor's death (its process killed, its
+        node lost) ends it at once, idle or not, as a local worker's pipe does."""
+        threading.Event().wait()
+
 
 class RayExecutor(Executor):
     """Work on a Ray cluster's actors; see the module docstring."""
@@ -83,15 +96,27 @@ class RayExecutor(Executor):
         ray = _ray()
         ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, ignore_reinit_error=True)
         self._ray = ray
-        self.size = size or max(1, int(ray.cluster_resources().get("CPU", 1)))
-        self._remote = ray.remote(num_cpus=1, max_concurrency=2, max_restarts=0)(GradingActor)
-        self._actors: dict[Any, tuple[int, str] | None] = {self._start(): None for _ in range(self.size)}
+        cpus = int(ray.cluster_resources().get("CPU", 0))
+        self.size = size or max(1, cpus)
+        if self.size > cpus:
+            log.warning("%d Ray actors asked for, the cluster has %d CPUs: the rest start as CPUs are added",
+                        self.size, cpus)  # fmt: skip
+        self._remote = ray.remote(num_cpus=1, max_concurrency=3, max_restarts=0)(GradingActor)
+        self._actors: dict[Any, tuple[int, str] | None] = {}  # actor -> (pid, node) once it is up
+        self._slot_of: dict[Any, int] = {}
+        self._starts = StartFailures()
+        self._first = [self._start(slot) for slot in range(self.size)]
         self._idle: asyncio.Queue[Any] | None = None
         self._seq = itertools.count()
+        self._tasks: set[asyncio.Task[None]] = set()
         self.restarts = 0
+        self.closed = False
 
-    def _start(self) -> Any:
-        return self._remote.options(scheduling_strategy="SPREAD").remote()
+    def _start(self, slot: int) -> Any:
+        actor = self._remote.options(scheduling_strategy="SPREAD").remote()
+        self._actors[actor] = None
+        self._slot_of[actor] = slot
+        return actor
 
     @property
     def nodes(self) -> set[str]:
@@ -105,35 +130,74 @@ class RayExecutor(Executor):
     def alive(self) -> int:
         return sum(1 for where in self._actors.values() if where is not None)
 
-    async def _up(self, actor: Any) -> None:
-        """Wait for `actor` to be warm, then hand it out."""
+    def healthy(self) -> bool:
+        """False once every slot's actor has died `UNHEALTHY_STARTS` times in a row before it was up (nodes
+        that cannot import grpcgrade or a plugin, a plugin that kills its process as it warms)."""
+        return self._starts.healthy(range(self.size))
+
+    async def _up(self, actor: Any, first: bool = False) -> None:
+        """Wait for `actor` to be warm, then hand it out. One of the `first` that dies before it is up fails
+        the server's start, as a local worker does; a later one is replaced after its slot's wait."""
         try:
-            self._actors[actor] = await actor.ready.remote()
-        except self._ray.exceptions.RayActorError:
-            log.warning("a Ray actor died before it was up; starting another")
-            self._replace(actor)
+            where = await actor.ready.remote()
+        except self._ray.exceptions.RayActorError as exc:
+            if first:
+                raise RuntimeError(f"a Ray actor ended while starting: {_first_line(exc)}") from None
+            if actor in self._actors:
+                log.warning("a Ray actor died before it was up (%s): starting another", _first_line(exc))
+                self._replace(actor)
             return
+        if actor not in self._actors:  # replaced, or the executor closed, meanwhile
+            return
+        self._actors[actor] = where
+        self._starts.up(self._slot_of[actor])
+        watched = asyncio.wrap_future(actor.watch.remote().future())
+        watched.add_done_callback(lambda _: self._gone(actor))
         if self._idle is not None:
             self._idle.put_nowait(actor)
 
+    def _gone(self, actor: Any) -> None:
+        """`actor`'s watch call ended: it died (or was killed here, when it is no longer ours)."""
+        if actor in self._slot_of and not self.closed:
+            log.warning("a Ray actor was lost (pid %s on node %s): replacing it", *(self._actors[actor] or ("?", "?")))
+            self._replace(actor)
+
     async def ready(self) -> None:
         self._idle = asyncio.Queue()
-        await asyncio.gather(*(self._up(actor) for actor in list(self._actors)))
+        await asyncio.gather(*(self._up(actor, first=True) for actor in self._first))
         log.info("Ray executor: %d actors on %d nodes (pids %s)", self.alive(), len(self.nodes), self.pids())
 
     def _replace(self, actor: Any) -> None:
-        """A dead or hung actor's place goes to a new one (warmed before it is handed out)."""
-        self._actors.pop(actor, None)
+        """A dead or hung actor's place goes to a new one, at once, or after a wait when the actors of its
+        slot keep dying before they are up (`StartFailures`); the new one is warmed before it is handed out."""
+        if actor not in self._slot_of:  # replaced already (its watch and its call both saw it die)
+            return
+        was_up = self._actors.pop(actor, None) is not None
+        slot = self._slot_of.pop(actor)
         self._ray.kill(actor, no_restart=True)
+        if self.closed:
+            return
         self.restarts += 1
-        fresh = self._start()
-        self._actors[fresh] = None
-        task = asyncio.get_running_loop().create_task(self._up(fresh))
-        task.add_done_callback(lambda t: t.exception() if not t.cancelled() else None)
+        asyncio.get_running_loop().call_later(self._starts.ended(slot, was_up), self._respawn, slot)
+
+    def _respawn(self, slot: int) -> None:
+        if self.closed:
+            return
+        task = asyncio.get_running_loop().create_task(self._up(self._start(slot)))
+        self._tasks.add(task)  # held until done: the loop keeps only a weak reference to a task
+        task.add_done_callback(self._tasks.discard)
+
+    def _lost(self, exc: BaseException | None) -> bool:
+        """Whether an actor whose call ended with `exc` is to be replaced: it died, or Ray could not run the
+        call or bring back its answer, so what the actor holds is unknown. A grader's own exception
+        (RayTaskError) leaves it as it was."""
+        return isinstance(exc, self._ray.exceptions.RayError) and not isinstance(exc, self._ray.exceptions.RayTaskError)
 
     def _back(self, actor: Any, answer: asyncio.Future[Any]) -> None:
-        """A cancelled item's actor, once it has stopped: handed out again (or replaced if it died)."""
-        if answer.cancelled() or isinstance(answer.exception(), self._ray.exceptions.RayActorError):
+        """A cancelled item's actor, once it has stopped: handed out again (or replaced if it was lost)."""
+        if actor not in self._actors:
+            return
+        if answer.cancelled() or self._lost(answer.exception()):
             self._replace(actor)
         elif self._idle is not None:
             self._idle.put_nowait(actor)
@@ -141,8 +205,14 @@ class RayExecutor(Executor):
     async def submit(self, work: Item) -> Any:
         assert self._idle is not None, "ready() first"
         actor = await self._idle.get()
+        while actor not in self._actors:  # lost while it waited in line (its watch saw it die)
+            actor = await self._idle.get()
         seq = next(self._seq)
-        answer = asyncio.wrap_future(actor.run.remote(seq, work.task()).future())
+        try:
+            answer = asyncio.wrap_future(actor.run.remote(seq, work.task()).future())
+        except BaseException:  # not sent (the task could not be serialized): the actor holds nothing
+            self._idle.put_nowait(actor)
+            raise
         try:
             done, _ = await asyncio.wait({answer}, timeout=watchdog(work))
         except asyncio.CancelledError:
@@ -155,20 +225,27 @@ class RayExecutor(Executor):
             raise WorkTimedOut(f"a Ray actor held {work.size} samples past the watchdog")
         try:
             kind, value = answer.result()
-        except self._ray.exceptions.RayActorError as exc:
-            self._replace(actor)
-            raise WorkerDied(f"the Ray actor died: {type(exc).__name__}") from None
         except self._ray.exceptions.RayTaskError as exc:
             self._idle.put_nowait(actor)
             cause = exc.cause
             raise cause if isinstance(cause, Exception) else RuntimeError(str(exc)) from None
+        except self._ray.exceptions.RayError as exc:  # the actor died, or Ray lost the call or its answer
+            self._replace(actor)
+            raise WorkerDied(f"the Ray actor was lost: {type(exc).__name__}") from None
         self._idle.put_nowait(actor)
         if kind == "cancelled":  # cancelled by a call that has gone: nobody reads this
             raise asyncio.CancelledError
         return value
 
     def close(self, patience: float = 3.0) -> None:
+        self.closed = True
         for actor in list(self._actors):
             self._ray.kill(actor, no_restart=True)
         self._actors.clear()
         self._ray.shutdown()
+
+
+def _first_line(exc: BaseException) -> str:
+    """An exception's first line, cut short: Ray's actor errors carry the whole story of the death."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:300] if text else ''}"

@@ -57,7 +57,16 @@ from typing import Any
 
 from . import grading
 from .errors import GraderCancelled, describe
-from .executors import WATCHDOG_GRACE_SECONDS, Executor, Item, Task, WorkerDied, WorkTimedOut, watchdog
+from .executors import (
+    WATCHDOG_GRACE_SECONDS,
+    Executor,
+    Item,
+    StartFailures,
+    Task,
+    WorkerDied,
+    WorkTimedOut,
+    watchdog,
+)
 from .prctl import end_with_parent
 from .rewards import SpecData
 from .work import WorkItem
@@ -68,15 +77,10 @@ log = logging.getLogger(__name__)
 
 #: How often a worker grading a sample looks at its cancel pipe, at most (a poll costs a system call).
 CANCEL_POLL_SECONDS = 0.01
-#: A worker that dies before it is up waits this long (doubling, to `RESPAWN_MAX_SECONDS`) to start again,
-#: so a plugin that kills every new process costs a process a few seconds, not a busy loop.
-RESPAWN_FIRST_SECONDS = 0.1
-RESPAWN_MAX_SECONDS = 5.0
 #: Work items a worker holds at most: the one it grades and one sent ahead, which it starts as it answers
 #: the first. Sent ahead only while no worker is idle; one, not more: an item queued behind a slow one
 #: waits for it, where another worker may have come free first.
 ITEMS_PER_WORKER = 2
-UNHEALTHY_STARTS = 3  # deaths before ready in a row, in every slot, that make the pool unhealthy
 _SEQ = struct.Struct("=q")  # a cancel message: the sequence number of the work item to stop (atomic write)
 _READY = "ready"
 _STOP = b""  # a task of no bytes: finish, and exit
@@ -442,7 +446,7 @@ class WorkerPool(Executor):
         self._free: deque[_Worker] = deque()  # idle workers
         self._ahead: deque[_Worker] = deque()  # workers grading an item, with room for one sent ahead
         self._waiting: deque[asyncio.Future[_Worker]] = deque()
-        self._failed_starts: dict[int, int] = {}  # per slot: deaths before ready in a row
+        self._starts = StartFailures()
         self._first: list[_Worker] = [_Worker(self, slot) for slot in range(size)]
         self._workers: list[_Worker] = list(self._first)
         atexit.register(self.close, 0.0)
@@ -487,14 +491,14 @@ class WorkerPool(Executor):
     def healthy(self) -> bool:
         """False once every worker has died `UNHEALTHY_STARTS` times in a row before it was ready (a plugin
         that kills its process, a missing module): the pool cannot grade, whatever else is up."""
-        return any(self._failed_starts.get(w.slot, 0) < UNHEALTHY_STARTS for w in self._workers)
+        return self._starts.healthy(w.slot for w in self._workers)
 
     def _idle(self, worker: _Worker) -> None:
         """`worker` has room for an item (it is up, or answered one): to the first call waiting for one, else
         to the free list (`_free` when it holds none, `_ahead` when it grades one)."""
         if worker.exited or worker not in self._workers:
             return
-        self._failed_starts.pop(worker.slot, None)
+        self._starts.up(worker.slot)
         if worker in self._ahead:
             self._ahead.remove(worker)
         while self._waiting:
@@ -516,9 +520,7 @@ class WorkerPool(Executor):
         if self.closing or worker not in self._workers:
             return
         self.restarts += 1
-        fails = self._failed_starts.get(worker.slot, 0) + (0 if worker.up else 1)
-        self._failed_starts[worker.slot] = fails
-        delay = 0.0 if not fails else min(RESPAWN_FIRST_SECONDS * 2 ** (fails - 1), RESPAWN_MAX_SECONDS)
+        delay = self._starts.ended(worker.slot, worker.up)
         log.warning("worker %d ended (exit code %s): replacing it", worker.pid, worker.process.exitcode)
         assert self._loop is not None
         self._loop.call_later(delay, self._respawn, worker)
