@@ -184,6 +184,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise UsageError(f"--grpc-face {opts.grpc_face}: one of {', '.join(GRPC_FACES)}")
     if bool(opts.tls_cert) != bool(opts.tls_key):
         raise UsageError("--tls-cert and --tls-key go together: the server certificate and its key")
+    if opts.ray_address:
+        try:
+            import ray  # noqa: F401  # the server imports it anyway; here to say what is missing
+        except ImportError as exc:
+            raise UsageError(f"--ray needs Ray, which is missing ({exc}): pip install 'grpcgrade[ray]'") from None
     return asyncio.run(serve(opts))
 
 
@@ -861,7 +866,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def describe(exc: BaseException, args: argparse.Namespace) -> tuple[int, str]:
     """Exit status and message for an error (no traceback)."""
-    from grpcgrade.core.errors import ConfigError, PortUnavailable
+    from grpcgrade.core.errors import ClusterUnreachable, ConfigError, PortUnavailable
 
     from .jsonl import InputError
 
@@ -871,6 +876,8 @@ def describe(exc: BaseException, args: argparse.Namespace) -> tuple[int, str]:
         return 2, str(exc)
     if isinstance(exc, (RunFailed, InputError)):
         return 1, str(exc)
+    if isinstance(exc, ClusterUnreachable):
+        return 1, f"--ray {exc.address}: {exc}"
     if isinstance(exc, PortUnavailable):
         flag = "--" + exc.option.replace("_", "-")
         return 1, f"{flag} {exc.port}: {exc}; pick another port with {flag}"

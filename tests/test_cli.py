@@ -160,6 +160,18 @@ def test_usage_errors_exit_2_with_a_message(args, message):
     no_traceback(out)
 
 
+def test_serve_ray_without_ray_names_the_extra():
+    """`--ray` where Ray is not installed: a usage error naming the grpcgrade[ray] extra, not the server's
+    ImportError (Ray is hidden from the import system here, as on a machine without it)."""
+    code = "import runpy, sys; sys.modules['ray'] = None; runpy.run_module('grpcgrade', run_name='__main__')"
+    out = subprocess.run(
+        [sys.executable, "-c", code, "serve", "--ray", "127.0.0.1:1"], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 2, out.stderr
+    assert "--ray needs Ray" in out.stderr and "pip install 'grpcgrade[ray]'" in out.stderr
+    no_traceback(out)
+
+
 def test_debug_brings_the_traceback_back():
     args = ["eval", "/no/such/file.jsonl", "--grader", "json_validator"]
     assert "Traceback" in grpcgrade(*args, "--debug").stderr

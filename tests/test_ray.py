@@ -14,6 +14,8 @@ import json
 import os
 import re
 import signal
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -22,7 +24,7 @@ import pytest
 from expected import json_score
 from grpc_health.v1 import health_pb2
 
-from grpcgrade.testing import health_status, start_server
+from grpcgrade.testing import free_port, health_status, start_server
 
 pytestmark = pytest.mark.ray
 
@@ -86,6 +88,20 @@ def test_serve_ray_grades_on_both_nodes_and_survives_a_lost_actor(cluster, tmp_p
         assert server.metric("grpcgrade_workers_alive") == 2
     finally:
         assert server.stop() == 0
+
+
+def test_an_address_where_no_cluster_answers_is_a_message_at_once():
+    """`ray.init` retries an address nothing answers at for minutes (over five, measured), logging every few
+    seconds: `serve` says so at once instead, naming the address."""
+    address = f"127.0.0.1:{free_port()}"
+    out = subprocess.run(
+        [sys.executable, "-m", "grpcgrade", "serve", "--ray", address, "--port", str(free_port())],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 1, out.stderr
+    assert f"--ray {address}: no Ray cluster answers there (Connection refused)" in out.stderr
 
 
 def test_actors_that_die_as_they_start_fail_the_start_then_the_health_check(cluster, tmp_path):

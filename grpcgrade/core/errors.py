@@ -124,6 +124,14 @@ class ConfigError(ValueError):
     """A configuration file is wrong; the message names the file and the key."""
 
 
+class ClusterUnreachable(ConnectionError):
+    """`serve --ray ADDRESS`: nothing answers at the Ray cluster's address (`address`)."""
+
+    def __init__(self, address: str, why: str) -> None:
+        super().__init__(f"no Ray cluster answers there ({why})")
+        self.address = address
+
+
 class PortUnavailable(OSError):
     """An address the server was told to listen on cannot be bound; `option` is the ServeOptions field
     (port, metrics_port, http_port), which the command line names as its flag."""

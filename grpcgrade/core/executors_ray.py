@@ -37,11 +37,12 @@ import importlib
 import itertools
 import logging
 import os
+import socket
 import threading
 from typing import Any
 
 from . import grading
-from .errors import GraderCancelled
+from .errors import ClusterUnreachable, GraderCancelled
 from .executors import Executor, Item, StartFailures, Task, WorkerDied, WorkTimedOut, watchdog
 
 log = logging.getLogger(__name__)
@@ -89,10 +90,28 @@ class GradingActor:
         threading.Event().wait()
 
 
+#: How long the server gives the Ray head's port to answer before it says no cluster is there.
+CONNECT_SECONDS = 10.0
+
+
+def check_reachable(address: str) -> None:
+    """Raise ClusterUnreachable when `address` is a host:port nothing answers at: `ray.init` would retry it
+    for minutes (more than five, measured), logging a line every few seconds, before failing. Other forms
+    (`auto`, `ray://...`) are left to Ray."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or "/" in address:
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_SECONDS).close()
+    except OSError as exc:
+        raise ClusterUnreachable(address, exc.strerror or str(exc) or type(exc).__name__) from None
+
+
 class RayExecutor(Executor):
     """Work on a Ray cluster's actors; see the module docstring."""
 
     def __init__(self, address: str, size: int | None = None) -> None:
+        check_reachable(address)
         ray = _ray()
         ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, ignore_reinit_error=True)
         self._ray = ray
