@@ -10,6 +10,7 @@ The cluster is shut down by its own handle (never `ray stop`, which would stop e
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -19,6 +20,8 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from expected import json_score
@@ -31,23 +34,31 @@ pytestmark = pytest.mark.ray
 ray_cluster_utils = pytest.importorskip("ray.cluster_utils", reason="the grpcgrade[ray] extra is not installed")
 
 
-@pytest.fixture(scope="module")
-def cluster(plugin_env):
-    """Two Ray nodes on this machine, with the test plugins importable by their workers."""
+@contextlib.contextmanager
+def two_nodes(plugin_env: dict[str, str], head_cpus: int = 1) -> Iterator[tuple[Any, Any, dict[str, str]]]:
+    """Two Ray nodes on this machine (the head with `head_cpus`, the other with one CPU), with the test
+    plugins importable by their workers: (the cluster, its second node, the environment)."""
     mp = pytest.MonkeyPatch()
     ray_tmp = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's socket paths must fit in 107 bytes
     gate = os.path.join(ray_tmp, "warm-exit")  # while it exists, an actor exits as it warms (testplugin's `warmed`)
     env = {"RAY_TMPDIR": ray_tmp, "RAY_AUTH_MODE": "disabled", "GRPCGRADE_TEST_WARM_EXIT": gate, **plugin_env}
     for key, value in env.items():
         mp.setenv(key, value)
-    nodes = ray_cluster_utils.Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    nodes = ray_cluster_utils.Cluster(initialize_head=True, head_node_args={"num_cpus": head_cpus})
     try:
-        nodes.add_node(num_cpus=1)
+        second = nodes.add_node(num_cpus=1)
         nodes.wait_for_nodes()
-        yield nodes, env
+        yield nodes, second, env
     finally:
         nodes.shutdown()
         mp.undo()
+
+
+@pytest.fixture(scope="module")
+def cluster(plugin_env):
+    """Two Ray nodes of one CPU each, for the module."""
+    with two_nodes(plugin_env) as (nodes, _, env):
+        yield nodes, env
 
 
 def padded(i: int) -> str:
@@ -86,6 +97,7 @@ def test_serve_ray_grades_on_both_nodes_and_survives_a_lost_actor(cluster, tmp_p
             time.sleep(0.5)
         assert server.metric("grpcgrade_worker_pool_restarts_total") >= 1
         assert server.metric("grpcgrade_workers_alive") == 2
+        assert "never retrieved" not in server.log()  # the lost actor's calls were all looked at
     finally:
         assert server.stop() == 0
 
@@ -142,3 +154,28 @@ def test_actors_that_die_as_they_start_fail_the_start_then_the_health_check(clus
         if os.path.exists(gate):
             os.remove(gate)
         assert server.stop() == 0
+
+
+def test_no_actor_up_for_a_while_is_not_serving_until_one_is(plugin_env, tmp_path):
+    """A cluster whose only CPUs are on a node that is lost (a head without CPUs, as many are): the actor is
+    lost, its replacement waits for a CPU, and nothing can be graded; the health check says NOT_SERVING
+    (after `NO_ACTOR_SECONDS`) until a node with a CPU joins and the replacement is up, and it grades."""
+    with two_nodes(plugin_env, head_cpus=0) as (nodes, second, env):
+        server = start_server(tmp_path, "--ray", nodes.address, env=env, wait=300)
+        try:
+            nodes.remove_node(second, allow_graceful=False)
+            deadline = time.monotonic() + 120
+            while health_status(server.target) != health_pb2.HealthCheckResponse.NOT_SERVING:
+                assert time.monotonic() < deadline, "still SERVING with no actor up and no CPU to start one on"
+                time.sleep(0.5)
+            nodes.add_node(num_cpus=1)
+            while health_status(server.target) != health_pb2.HealthCheckResponse.SERVING:
+                assert time.monotonic() < deadline + 60, "not SERVING again once a node with a CPU joined"
+                time.sleep(0.5)
+            texts = [padded(i) for i in range(50)]
+            with server.client(timeout=120, chunk_size=25) as client:
+                results = client.batch_evaluate([{"response": t} for t in texts], ["json_validator"])
+            assert [r.results[0].score for r in results] == [json_score(t) for t in texts]
+            assert server.metric("grpcgrade_workers_alive") == 1
+        finally:
+            assert server.stop() == 0

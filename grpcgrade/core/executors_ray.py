@@ -39,6 +39,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from typing import Any
 
 from . import grading
@@ -90,6 +91,10 @@ class GradingActor:
         threading.Event().wait()
 
 
+#: How long the executor may have no actor up (all lost, their replacements waiting for CPUs) before it
+#: says it cannot grade (`healthy`): longer than a replacement's start, which leaves a one-actor pool with
+#: none up for a second or two.
+NO_ACTOR_SECONDS = 15.0
 #: How long the server gives the Ray head's port to answer before it says no cluster is there.
 CONNECT_SECONDS = 10.0
 
@@ -130,6 +135,7 @@ class RayExecutor(Executor):
         self._tasks: set[asyncio.Task[None]] = set()
         self.restarts = 0
         self.closed = False
+        self._none_up_since: float | None = None  # when the last actor up was lost, while none is
 
     def _start(self, slot: int) -> Any:
         actor = self._remote.options(scheduling_strategy="SPREAD").remote()
@@ -151,7 +157,11 @@ class RayExecutor(Executor):
 
     def healthy(self) -> bool:
         """False once every slot's actor has died `UNHEALTHY_STARTS` times in a row before it was up (nodes
-        that cannot import grpcgrade or a plugin, a plugin that kills its process as it warms)."""
+        that cannot import grpcgrade or a plugin, a plugin that kills its process as it warms), and while
+        no actor has been up for `NO_ACTOR_SECONDS`: their replacements wait for CPUs the cluster does not
+        have (every node with CPUs lost, an autoscaler still adding some), so nothing can be graded."""
+        if self._none_up_since is not None and time.monotonic() - self._none_up_since > NO_ACTOR_SECONDS:
+            return False
         return self._starts.healthy(range(self.size))
 
     async def _up(self, actor: Any, first: bool = False) -> None:
@@ -169,14 +179,17 @@ class RayExecutor(Executor):
         if actor not in self._actors:  # replaced, or the executor closed, meanwhile
             return
         self._actors[actor] = where
+        self._none_up_since = None
         self._starts.up(self._slot_of[actor])
         watched = asyncio.wrap_future(actor.watch.remote().future())
-        watched.add_done_callback(lambda _: self._gone(actor))
+        watched.add_done_callback(lambda _: self._gone(actor, watched))
         if self._idle is not None:
             self._idle.put_nowait(actor)
 
-    def _gone(self, actor: Any) -> None:
+    def _gone(self, actor: Any, watched: asyncio.Future[Any]) -> None:
         """`actor`'s watch call ended: it died (or was killed here, when it is no longer ours)."""
+        if not watched.cancelled():
+            watched.exception()  # looked at: asyncio would log it as never retrieved
         if actor in self._slot_of and not self.closed:
             log.warning("a Ray actor was lost (pid %s on node %s): replacing it", *(self._actors[actor] or ("?", "?")))
             self._replace(actor)
@@ -193,6 +206,8 @@ class RayExecutor(Executor):
             return
         was_up = self._actors.pop(actor, None) is not None
         slot = self._slot_of.pop(actor)
+        if was_up and not self.alive():
+            self._none_up_since = time.monotonic()
         self._ray.kill(actor, no_restart=True)
         if self.closed:
             return
