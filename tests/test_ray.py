@@ -102,6 +102,24 @@ def test_serve_ray_grades_on_both_nodes_and_survives_a_lost_actor(cluster, tmp_p
         assert server.stop() == 0
 
 
+def test_a_hung_or_dying_sample_costs_only_itself_on_ray(cluster, tmp_path):
+    """The local pool's fault policy on actors: a Python loop past the time limit is stopped where it runs
+    (the grading timer thread of a threaded actor), a sleep the limit cannot interrupt holds its actor
+    until the watchdog kills it, a sample that kills its actor is tried once more and answered
+    WORKER_LOST; every other sample of their chunks is graded."""
+    nodes, env = cluster
+    server = start_server(tmp_path, "--ray", nodes.address, "--grader-timeout", "1", env=env, wait=300)
+    try:
+        kinds = ["ok"] * 10 + ["hang", "hang_in_c", "die"] + ["ok"] * 10
+        with server.client(timeout=300, chunk_size=8) as client:
+            results = client.batch_evaluate([{"response": k} for k in kinds], [{"name": "misbehave"}])
+        got = [r.results[0].error.code or r.results[0].score for r in results]
+        assert got == [1.0] * 10 + ["TIMEOUT", "TIMEOUT", "WORKER_LOST"] + [1.0] * 10
+        assert "held its work past the watchdog: killed" in server.log()
+    finally:
+        assert server.stop() == 0
+
+
 def test_an_address_where_no_cluster_answers_is_a_message_at_once():
     """`ray.init` retries an address nothing answers at for minutes (over five, measured), logging every few
     seconds: `serve` says so at once instead, naming the address."""

@@ -254,6 +254,9 @@ class RayExecutor(Executor):
             answer.add_done_callback(lambda f: self._back(actor, f))
             raise
         if not done:
+            log.warning(
+                "Ray actor (pid %s) held its work past the watchdog: killed", (self._actors.get(actor) or ("?",))[0]
+            )
             self._replace(actor)
             answer.cancel()
             raise WorkTimedOut(f"a Ray actor held {work.size} samples past the watchdog")
