@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import collections
 import contextlib
+import importlib
 import json
 import math
 import os
@@ -185,8 +186,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if bool(opts.tls_cert) != bool(opts.tls_key):
         raise UsageError("--tls-cert and --tls-key go together: the server certificate and its key")
     if opts.ray_address:
-        try:
-            import ray  # noqa: F401  # the server imports it anyway; here to say what is missing
+        try:  # the server imports it anyway; here to say what is missing (by name: an optional extra)
+            importlib.import_module("ray")
         except ImportError as exc:
             raise UsageError(f"--ray needs Ray, which is missing ({exc}): pip install 'grpcgrade[ray]'") from None
     return asyncio.run(serve(opts))
