@@ -27,9 +27,11 @@ import pytest
 from expected import json_score
 from grpc_health.v1 import health_pb2
 
-from grpcgrade.testing import free_port, health_status, start_server
+from grpcgrade.testing import ServerProcess, eventually, free_port, health_status, start_server
 
 pytestmark = pytest.mark.ray
+
+SERVING, NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
 
 ray_cluster_utils = pytest.importorskip("ray.cluster_utils", reason="the grpcgrade[ray] extra is not installed")
 
@@ -71,6 +73,19 @@ def actor_pids(log: str) -> list[int]:
     match = re.search(r"Ray executor: (\d+) actors on (\d+) nodes \(pids \[([\d, ]+)\]\)", log)
     assert match, log
     return [int(p) for p in match.group(3).split(",")]
+
+
+def health_becomes(server: ServerProcess, status: int, what: str) -> None:
+    """Wait for the server's health to say `status` (the bound only keeps a broken server from hanging)."""
+    eventually(lambda: health_status(server.target) == status, what, bound=180, every=0.5)
+
+
+def grades_json(server: ServerProcess, n: int) -> None:
+    """`n` samples graded on the actors (each past the inline size), every score json_validator's."""
+    texts = [padded(i) for i in range(n)]
+    with server.client(timeout=120, chunk_size=25) as client:
+        results = client.batch_evaluate([{"response": t} for t in texts], ["json_validator"])
+    assert [r.results[0].score for r in results] == [json_score(t) for t in texts]
 
 
 def test_serve_ray_grades_on_both_nodes_and_survives_a_lost_actor(cluster, tmp_path):
@@ -154,19 +169,11 @@ def test_actors_that_die_as_they_start_fail_the_start_then_the_health_check(clus
         open(gate, "w").close()
         for pid in actor_pids(server.log()):
             os.kill(pid, signal.SIGKILL)
-        deadline = time.monotonic() + 120
-        while health_status(server.target) != health_pb2.HealthCheckResponse.NOT_SERVING:
-            assert time.monotonic() < deadline, "still SERVING with no actor able to start"
-            time.sleep(0.5)
+        health_becomes(server, NOT_SERVING, "NOT_SERVING with no actor able to start")
         assert server.metric("grpcgrade_workers_alive") == 0
         os.remove(gate)
-        while health_status(server.target) != health_pb2.HealthCheckResponse.SERVING:
-            assert time.monotonic() < deadline + 60, "not SERVING again once actors could start"
-            time.sleep(0.5)
-        texts = [padded(i) for i in range(100)]
-        with server.client(timeout=120, chunk_size=25) as client:
-            results = client.batch_evaluate([{"response": t} for t in texts], ["json_validator"])
-        assert [r.results[0].score for r in results] == [json_score(t) for t in texts]
+        health_becomes(server, SERVING, "SERVING again once actors could start")
+        grades_json(server, 100)
         assert server.metric("grpcgrade_worker_pool_restarts_total") >= 2 * 3  # each slot's three tries
     finally:
         if os.path.exists(gate):
@@ -182,18 +189,10 @@ def test_no_actor_up_for_a_while_is_not_serving_until_one_is(plugin_env, tmp_pat
         server = start_server(tmp_path, "--ray", nodes.address, env=env, wait=300)
         try:
             nodes.remove_node(second, allow_graceful=False)
-            deadline = time.monotonic() + 120
-            while health_status(server.target) != health_pb2.HealthCheckResponse.NOT_SERVING:
-                assert time.monotonic() < deadline, "still SERVING with no actor up and no CPU to start one on"
-                time.sleep(0.5)
+            health_becomes(server, NOT_SERVING, "NOT_SERVING with no actor up and no CPU to start one on")
             nodes.add_node(num_cpus=1)
-            while health_status(server.target) != health_pb2.HealthCheckResponse.SERVING:
-                assert time.monotonic() < deadline + 60, "not SERVING again once a node with a CPU joined"
-                time.sleep(0.5)
-            texts = [padded(i) for i in range(50)]
-            with server.client(timeout=120, chunk_size=25) as client:
-                results = client.batch_evaluate([{"response": t} for t in texts], ["json_validator"])
-            assert [r.results[0].score for r in results] == [json_score(t) for t in texts]
+            health_becomes(server, SERVING, "SERVING again once a node with a CPU joined")
+            grades_json(server, 50)
             assert server.metric("grpcgrade_workers_alive") == 1
         finally:
             assert server.stop() == 0
