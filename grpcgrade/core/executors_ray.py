@@ -169,7 +169,7 @@ class RayExecutor(Executor):
         the server's start, as a local worker does; a later one is replaced after its slot's wait."""
         try:
             where = await actor.ready.remote()
-        except self._ray.exceptions.RayActorError as exc:
+        except self._ray.exceptions.RayError as exc:  # its death, or any failure of Ray's to start it
             if first:
                 raise RuntimeError(f"a Ray actor ended while starting: {_first_line(exc)}") from None
             if actor in self._actors:
