@@ -14,6 +14,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -54,6 +55,7 @@ def two_nodes(plugin_env: dict[str, str], head_cpus: int = 1) -> Iterator[tuple[
     finally:
         nodes.shutdown()
         mp.undo()
+        shutil.rmtree(ray_tmp, ignore_errors=True)  # the nodes' session logs and sockets
 
 
 @pytest.fixture(scope="module")
