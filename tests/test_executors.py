@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import json
 import os
 import signal
 import sys
@@ -18,6 +19,8 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+from urllib.error import HTTPError
+from urllib.request import Request, urlopen
 
 import grpc
 import pytest
@@ -28,8 +31,10 @@ from grpcgrade.core.errors import GraderCancelled
 from grpcgrade.core.executors import InProcess, WorkerDied, WorkTimedOut
 from grpcgrade.core.grading import cancellable, grade_sync
 from grpcgrade.core.workers import WorkerPool, _Worker, grader_work
+from grpcgrade.errors import ServerUnavailable
 from grpcgrade.grader import BaseGrader, GraderError, GraderScore
 from grpcgrade.service.convert import sample_to_pb, specs_to_pb
+from grpcgrade.service.http.openai_graders import MOUNT_PATH
 from grpcgrade.testing import (
     cpu_seconds,
     eventually,
@@ -44,6 +49,7 @@ from grpcgrade.v1 import grading_pb2_grpc as pb_grpc
 
 #: An answer this long (a reason of 3 MB) is far more than a pipe or a socket buffer holds.
 LONG = 3_000_000
+JSON = {"Content-Type": "application/json"}
 WAIT = 60  # seconds a condition may take to come true on a loaded machine before the test fails
 
 
@@ -628,3 +634,75 @@ def test_a_pool_whose_workers_cannot_start_says_so_until_they_can(tmp_path, monk
     finally:
         pool.close(patience=0)
     assert isinstance(pid, int) and pid != os.getpid()
+
+
+def test_work_for_a_pool_that_cannot_keep_a_worker_up_is_answered_at_once_not_held(tmp_path, monkeypatch):
+    """Work waiting for a worker as the pool becomes unable to keep one up (every one started dies before it
+    is ready), and work sent to it after, is answered WORKER_UNAVAILABLE as soon as that is so; before, it
+    waited for a worker until its deadline. `trouble()` says why (the workers' exit code)."""
+    shadow = tmp_path / "shadow"
+    (shadow / "grpcgrade").mkdir(parents=True)
+    (shadow / "grpcgrade" / "__init__.py").write_text("raise SystemExit(3)\n")
+    monkeypatch.syspath_prepend(str(shadow))
+    pool = WorkerPool(1)
+
+    async def main() -> tuple[object, object, str | None]:
+        with pytest.raises(RuntimeError, match="exit code 3"):
+            await pool.ready()
+        assert pool.healthy(), "one death so far: the pool may still keep a worker up"
+        waiting = asyncio.ensure_future(pool.run(_work(os.getpid, ())))  # no worker: it waits in line
+        first = await asyncio.wait_for(waiting, WAIT)
+        assert not pool.healthy()
+        later = await asyncio.wait_for(pool.run(_work(os.getpid, ())), WAIT)
+        return first, later, pool.trouble()
+
+    try:
+        first, later, trouble = asyncio.run(main())
+    finally:
+        pool.close(patience=0)
+    assert first == later == "WORKER_UNAVAILABLE"
+    assert trouble == "every worker process started dies before it is ready (the last: exit code 3)"
+
+
+def test_a_server_whose_workers_cannot_start_refuses_calls_at_once_and_grades_again_once_they_can(tmp_path, plugin_env):
+    """A server whose workers all die as they start (here: the test plugin's `warmed` grader exits its
+    process while a gate file exists) says NOT_SERVING and, meanwhile, refuses every call at once, naming
+    why: gRPC UNAVAILABLE (which gRPC's retry policy sends to another replica), HTTP 503 with Retry-After.
+    A call already waiting for a worker gets WORKER_UNAVAILABLE for each sample, none of them quarantined:
+    once workers start again, the same samples are graded. Before, every call waited for a worker until
+    its deadline."""
+    gate = tmp_path / "gate"
+    server = start_server(
+        tmp_path, "--workers", "1", env={**plugin_env, "GRPCGRADE_TEST_WARM_EXIT": str(gate)}, http=True
+    )
+    graders = [{"name": "sleepy", "params": {"seconds": 0.01}}]  # heavy: graded in a worker, never inline
+    try:
+        gate.touch()
+        (pid,) = worker_pids(server.proc.pid)
+        os.kill(pid, signal.SIGKILL)
+        out: list = []
+        call_in_thread(server.target, ["a", "b", "c"], graders, out).join(WAIT + 10)
+        assert outcomes(out) == [["WORKER_UNAVAILABLE"]] * 3
+        until(lambda: health_status(server.target) == health_pb2.HealthCheckResponse.NOT_SERVING, "NOT_SERVING")
+        request = pb.EvaluateRequest(graders=specs_to_pb(graders), sample=sample_to_pb({"response": "a"}))
+        with grpc.insecure_channel(server.target) as channel, pytest.raises(grpc.RpcError) as refused:
+            pb_grpc.GradingServiceStub(channel).Evaluate(request, timeout=WAIT)
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert refused.value.details().startswith("no worker can grade: every worker process started dies")
+        with server.client(unavailable_seconds=0.5) as client, pytest.raises(ServerUnavailable, match="exit code 3"):
+            client.evaluate({"response": "a"}, graders)
+        body = {"grader": {"type": "string_check", "name": "s", "input": "a", "reference": "a", "operation": "eq"},
+                "model_sample": "a", "item": {}}  # fmt: skip
+        with pytest.raises(HTTPError) as answered:
+            urlopen(Request(server.http + MOUNT_PATH + "/run", json.dumps(body).encode(), JSON), timeout=WAIT)
+        assert answered.value.code == 503 and answered.value.headers["Retry-After"] == "1"
+        assert answered.value.read().decode().startswith("no worker can grade")
+        gate.unlink()
+        until(lambda: health_status(server.target) == health_pb2.HealthCheckResponse.SERVING, "SERVING again")
+        out.clear()
+        call_in_thread(server.target, ["a", "b", "c"], graders, out).join(WAIT + 10)
+        assert outcomes(out) == [[1.0]] * 3
+    finally:
+        if gate.exists():
+            gate.unlink()
+        assert server.stop() == 0

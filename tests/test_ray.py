@@ -2,7 +2,8 @@
 one CPU each): the workers are Ray actors spread over both nodes, answers are the grader's, and an actor
 killed mid-batch costs no sample its result (the chunk is run again sample by sample on the others) and
 is replaced, counted in the restarts metric as a local worker is; actors that die as they start fail the
-server's start, or later make it NOT_SERVING until one stays up, as local workers do.
+server's start, or later make it NOT_SERVING until one stays up (calls refused UNAVAILABLE meanwhile), as
+local workers do.
 
 Marked `ray` (`make test-ray`; .ci/run runs it): it needs the grpcgrade[ray] extra and ~1 min per cluster.
 The cluster is shut down by its own handle (never `ray stop`, which would stop every Ray on the machine).
@@ -28,6 +29,7 @@ import pytest
 from expected import json_score
 from grpc_health.v1 import health_pb2
 
+from grpcgrade.errors import ServerUnavailable
 from grpcgrade.testing import ServerProcess, eventually, free_port, health_status, start_server
 
 pytestmark = pytest.mark.ray
@@ -186,12 +188,29 @@ def test_actors_that_die_as_they_start_fail_the_start_then_the_health_check(clus
 def test_no_actor_up_for_a_while_is_not_serving_until_one_is(plugin_env, tmp_path):
     """A cluster whose only CPUs are on a node that is lost (a head without CPUs, as many are): the actor is
     lost, its replacement waits for a CPU, and nothing can be graded; the health check says NOT_SERVING
-    (after `NO_ACTOR_SECONDS`) until a node with a CPU joins and the replacement is up, and it grades."""
+    (after `NO_ACTOR_SECONDS`) until a node with a CPU joins and the replacement is up, and it grades.
+    Meanwhile a call waiting for an actor gets WORKER_UNAVAILABLE for each sample, and a new call is
+    refused at once (UNAVAILABLE, naming why), instead of either waiting until its deadline."""
     with two_nodes(plugin_env, head_cpus=0) as (nodes, second, env):
         server = start_server(tmp_path, "--ray", nodes.address, env=env, wait=300)
         try:
             nodes.remove_node(second, allow_graceful=False)
+            eventually(lambda: server.metric("grpcgrade_workers_alive") == 0, "the actor's loss seen", bound=180)
+            held: list = []
+
+            def call() -> None:  # a heavy grader's samples: never graded inline, in the server's process
+                spec = [{"name": "sleepy", "params": {"seconds": 0.01}}]
+                with server.client(timeout=120) as client:
+                    held.extend(client.batch_evaluate([{"response": str(i)} for i in range(50)], spec))
+
+            waiting = threading.Thread(target=call)
+            waiting.start()
             health_becomes(server, NOT_SERVING, "NOT_SERVING with no actor up and no CPU to start one on")
+            waiting.join(180)
+            assert [r.results[0].error.code for r in held] == ["WORKER_UNAVAILABLE"] * 50
+            refused = pytest.raises(ServerUnavailable, match="no worker can grade: no Ray actor has been up")
+            with server.client(unavailable_seconds=0.5) as client, refused:
+                client.evaluate({"response": "{}"}, ["json_validator"])
             nodes.add_node(num_cpus=1)
             health_becomes(server, SERVING, "SERVING again once a node with a CPU joined")
             grades_json(server, 50)

@@ -11,7 +11,9 @@ and not yet answered, the bytes of the requests held (gRPC messages once arrived
 arrive: `hold`) and the process's resident memory are under their limits (`Limits`), it is admitted and
 answered; past one it is refused at once with `Overloaded`, which the faces send as
 RESOURCE_EXHAUSTED with `grpc-retry-pushback-ms` (HTTP: 503 with Retry-After). The Python client waits
-the hint and sends the call again, until its deadline.
+the hint and sends the call again, until its deadline. While the server's workers cannot grade at all
+(`cannot_grade`), every call is refused the same way with `CannotGrade` (UNAVAILABLE), not held until its
+deadline.
 
 Counting is plain integers on the event loop (every face runs there): no lock, a few hundred nanoseconds
 a call. The memory figure is read from /proc at most every `MEMORY_READ_SECONDS`.
@@ -25,7 +27,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from .errors import Overloaded
+from .errors import CannotGrade, Overloaded
 from .samples import Limits
 
 #: How stale the resident-memory figure may be: reading /proc on every call would cost more than the call.
@@ -66,6 +68,9 @@ class Admission:
         self.samples = 0
         self.request_bytes = 0  # the requests of admitted calls: gRPC messages, HTTP bodies
         self.refused: Counter[str] = Counter()  # by the limit that refused
+        #: Why no call can be graded now (the server's workers cannot be kept up: `Executor.trouble`), set by
+        #: the server as its health check changes; None while they can. Every call is refused meanwhile.
+        self.cannot_grade: str | None = None
         self._memory, self._clock = memory, clock
         self._rss, self._rss_at = 0, -MEMORY_READ_SECONDS
 
@@ -89,7 +94,10 @@ class Admission:
     def enter(self, samples: int = 0, request_bytes: int = 0) -> None:
         """Admit a call of `samples` samples (0: not known yet, see `reserve`) whose request (a gRPC message,
         an HTTP body) is `request_bytes`, or raise Overloaded. Like samples, a request that finds none held is
-        admitted whatever its size (up to `limits.max_message_bytes`, `http.max_body_bytes`)."""
+        admitted whatever its size (up to `limits.max_message_bytes`, `http.max_body_bytes`). CannotGrade
+        while `cannot_grade` says why."""
+        if self.cannot_grade is not None:
+            raise CannotGrade(self.cannot_grade, self.limits.retry_after_seconds)
         limits = self.limits
         if self.calls >= limits.max_concurrent_calls:
             raise self._refuse("max_concurrent_calls", f"{self.calls} calls being handled")

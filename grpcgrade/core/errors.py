@@ -57,6 +57,10 @@ class ErrorCode(StrEnum):
     TIMEOUT = "TIMEOUT"
     #: The worker process grading the sample died twice; the sample is reported, never dropped.
     WORKER_LOST = "WORKER_LOST"
+    #: No worker process could take the sample: none can be kept up (each one started dies before it is
+    #: ready; the health check says NOT_SERVING): nothing about the sample was judged, and grading it again
+    #: once the server is SERVING may succeed.
+    WORKER_UNAVAILABLE = "WORKER_UNAVAILABLE"
     #: The call was cancelled (or passed its deadline) before this sample was graded; nobody reads it.
     CANCELLED = "CANCELLED"
     #: The code sandbox could not run the sample's program (it failed to start, its service answered 5xx
@@ -217,9 +221,19 @@ class TooManyFailures(Exception):
 
 #: How a refusal for load begins (`Overloaded`): the request log leaves these out (they are counted).
 OVERLOADED = "server busy"
+#: How a refusal begins while the server's workers cannot grade (`CannotGrade`).
+CANNOT_GRADE = "no worker can grade"
 
 
-class Overloaded(Exception):
+class Refused(Exception):
+    """A call refused at once as it arrives, before any of it is graded, for the server's state and not for
+    anything in the request: sending it again later (or to another replica) may succeed, after
+    `retry_after` seconds. The faces answer HTTP 503 with Retry-After; gRPC's status is the subclass's."""
+
+    retry_after: float
+
+
+class Overloaded(Refused):
     """The server holds as much as its admission limits allow (`limits.max_concurrent_calls`,
     `max_queued_samples`, `max_memory_bytes`): the call is refused at once, before any work, with
     RESOURCE_EXHAUSTED (HTTP 503) and `retry_after` seconds as the retry hint; `limit` names the limit."""
@@ -227,3 +241,15 @@ class Overloaded(Exception):
     def __init__(self, limit: str, message: str, retry_after: float) -> None:
         super().__init__(f"{OVERLOADED}: {message} (limits.{limit}); retry in {retry_after:g} s")
         self.limit, self.retry_after = limit, retry_after
+
+
+class CannotGrade(Refused):
+    """The server's workers cannot grade: every process started in a worker's place dies before it is ready
+    (a plugin that kills its process, a module missing from the workers' path; on Ray, also no actor up for
+    a while). The health check says NOT_SERVING, and a call is refused at once with UNAVAILABLE (HTTP 503),
+    which gRPC's retry policy sends again, to another replica when there is one, rather than held until
+    its deadline. `why` is what the executor last saw."""
+
+    def __init__(self, why: str, retry_after: float) -> None:
+        super().__init__(f"{CANNOT_GRADE}: {why}; retry in {retry_after:g} s")
+        self.retry_after = retry_after

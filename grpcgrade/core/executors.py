@@ -14,12 +14,15 @@ things:
   to stop (the grading loops stop at the next sample, or within `grading.ALARM_MAX_INTERVAL` inside one) and
   the process is free again once it has; nobody waits for the answer.
 - `size` (how many items run at once), `alive()` (the processes up now: what the metrics report),
-  `healthy()` (whether it can grade at all: what the health check reports),
+  `trouble()` (why it cannot grade at all, None while it can: what the health check reports, and what
+  the server refuses calls with meanwhile; `healthy()` is its absence),
   `restarts` (processes replaced so far), `ready()` (every process up and warmed) and `close(patience)`.
 
 `Executor.run` is the fault policy every executor shares: a chunk whose process died or hung is run again
 sample by sample, so only the sample that kills or hangs a process is answered WORKER_LOST or TIMEOUT, and
-every other sample still gets its result.
+every other sample still gets its result. Work that finds the executor unable to grade, or is waiting for a
+process when it becomes so (`NoProcess`), is answered WORKER_UNAVAILABLE at once (not quarantined: the
+sample did nothing), never held until its deadline.
 
 An item is anything with the `Item` shape: grading's is `work.WorkItem` (the executors' tests run plain
 functions through the same shape). What crosses to another process or machine is a `Task`: the function, its arguments,
@@ -38,7 +41,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from .errors import ErrorCode
+from .errors import CANNOT_GRADE, ErrorCode
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +84,11 @@ class StartFailures:
 
 class WorkerDied(Exception):
     """`submit`'s outcome when the process running the work died before it answered."""
+
+
+class NoProcess(Exception):
+    """`submit`'s outcome when the executor cannot keep any process up (`trouble()`) while the work waits for
+    one: nothing would take it before its deadline. The message says why."""
 
 
 class WorkTimedOut(Exception):
@@ -149,10 +157,14 @@ class Executor(abc.ABC):
         """The processes up now."""
         return self.size
 
+    def trouble(self) -> str | None:
+        """Why the executor cannot grade now, None while it can: none of its processes can be kept up (each
+        one replaced dies before it is ready). What the server's health check reports."""
+        return None
+
     def healthy(self) -> bool:
-        """Whether the executor can grade: false while none of its processes can be kept up (each one
-        replaced dies before it is ready). What the server's health check reports."""
-        return True
+        """Whether the executor can grade (`trouble()` is None)."""
+        return self.trouble() is None
 
     @abc.abstractmethod
     def close(self, patience: float = 3.0) -> None:
@@ -161,11 +173,20 @@ class Executor(abc.ABC):
     async def run(self, work: Item) -> Any:
         """`work`'s result; a sample that kills or hangs its process gets `work.failed`, alone. A work item
         of one sample whose process died is tried once more (the death may have been someone else's doing,
-        the OOM killer's or an operator's), then answered WORKER_LOST."""
+        the OOM killer's or an operator's), then answered WORKER_LOST; all of an item is WORKER_UNAVAILABLE while
+        no process can be kept up (`NoProcess`)."""
         attempts = 0
         while True:
+            trouble = self.trouble()
             try:
+                if trouble is not None:
+                    raise NoProcess(trouble)
                 return await self.submit(work)
+            except NoProcess as exc:  # nothing would take it: answered now, each sample on its own
+                why = f"{CANNOT_GRADE}: {exc}"
+                if work.size == 1:
+                    return work.failed(ErrorCode.WORKER_UNAVAILABLE, why)
+                return work.join([part.failed(ErrorCode.WORKER_UNAVAILABLE, why) for part in work.split()])
             except WorkTimedOut:
                 if work.size == 1:
                     return work.failed(ErrorCode.TIMEOUT, f"grader ran past its time limit of {work.timeout:g} s")

@@ -19,7 +19,8 @@ policy is the same: a chunk whose actor died or hung is run again sample by samp
   replaced at once too, not found dead by the next work item.
 - Actors dying before they are up follow the local pool's rule (`executors.StartFailures`): one of the
   first fails the server's start; later, each slot waits longer between tries, and once every slot has
-  failed three times in a row the executor is unhealthy (the health check says NOT_SERVING) until one
+  failed three times in a row the executor is unhealthy (`trouble`: the health check says NOT_SERVING,
+  calls are refused UNAVAILABLE and work waiting for an actor is answered WORKER_UNAVAILABLE) until one
   stays up. Any Ray failure other than a grader's own exception (`RayTaskError`) costs the actor its place,
   since what it holds is unknown.
 - Cancelling a call's work sends the actor a cancel message (a second, tiny method on a threaded actor);
@@ -44,7 +45,7 @@ from typing import Any
 
 from . import grading
 from .errors import ClusterUnreachable, GraderCancelled
-from .executors import Executor, Item, StartFailures, Task, WorkerDied, WorkTimedOut, watchdog
+from .executors import Executor, Item, NoProcess, StartFailures, Task, WorkerDied, WorkTimedOut, watchdog
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +96,8 @@ class GradingActor:
 #: says it cannot grade (`healthy`): longer than a replacement's start, which leaves a one-actor pool with
 #: none up for a second or two.
 NO_ACTOR_SECONDS = 15.0
+#: How often work waiting for an actor looks whether the executor can still grade (`trouble`).
+TROUBLE_POLL_SECONDS = 1.0
 #: How long the server gives the Ray head's port to answer before it says no cluster is there.
 CONNECT_SECONDS = 10.0
 
@@ -136,6 +139,7 @@ class RayExecutor(Executor):
         self.restarts = 0
         self.closed = False
         self._none_up_since: float | None = None  # when the last actor up was lost, while none is
+        self._last_death = ""  # how the last actor that died before it was up ended
 
     def _start(self, slot: int) -> Any:
         actor = self._remote.options(scheduling_strategy="SPREAD").remote()
@@ -155,14 +159,16 @@ class RayExecutor(Executor):
     def alive(self) -> int:
         return sum(1 for where in self._actors.values() if where is not None)
 
-    def healthy(self) -> bool:
-        """False once every slot's actor has died `UNHEALTHY_STARTS` times in a row before it was up (nodes
-        that cannot import grpcgrade or a plugin, a plugin that kills its process as it warms), and while
-        no actor has been up for `NO_ACTOR_SECONDS`: their replacements wait for CPUs the cluster does not
-        have (every node with CPUs lost, an autoscaler still adding some), so nothing can be graded."""
+    def trouble(self) -> str | None:
+        """Why no work can be graded, once every slot's actor has died `UNHEALTHY_STARTS` times in a row
+        before it was up (nodes that cannot import grpcgrade or a plugin, a plugin that kills its process as
+        it warms), and while no actor has been up for `NO_ACTOR_SECONDS`: their replacements wait for CPUs
+        the cluster does not have (every node with CPUs lost, an autoscaler still adding some); else None."""
         if self._none_up_since is not None and time.monotonic() - self._none_up_since > NO_ACTOR_SECONDS:
-            return False
-        return self._starts.healthy(range(self.size))
+            return f"no Ray actor has been up for {NO_ACTOR_SECONDS:g} s (none can be placed on the cluster's CPUs)"
+        if not self._starts.healthy(range(self.size)):
+            return f"every Ray actor started dies before it is up (the last: {self._last_death})"
+        return None
 
     async def _up(self, actor: Any, first: bool = False) -> None:
         """Wait for `actor` to be warm, then hand it out. One of the `first` that dies before it is up fails
@@ -173,7 +179,8 @@ class RayExecutor(Executor):
             if first:
                 raise RuntimeError(f"a Ray actor ended while starting: {_first_line(exc)}") from None
             if actor in self._actors:
-                log.warning("a Ray actor died before it was up (%s): starting another", _first_line(exc))
+                self._last_death = _first_line(exc)
+                log.warning("a Ray actor died before it was up (%s): starting another", self._last_death)
                 self._replace(actor)
             return
         if actor not in self._actors:  # replaced, or the executor closed, meanwhile
@@ -236,11 +243,23 @@ class RayExecutor(Executor):
         elif self._idle is not None:
             self._idle.put_nowait(actor)
 
+    async def _next_actor(self) -> Any:
+        """The next idle actor, waited for in line; NoProcess as soon as none can be kept up (`trouble`)."""
+        assert self._idle is not None, "ready() first"
+        while True:
+            trouble = self.trouble()
+            if trouble is not None:
+                raise NoProcess(trouble)
+            try:
+                actor = await asyncio.wait_for(self._idle.get(), TROUBLE_POLL_SECONDS)
+            except TimeoutError:
+                continue
+            if actor in self._actors:  # else lost while it waited in line (its watch saw it die)
+                return actor
+
     async def submit(self, work: Item) -> Any:
         assert self._idle is not None, "ready() first"
-        actor = await self._idle.get()
-        while actor not in self._actors:  # lost while it waited in line (its watch saw it die)
-            actor = await self._idle.get()
+        actor = await self._next_actor()
         seq = next(self._seq)
         try:
             answer = asyncio.wrap_future(actor.run.remote(seq, work.task()).future())

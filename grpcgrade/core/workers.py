@@ -61,6 +61,7 @@ from .executors import (
     WATCHDOG_GRACE_SECONDS,
     Executor,
     Item,
+    NoProcess,
     StartFailures,
     Task,
     WorkerDied,
@@ -447,6 +448,7 @@ class WorkerPool(Executor):
         self._ahead: deque[_Worker] = deque()  # workers grading an item, with room for one sent ahead
         self._waiting: deque[asyncio.Future[_Worker]] = deque()
         self._starts = StartFailures()
+        self._last_exit: int | None = None  # the exit code of the last process that ended
         self._first: list[_Worker] = [_Worker(self, slot) for slot in range(size)]
         self._workers: list[_Worker] = list(self._first)
         atexit.register(self.close, 0.0)
@@ -488,10 +490,12 @@ class WorkerPool(Executor):
         has ended is not counted, even before its reader has noticed (`_Worker.running`)."""
         return sum(1 for w in self._workers if w.running())
 
-    def healthy(self) -> bool:
-        """False once every worker has died `UNHEALTHY_STARTS` times in a row before it was ready (a plugin
-        that kills its process, a missing module): the pool cannot grade, whatever else is up."""
-        return self._starts.healthy(w.slot for w in self._workers)
+    def trouble(self) -> str | None:
+        """Why the pool cannot grade, once every worker has died `UNHEALTHY_STARTS` times in a row before it
+        was ready (a plugin that kills its process, a missing module), whatever else is up; None before."""
+        if self._starts.healthy(w.slot for w in self._workers):
+            return None
+        return f"every {self.role} process started dies before it is ready (the last: exit code {self._last_exit})"
 
     def _idle(self, worker: _Worker) -> None:
         """`worker` has room for an item (it is up, or answered one): to the first call waiting for one, else
@@ -520,8 +524,15 @@ class WorkerPool(Executor):
         if self.closing or worker not in self._workers:
             return
         self.restarts += 1
+        self._last_exit = worker.process.exitcode
         delay = self._starts.ended(worker.slot, worker.up)
         log.warning("worker %d ended (exit code %s): replacing it", worker.pid, worker.process.exitcode)
+        trouble = self.trouble()
+        if trouble is not None:  # nothing waiting for a worker would get one before its deadline
+            while self._waiting:
+                waiter = self._waiting.popleft()
+                if not waiter.done():
+                    waiter.set_exception(NoProcess(trouble))
         assert self._loop is not None
         self._loop.call_later(delay, self._respawn, worker)
 
@@ -531,12 +542,16 @@ class WorkerPool(Executor):
         self._workers[self._workers.index(worker)] = _Worker(self, worker.slot)
 
     async def _take(self) -> _Worker:
-        """An idle worker; else one grading an item, to send this one ahead to; else waits in line for one."""
+        """An idle worker; else one grading an item, to send this one ahead to; else waits in line for one
+        (NoProcess while none can be kept up)."""
         for free in (self._free, self._ahead):
             while free:
                 worker = free.popleft()
                 if worker.room():
                     return worker
+        trouble = self.trouble()
+        if trouble is not None:
+            raise NoProcess(trouble)
         waiter: asyncio.Future[_Worker] = asyncio.get_running_loop().create_future()
         self._waiting.append(waiter)
         try:

@@ -36,6 +36,7 @@ from grpc_reflection.v1alpha import reflection_pb2
 
 from grpcgrade.core.coalesce import FACE_LINGER_SECONDS, ServerCoalescer
 from grpcgrade.core.engine import Chunk, ChunkResult, Engine, Job
+from grpcgrade.core.errors import CANNOT_GRADE
 from grpcgrade.core.samples import Limits
 from grpcgrade.v1 import admin_pb2
 from grpcgrade.v1 import grading_pb2 as pb
@@ -78,7 +79,7 @@ def carried(context: Context) -> tuple[tuple[str, str | bytes], ...]:
 
 async def fail_as_the_engine(context: Context, code: grpc.StatusCode, details: str, trailing: Metadata) -> None:
     """Ends the call with the engine call's status, details and trailers (an engine that was away: saying so)."""
-    if code is grpc.StatusCode.UNAVAILABLE:
+    if code is grpc.StatusCode.UNAVAILABLE and not details.startswith(CANNOT_GRADE):  # else the engine's refusal
         details = f"the grading engine is not reachable now ({details}); retry"
     await context.abort(code, details, trailing_metadata=tuple(trailing))
 

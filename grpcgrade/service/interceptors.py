@@ -38,7 +38,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from grpcgrade.core.context import CALLER, CALLER_HEADER, caller_name
-from grpcgrade.core.errors import NOT_A_RESULT, OVERLOADED
+from grpcgrade.core.errors import CANNOT_GRADE, NOT_A_RESULT, OVERLOADED
 
 from .metrics import Metrics
 
@@ -192,8 +192,11 @@ class _Observer:
             return
         details = context.details() if hasattr(context, "details") else ""
         # A refusal for load is counted (grpcgrade_calls_refused_total), not logged one by one: a crowd
-        # refused by the thousand would spend the event loop on log lines when it has least to spare.
-        refused = code == "RESOURCE_EXHAUSTED" and str(details).startswith(OVERLOADED)
+        # refused by the thousand would spend the event loop on log lines when it has least to spare. So is
+        # one while no worker can grade (by its code): the server logged that state once, as it began.
+        refused = (code == "RESOURCE_EXHAUSTED" and str(details).startswith(OVERLOADED)) or (
+            code == "UNAVAILABLE" and str(details).startswith(CANNOT_GRADE)
+        )
         level = logging.DEBUG if refused else logging.WARNING
         if log.isEnabledFor(level):
             log.log(

@@ -109,9 +109,11 @@ class Service:
     http_port: int | None = None
     #: The periodic canary runs (None without canaries), and whether a canary failed at the last run.
     canary_task: asyncio.Task[None] | None = None
-    #: Watches whether the worker pool can grade (`Executor.healthy`): the health check says so.
+    #: Watches whether the worker pool can grade (`Executor.trouble`): the health check says so, and the
+    #: calls' admission (`admission`, which every call passes, whatever its face) refuses them meanwhile.
     pool_task: asyncio.Task[None] | None = None
     pool_failing: bool = False
+    admission: Admission | None = None
     canaries_failing: bool = False
 
     async def start(self) -> None:
@@ -178,14 +180,19 @@ class Service:
             await self.health.set(name, status)
 
     async def _watch_pool(self, pool: Executor) -> None:
-        """NOT_SERVING while the worker pool cannot grade (no worker stays up), SERVING again once it can."""
+        """NOT_SERVING while the worker pool cannot grade (no worker stays up), and every call refused
+        UNAVAILABLE (`Admission.cannot_grade`) rather than held until its deadline; SERVING again once it
+        can."""
         while True:
             await asyncio.sleep(POOL_HEALTH_SECONDS)
-            failing = not pool.healthy()
+            trouble = pool.trouble()
+            if self.admission is not None:
+                self.admission.cannot_grade = trouble
+            failing = trouble is not None
             if failing != self.pool_failing:
                 self.pool_failing = failing
                 if failing:
-                    log.error("the worker pool cannot keep a worker up: NOT_SERVING")
+                    log.error("the worker pool cannot grade (%s): NOT_SERVING, calls refused UNAVAILABLE", trouble)
                 else:
                     log.info("the worker pool is up again")
                 await self._set_health()
@@ -352,6 +359,7 @@ def build_server(opts: ServeOptions) -> Service:
         except Exception:
             pool_close(pool)
             raise
+    service.admission = admission
     native_face = service.faces.native if service.faces is not None else None
     coalescing = [c for c in (coalescer, service.faces, native_face) if c is not None]
     if metrics is not None and coalescing:

@@ -16,7 +16,7 @@ from grpcgrade.core.engine import INLINE_MAX_BYTES, INLINE_RESULTS_MAX_BYTES, Ba
 from grpcgrade.core.errors import (
     MAX_DETAIL_CHARS,
     InvalidParams,
-    Overloaded,
+    Refused,
     TooManyFailures,
     UnknownGrader,
     UnknownReward,
@@ -41,7 +41,7 @@ from .convert import (
     spec_from_pb,
 )
 from .metrics import Metrics
-from .overload import refuse_overloaded
+from .overload import refuse
 from .wire import WIRE, ReceivedBatch, encoded, unwrapped_batch, wrapped_answer
 
 Request = pb.EvaluateRequest | ReceivedBatch
@@ -196,8 +196,8 @@ class GradingServicer(pb_grpc.GradingServiceServicer):
         size = request.ByteSize()
         try:
             self.admission.enter(1, size)
-        except Overloaded as exc:
-            await refuse_overloaded(context, exc)
+        except Refused as exc:
+            await refuse(context, exc)
         self._in_flight(1)
         try:
             jobs, timeout = await self._resolve(request, context)
@@ -233,8 +233,8 @@ class GradingServicer(pb_grpc.GradingServiceServicer):
             )
         try:
             self.admission.enter(n, len(request.data))
-        except Overloaded as exc:
-            await refuse_overloaded(context, exc)
+        except Refused as exc:
+            await refuse(context, exc)
         return n
 
     async def _batch_plan(

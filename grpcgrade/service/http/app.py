@@ -21,7 +21,7 @@ from grpcgrade.core.coalesce import ServerCoalescer
 from grpcgrade.core.config import HttpConfig
 from grpcgrade.core.context import CALLER, CALLER_HEADER, caller_name
 from grpcgrade.core.engine import Engine
-from grpcgrade.core.errors import Overloaded
+from grpcgrade.core.errors import Overloaded, Refused
 from grpcgrade.core.samples import Limits
 
 from ..counters import FaceCounters
@@ -71,7 +71,7 @@ def build_http_app(
             try:
                 admission.check_bytes(declared_bytes(request, http))  # a body sure to pass the bound: unread
                 admission.enter()
-            except Overloaded as exc:
+            except Refused as exc:
                 raise service_unavailable(exc) from None
             request[HELD_KEY] = held  # the body's bytes count as `read_body` reads them
             try:

@@ -12,6 +12,8 @@ from typing import Any
 import grpc
 from aiohttp import web
 
+from grpcgrade.core.errors import CANNOT_GRADE
+
 from .. import link
 from ..link import FORWARD_PIECE, Metadata
 from ..overload import PUSHBACK_KEY
@@ -61,7 +63,7 @@ def unavailable(code: grpc.StatusCode, details: str, trailing: Metadata = ()) ->
             if key == PUSHBACK_KEY and str(value).isdigit():
                 hint = max(1, math.ceil(int(value) / 1000))
         text = details or "the grading engine is not reachable"
-        if code is grpc.StatusCode.UNAVAILABLE:
+        if code is grpc.StatusCode.UNAVAILABLE and not text.startswith(CANNOT_GRADE):  # else the engine's refusal
             text = f"the grading engine is not reachable now ({text}); retry"
         return web.HTTPServiceUnavailable(text=text, headers={"Retry-After": str(hint)})
     return web.HTTPBadGateway(text=f"the grading engine answered {code.name}: {details}")
