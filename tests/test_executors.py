@@ -664,17 +664,27 @@ def test_work_for_a_pool_that_cannot_keep_a_worker_up_is_answered_at_once_not_he
     assert trouble == "every worker process started dies before it is ready (the last: exit code 3)"
 
 
-def test_a_server_whose_workers_cannot_start_refuses_calls_at_once_and_grades_again_once_they_can(tmp_path, plugin_env):
+@pytest.mark.parametrize(
+    "faces",
+    [
+        pytest.param((), id="engine"),
+        pytest.param(("--grpc-processes", "1"), id="python-face"),
+        pytest.param(("--grpc-face", "native", "--grpc-processes", "1"), id="native-face", marks=pytest.mark.native),
+    ],
+)
+def test_a_server_whose_workers_cannot_start_refuses_calls_at_once_and_grades_again_once_they_can(
+    tmp_path, plugin_env, faces
+):
     """A server whose workers all die as they start (here: the test plugin's `warmed` grader exits its
     process while a gate file exists) says NOT_SERVING and, meanwhile, refuses every call at once, naming
     why: gRPC UNAVAILABLE (which gRPC's retry policy sends to another replica), HTTP 503 with Retry-After.
     A call already waiting for a worker gets WORKER_UNAVAILABLE for each sample, none of them quarantined:
     once workers start again, the same samples are graded. Before, every call waited for a worker until
-    its deadline."""
+    its deadline. The same through every gRPC face: a face process relays the engine's refusal as it is,
+    not as an engine that was away."""
     gate = tmp_path / "gate"
-    server = start_server(
-        tmp_path, "--workers", "1", env={**plugin_env, "GRPCGRADE_TEST_WARM_EXIT": str(gate)}, http=True
-    )
+    env = {**plugin_env, "GRPCGRADE_TEST_WARM_EXIT": str(gate)}
+    server = start_server(tmp_path, "--workers", "1", *faces, env=env, http=True)
     graders = [{"name": "sleepy", "params": {"seconds": 0.01}}]  # heavy: graded in a worker, never inline
     try:
         gate.touch()

@@ -11,6 +11,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -311,9 +312,13 @@ func failure(err error) answer {
 	return answer{err: asTheEngine(st), trailer: trailer}
 }
 
+// cannotGrade begins the engine's own refusal while its workers cannot grade (grpcgrade.core.errors.CANNOT_GRADE,
+// UNAVAILABLE): relayed as the engine said it, not as an engine that was away.
+const cannotGrade = "no worker can grade"
+
 // asTheEngine is the engine call's status as the face's call ends with it; an engine that was away is said so.
 func asTheEngine(st *status.Status) error {
-	if st.Code() == codes.Unavailable {
+	if st.Code() == codes.Unavailable && !strings.HasPrefix(st.Message(), cannotGrade) {
 		return status.Error(codes.Unavailable, fmt.Sprintf("the grading engine is not reachable now (%s); retry", st.Message()))
 	}
 	return st.Err()
