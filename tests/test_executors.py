@@ -697,6 +697,7 @@ def test_a_server_whose_workers_cannot_start_refuses_calls_at_once_and_grades_ag
         request = pb.EvaluateRequest(graders=specs_to_pb(graders), sample=sample_to_pb({"response": "a"}))
         with grpc.insecure_channel(server.target) as channel, pytest.raises(grpc.RpcError) as refused:
             pb_grpc.GradingServiceStub(channel).Evaluate(request, timeout=WAIT)
+        assert server.metric("grpcgrade_workers_can_grade") == 0
         assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
         assert refused.value.details().startswith("no worker can grade: every worker process started dies")
         with server.client(unavailable_seconds=0.5) as client, pytest.raises(ServerUnavailable, match="exit code 3"):
@@ -709,6 +710,7 @@ def test_a_server_whose_workers_cannot_start_refuses_calls_at_once_and_grades_ag
         assert answered.value.read().decode().startswith("no worker can grade")
         gate.unlink()
         until(lambda: health_status(server.target) == health_pb2.HealthCheckResponse.SERVING, "SERVING again")
+        assert server.metric("grpcgrade_workers_can_grade") == 1
         out.clear()
         call_in_thread(server.target, ["a", "b", "c"], graders, out).join(WAIT + 10)
         assert outcomes(out) == [[1.0]] * 3

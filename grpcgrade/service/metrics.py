@@ -423,6 +423,12 @@ class Metrics:
         )
         self.in_flight = Gauge("grpcgrade_samples_in_flight", "Samples accepted and not yet answered.", registry=r)
         self.workers = Gauge("grpcgrade_workers_alive", "Worker processes alive.", registry=r)
+        self.can_grade = Gauge(
+            "grpcgrade_workers_can_grade",
+            "1 while the worker pool can grade; 0 while none of its processes can be kept up (NOT_SERVING,"
+            " calls refused UNAVAILABLE).",
+            registry=r,
+        )
         r.register(_JudgeCollector())
         self.worker_restarts = _RestartsCollector()
         r.register(self.worker_restarts)
@@ -441,9 +447,12 @@ class Metrics:
         for p in plugins:
             self.plugins.labels(p.name, p.distribution, p.version, p.status).set(1)
 
-    def watch_workers(self, alive: Callable[[], int], restarts: Callable[[], int]) -> None:
+    def watch_workers(
+        self, alive: Callable[[], int], restarts: Callable[[], int], can_grade: Callable[[], bool]
+    ) -> None:
         self.workers.set_function(alive)
         self.worker_restarts.read = restarts
+        self.can_grade.set_function(lambda: 1.0 if can_grade() else 0.0)
 
     def watch_admission(self, admission: Admission) -> None:
         self.registry.register(_AdmissionCollector(admission, self.calls_refused))

@@ -121,7 +121,7 @@ class Service:
             self.metrics.set_plugins(self.registry.plugins)
             if self.pool is not None:
                 pool = self.pool
-                self.metrics.watch_workers(pool.alive, lambda: pool.restarts)
+                self.metrics.watch_workers(pool.alive, lambda: pool.restarts, pool.healthy)
             host, port = self.options.metrics_host, self.options.metrics_port
             try:
                 self.metrics.serve(host, port)
