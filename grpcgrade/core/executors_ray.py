@@ -244,16 +244,29 @@ class RayExecutor(Executor):
             self._idle.put_nowait(actor)
 
     async def _next_actor(self) -> Any:
-        """The next idle actor, waited for in line; NoProcess as soon as none can be kept up (`trouble`)."""
-        assert self._idle is not None, "ready() first"
+        """The next idle actor, waited for in line; NoProcess as soon as none can be kept up (`trouble`).
+
+        Not `asyncio.wait_for`: on Python 3.11 it returns the inner result when it is done as the caller is
+        cancelled, which would lose the cancellation. A getter cancelled before it took an actor leaves the
+        actor in the queue (asyncio's Queue passes its wakeup on); one cancelled after, gives it back."""
+        idle = self._idle
+        assert idle is not None, "ready() first"
         while True:
             trouble = self.trouble()
             if trouble is not None:
                 raise NoProcess(trouble)
+            getter = asyncio.ensure_future(idle.get())
             try:
-                actor = await asyncio.wait_for(self._idle.get(), TROUBLE_POLL_SECONDS)
-            except TimeoutError:
+                await asyncio.wait({getter}, timeout=TROUBLE_POLL_SECONDS)
+            except asyncio.CancelledError:
+                if getter.done() and not getter.cancelled():
+                    idle.put_nowait(getter.result())
+                getter.cancel()
+                raise
+            if not getter.done():
+                getter.cancel()
                 continue
+            actor = getter.result()
             if actor in self._actors:  # else lost while it waited in line (its watch saw it die)
                 return actor
 
