@@ -1,7 +1,7 @@
 """A call admission control refused (`core.admission`), answered in each protocol's words. For load
 (`Overloaded`): gRPC's RESOURCE_EXHAUSTED with the `grpc-retry-pushback-ms` trailer (what gRPC's own retry
 policy reads, gRFC A6); while no worker can grade (`CannotGrade`): UNAVAILABLE, which gRPC's retry policy
-(the Python client's service config) sends again at once to another replica, backing off if there is none.
+(the Python client's service config) sends again after its backoff, to another replica when there is one.
 HTTP's 503 with Retry-After (RFC 9110: whole seconds) for both. Either way at once, before the request is
 graded."""
 
