@@ -29,6 +29,7 @@ import pytest
 from expected import json_score
 from grpc_health.v1 import health_pb2
 
+from grpcgrade.core.plan import INLINE_MAX_BYTES
 from grpcgrade.errors import ServerUnavailable
 from grpcgrade.testing import ServerProcess, eventually, free_port, health_status, start_server
 
@@ -68,8 +69,9 @@ def cluster(plugin_env):
 
 
 def padded(i: int) -> str:
-    """A response of ~2 KB (so a batch passes the engine's inline size and goes to the actors), JSON or not."""
-    body = json.dumps({"n": i, "pad": "x" * 2000})
+    """A response of ~26 KB, JSON or not: 25 of them (a call of `chunk_size=25`) pass the engine's inline
+    bound (`plan.INLINE_MAX_BYTES`), so such a call is graded on the actors, never in the server's process."""
+    body = json.dumps({"n": i, "pad": "x" * (INLINE_MAX_BYTES // 20)})
     return body if i % 3 else body[:-1]
 
 
@@ -104,7 +106,7 @@ def test_serve_ray_grades_on_both_nodes_and_survives_a_lost_actor(cluster, tmp_p
             assert [r.results[0].score for r in results] == [json_score(t) for t in texts]
 
             # a slow batch; one actor's process is killed while it grades
-            spec = [{"name": "sleepy", "params": {"seconds": 0.05, "heavy": False}}]
+            spec = [{"name": "sleepy", "params": {"seconds": 0.05}}]  # heavy: on the actors, never inline
             victim = actor_pids(log)[0]
             killer = threading.Timer(1.0, os.kill, (victim, signal.SIGKILL))
             killer.start()
